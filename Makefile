@@ -1,0 +1,30 @@
+# Two commands on a fresh machine: `make demo` and `make test`. Both build .venv first.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed-stamp
+PIP    := $(PY) -m pip install --disable-pip-version-check -q
+
+.PHONY: install demo test lint bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	# torch first: this exact pin takes the CPU wheel; a looser spec pulls GBs of CUDA wheels.
+	$(PIP) torch==2.13.0
+	$(PIP) -e ".[dev]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/fedfraud demo --out out/demo
+
+test: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(PY) -m pytest -q tests
+
+bench: $(STAMP)
+	$(VENV)/bin/fedfraud bench features
+
+clean:
+	rm -rf $(VENV) out .pytest_cache

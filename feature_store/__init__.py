@@ -1,0 +1,1 @@
+"""Turns raw transactions into model inputs: schema, encoders, privacy, ego graphs, Feast."""

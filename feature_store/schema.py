@@ -1,0 +1,367 @@
+"""Canonical transaction schema and validation: the only place rows are judged.
+
+Every loader (CSV, parquet, Kafka message) maps its input onto the canonical
+column names and hands the frame to :class:`Validator`. Rows that pass come
+back with canonical dtypes; rows that fail come back in a rejects frame, one
+:class:`RejectReason` per row, so nothing is silently dropped:
+``len(accepted) + len(rejects) == len(input)`` always holds.
+
+Validation is vectorised over a pandas frame, so the same code serves a
+multi-GB CSV ingest (in chunks) and a Kafka micro-batch (a few hundred rows).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from enum import Enum
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+__all__ = [
+    "CANONICAL_COLUMNS",
+    "MAX_TEXT_LEN",
+    "REQUIRED_COLUMNS",
+    "TEXT_COLUMNS",
+    "ARROW_SCHEMA",
+    "RejectReason",
+    "Transaction",
+    "ValidationResult",
+    "Validator",
+    "frame_to_transactions",
+    "transactions_to_frame",
+]
+
+#: Longest accepted value of any text field. Real ids are far shorter; a longer
+#: value is a corrupt row or an attack on downstream stores.
+MAX_TEXT_LEN = 256
+
+TEXT_COLUMNS: tuple[str, ...] = ("transaction_id", "cardholder_id", "merchant_id", "mcc")
+REQUIRED_COLUMNS: tuple[str, ...] = (
+    "transaction_id",
+    "cardholder_id",
+    "merchant_id",
+    "timestamp",
+    "amount",
+    "lat",
+    "lon",
+    "mcc",
+)
+#: Canonical columns in order. ``is_fraud`` is optional (nullable); ``geo_source``
+#: says how lat/lon were obtained (``exact`` for Sparkov, see the TabFormer loader).
+CANONICAL_COLUMNS: tuple[str, ...] = (*REQUIRED_COLUMNS, "is_fraud", "geo_source")
+
+ARROW_SCHEMA = pa.schema(
+    [
+        ("transaction_id", pa.string()),
+        ("cardholder_id", pa.string()),
+        ("merchant_id", pa.string()),
+        ("timestamp", pa.timestamp("us", tz="UTC")),
+        ("amount", pa.float64()),
+        ("lat", pa.float64()),
+        ("lon", pa.float64()),
+        ("mcc", pa.string()),
+        ("is_fraud", pa.bool_()),
+        ("geo_source", pa.string()),
+    ]
+)
+
+
+class RejectReason(str, Enum):
+    """Why a row was rejected. The value is the stable code written to reject files and the DLQ."""
+
+    MISSING_FIELD = "missing_field"
+    BAD_TIMESTAMP = "bad_timestamp"
+    BAD_AMOUNT = "bad_amount"
+    LAT_OUT_OF_RANGE = "lat_out_of_range"
+    LON_OUT_OF_RANGE = "lon_out_of_range"
+    DUPLICATE_ID = "duplicate_id"
+    TEXT_TOO_LONG = "text_too_long"
+    INVALID_UTF8 = "invalid_utf8"
+    BAD_LABEL = "bad_label"
+    MALFORMED = "malformed"  # not a record at all (e.g. undecodable Kafka message)
+
+
+@dataclass(frozen=True, slots=True)
+class Transaction:
+    """One validated card transaction in canonical form."""
+
+    transaction_id: str
+    cardholder_id: str
+    merchant_id: str
+    timestamp: datetime
+    amount: float
+    lat: float
+    lon: float
+    mcc: str
+    is_fraud: bool | None = None
+    geo_source: str = "exact"
+
+    def __post_init__(self) -> None:
+        if self.timestamp.tzinfo is None:
+            raise ValueError("Transaction.timestamp must be timezone-aware (UTC)")
+        if not (-90.0 <= self.lat <= 90.0 and -180.0 <= self.lon <= 180.0):
+            raise ValueError("Transaction lat/lon out of range")
+        if not math.isfinite(self.amount) or self.amount < 0:
+            raise ValueError("Transaction.amount must be finite and >= 0")
+
+    @property
+    def epoch_seconds(self) -> float:
+        """Timestamp as POSIX seconds (UTC)."""
+        return self.timestamp.timestamp()
+
+    def to_record(self) -> dict[str, Any]:
+        """JSON-friendly dict (ISO-8601 timestamp), the wire format of the ``transactions`` topic."""
+        return {
+            "transaction_id": self.transaction_id,
+            "cardholder_id": self.cardholder_id,
+            "merchant_id": self.merchant_id,
+            "timestamp": self.timestamp.astimezone(timezone.utc).isoformat(),
+            "amount": self.amount,
+            "lat": self.lat,
+            "lon": self.lon,
+            "mcc": self.mcc,
+            "is_fraud": self.is_fraud,
+            "geo_source": self.geo_source,
+        }
+
+
+@dataclass(frozen=True)
+class ValidationResult:
+    """Accepted rows (canonical dtypes) and rejected rows (``row``, ``reason``, ``detail``).
+
+    ``row`` is the input's positional row number plus the ``row_offset`` given
+    to :meth:`Validator.validate`, so a reject can be traced to its file line.
+    """
+
+    accepted: pd.DataFrame
+    rejects: pd.DataFrame
+
+    def __post_init__(self) -> None:
+        missing = [c for c in CANONICAL_COLUMNS if c not in self.accepted.columns]
+        if missing:
+            raise ValueError(f"accepted frame lacks canonical columns {missing}")
+        if list(self.rejects.columns[:3]) != ["row", "reason", "detail"]:
+            raise ValueError("rejects frame must start with columns row, reason, detail")
+
+    @property
+    def n_input(self) -> int:
+        return len(self.accepted) + len(self.rejects)
+
+
+_TRUE = {"1", "true", "t", "yes", "y", "1.0"}
+_FALSE = {"0", "false", "f", "no", "n", "0.0", ""}
+
+
+def _is_blank(series: pd.Series) -> pd.Series:
+    if series.dtype == object or pd.api.types.is_string_dtype(series):
+        return series.isna() | (series.astype(str).str.strip() == "")
+    return series.isna()
+
+
+def _has_bad_utf8(series: pd.Series) -> pd.Series:
+    """True where a value holds lone surrogates (undecodable bytes read with surrogateescape)
+    or bytes that are not UTF-8."""
+
+    def bad(value: Any) -> bool:
+        if isinstance(value, bytes):
+            try:
+                value.decode("utf-8")
+            except UnicodeDecodeError:
+                return True
+            return False
+        if isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                return True
+        return False
+
+    if series.dtype != object:
+        return pd.Series(False, index=series.index)
+    return series.map(bad).astype(bool)
+
+
+def _as_text(series: pd.Series) -> pd.Series:
+    def conv(value: Any) -> Any:
+        if isinstance(value, bytes):
+            return value.decode("utf-8", errors="replace")
+        if value is None or (isinstance(value, float) and math.isnan(value)):
+            return None
+        if isinstance(value, float) and value.is_integer():
+            return str(int(value))
+        return str(value)
+
+    return series.map(conv)
+
+
+def _parse_timestamp(series: pd.Series) -> pd.Series:
+    """Parse ISO-8601 strings, datetimes or POSIX seconds into UTC; unparseable → NaT."""
+    if pd.api.types.is_datetime64_any_dtype(series):
+        out = series if getattr(series.dt, "tz", None) is not None else series.dt.tz_localize("UTC")
+        return out.dt.tz_convert("UTC")
+    numeric = pd.to_numeric(series, errors="coerce")
+    is_num = numeric.notna()
+    result = pd.Series(pd.NaT, index=series.index, dtype="datetime64[us, UTC]")
+    if is_num.any():
+        secs = numeric[is_num]
+        ok = secs.between(0, 4102444800)  # 1970 .. 2100
+        result.loc[secs[ok].index] = pd.to_datetime(secs[ok], unit="s", utc=True)
+    rest = ~is_num & series.notna()
+    if rest.any():
+        parsed = pd.to_datetime(series[rest].astype(str), errors="coerce", utc=True, format="mixed")
+        result.loc[rest] = parsed
+    return result
+
+
+def _parse_label(series: pd.Series) -> tuple[pd.Series, pd.Series]:
+    """Return (nullable boolean labels, mask of unparseable labels)."""
+    if pd.api.types.is_bool_dtype(series):
+        return series.astype("boolean"), pd.Series(False, index=series.index)
+    text = series.map(lambda v: None if v is None or (isinstance(v, float) and math.isnan(v)) else str(v))
+    lowered = text.str.strip().str.lower()
+    labels = pd.Series(pd.NA, index=series.index, dtype="boolean")
+    labels[lowered.isin(_TRUE)] = True
+    labels[lowered.isin(_FALSE - {""})] = False
+    bad = text.notna() & ~lowered.isin(_TRUE | _FALSE)
+    return labels, bad
+
+
+class Validator:
+    """Validates canonical-named frames, remembering transaction ids across calls.
+
+    Args:
+        dedupe: reject a transaction_id already seen by this validator (in this
+            frame or an earlier one). Batch ingest wants this; a stream consumer
+            handles redelivery idempotently downstream and may turn it off.
+    """
+
+    def __init__(self, dedupe: bool = True) -> None:
+        self.dedupe = dedupe
+        self._seen: set[str] = set()
+
+    def validate(self, frame: pd.DataFrame, row_offset: int = 0) -> ValidationResult:
+        """Judge every row of ``frame``; see the module docstring for the guarantees."""
+        n = len(frame)
+        frame = frame.reset_index(drop=True)
+        reason = pd.Series(None, index=frame.index, dtype=object)
+        detail = pd.Series("", index=frame.index, dtype=object)
+
+        def flag(mask: pd.Series, code: RejectReason, why: str | pd.Series) -> None:
+            fresh = mask & reason.isna()
+            if fresh.any():
+                reason[fresh] = code.value
+                detail[fresh] = why if isinstance(why, str) else why[fresh]
+
+        for col in REQUIRED_COLUMNS:
+            if col not in frame.columns:
+                flag(pd.Series(True, index=frame.index), RejectReason.MISSING_FIELD, col)
+            else:
+                flag(_is_blank(frame[col]), RejectReason.MISSING_FIELD, col)
+
+        text: dict[str, pd.Series] = {}
+        for col in TEXT_COLUMNS:
+            if col not in frame.columns:
+                continue
+            flag(_has_bad_utf8(frame[col]), RejectReason.INVALID_UTF8, col)
+            text[col] = _as_text(frame[col])
+            too_long = text[col].str.len().fillna(0) > MAX_TEXT_LEN
+            flag(too_long, RejectReason.TEXT_TOO_LONG, f"{col} longer than {MAX_TEXT_LEN}")
+
+        ts = _parse_timestamp(frame["timestamp"]) if "timestamp" in frame else None
+        if ts is not None:
+            flag(ts.isna(), RejectReason.BAD_TIMESTAMP, "unparseable timestamp")
+
+        def numeric(col: str) -> pd.Series:
+            if col not in frame:
+                return pd.Series(np.nan, index=frame.index)
+            return pd.to_numeric(frame[col], errors="coerce").astype(float)
+
+        amount, lat, lon = numeric("amount"), numeric("lat"), numeric("lon")
+        flag(amount.isna(), RejectReason.BAD_AMOUNT, "amount is not a number")
+        flag(~np.isfinite(amount), RejectReason.BAD_AMOUNT, "amount is not finite")
+        flag(amount < 0, RejectReason.BAD_AMOUNT, "amount is negative")
+        flag(~lat.between(-90.0, 90.0), RejectReason.LAT_OUT_OF_RANGE, "lat must be in [-90, 90]")
+        flag(~lon.between(-180.0, 180.0), RejectReason.LON_OUT_OF_RANGE, "lon must be in [-180, 180]")
+
+        if "is_fraud" in frame.columns:
+            labels, bad_label = _parse_label(frame["is_fraud"])
+            flag(bad_label, RejectReason.BAD_LABEL, "is_fraud must be 0/1/true/false/yes/no")
+        else:
+            labels = pd.Series(pd.NA, index=frame.index, dtype="boolean")
+
+        if self.dedupe and "transaction_id" in text:
+            ids = text["transaction_id"]
+            ok_so_far = reason.isna()
+            dup_in_frame = ids.duplicated(keep="first") & ok_so_far
+            dup_before = ids.isin(self._seen) & ok_so_far
+            flag(dup_in_frame | dup_before, RejectReason.DUPLICATE_ID, "transaction_id seen before")
+            self._seen.update(ids[reason.isna()].tolist())
+
+        ok = reason.isna()
+        geo = frame["geo_source"] if "geo_source" in frame else pd.Series("exact", index=frame.index)
+        accepted = pd.DataFrame(
+            {
+                "transaction_id": text.get("transaction_id", pd.Series(dtype=object))[ok],
+                "cardholder_id": text.get("cardholder_id", pd.Series(dtype=object))[ok],
+                "merchant_id": text.get("merchant_id", pd.Series(dtype=object))[ok],
+                "timestamp": ts[ok] if ts is not None else pd.Series(dtype="datetime64[us, UTC]"),
+                "amount": amount[ok].round(2),
+                "lat": lat[ok],
+                "lon": lon[ok],
+                "mcc": text.get("mcc", pd.Series(dtype=object))[ok],
+                "is_fraud": labels[ok],
+                "geo_source": geo[ok].fillna("exact").astype(str),
+            }
+        ).reset_index(drop=True)
+        accepted["timestamp"] = accepted["timestamp"].astype("datetime64[us, UTC]")
+        rejects = pd.DataFrame(
+            {
+                "row": (frame.index[~ok] + row_offset).astype("int64"),
+                "reason": reason[~ok].astype(str).to_numpy(),
+                "detail": detail[~ok].astype(str).to_numpy(),
+            }
+        )
+        assert len(accepted) + len(rejects) == n
+        return ValidationResult(accepted=accepted, rejects=rejects)
+
+    def validate_records(self, records: Sequence[Mapping[str, Any]], row_offset: int = 0) -> ValidationResult:
+        """Validate dict records (e.g. decoded Kafka messages) with the same rules as frames."""
+        frame = pd.DataFrame.from_records(list(records), columns=list(CANONICAL_COLUMNS))
+        return self.validate(frame, row_offset=row_offset)
+
+
+def frame_to_transactions(frame: pd.DataFrame) -> list[Transaction]:
+    """Turn an *accepted* canonical frame into :class:`Transaction` objects."""
+    out: list[Transaction] = []
+    for row in frame.itertuples(index=False):
+        label = row.is_fraud
+        out.append(
+            Transaction(
+                transaction_id=row.transaction_id,
+                cardholder_id=row.cardholder_id,
+                merchant_id=row.merchant_id,
+                timestamp=row.timestamp.to_pydatetime(),
+                amount=float(row.amount),
+                lat=float(row.lat),
+                lon=float(row.lon),
+                mcc=row.mcc,
+                is_fraud=None if label is pd.NA or label is None else bool(label),
+                geo_source=row.geo_source,
+            )
+        )
+    return out
+
+
+def transactions_to_frame(transactions: Iterable[Transaction]) -> pd.DataFrame:
+    """Inverse of :func:`frame_to_transactions`, with canonical dtypes."""
+    records = [t.to_record() for t in transactions]
+    frame = pd.DataFrame.from_records(records, columns=list(CANONICAL_COLUMNS))
+    frame["timestamp"] = pd.to_datetime(frame["timestamp"], utc=True).astype("datetime64[us, UTC]")
+    frame["is_fraud"] = frame["is_fraud"].astype("boolean")
+    return frame

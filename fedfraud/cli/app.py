@@ -1,0 +1,90 @@
+"""Root of the ``fedfraud`` CLI.
+
+Every other module in this package is a subcommand (or subcommand group) and
+exposes ``register(app: typer.Typer) -> None``. Modules import their heavy
+dependencies (torch, ray, feast) inside the command body, so ``--help`` is fast
+and a missing optional part only breaks the command that needs it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from fedfraud.config import load_config
+from fedfraud.errors import UserError
+from fedfraud.logs import configure_logging
+
+app = typer.Typer(
+    name="fedfraud",
+    help="Federated, privacy-preserving real-time card-fraud scoring.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+
+_NOT_COMMANDS = {"app", "common"}
+
+
+@app.callback()
+def _root(
+    ctx: typer.Context,
+    config: Annotated[
+        Path | None, typer.Option("--config", "-c", help="YAML config file (default: ./fedfraud.yaml if present)")
+    ] = None,
+    overrides: Annotated[
+        list[str] | None, typer.Option("--set", help="override a config value, e.g. --set privacy.epsilon_max=5")
+    ] = None,
+    log_level: Annotated[str, typer.Option("--log-level", help="DEBUG, INFO, WARNING or ERROR")] = "INFO",
+) -> None:
+    configure_logging(log_level)
+    ctx.obj = load_config(config, overrides or [])
+
+
+def _register_all() -> None:
+    package = importlib.import_module("fedfraud.cli")
+    for info in sorted(pkgutil.iter_modules(package.__path__), key=lambda m: m.name):
+        if info.name in _NOT_COMMANDS or info.name.startswith("_"):
+            continue
+        module = importlib.import_module(f"fedfraud.cli.{info.name}")
+        module.register(app)
+
+
+_register_all()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Console-script entry point: user errors become one line on stderr and exit status 2."""
+    try:
+        app(args=argv, standalone_mode=False, prog_name="fedfraud")
+    except UserError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except FileNotFoundError as exc:
+        print(f"error: {exc.strerror}: {exc.filename}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except typer.Exit as exc:
+        return exc.exit_code
+    except typer.Abort:
+        print("aborted", file=sys.stderr)
+        return 1
+    except Exception as exc:  # click usage errors when standalone_mode=False
+        import click
+
+        if isinstance(exc, click.ClickException):
+            exc.show()
+            return exc.exit_code
+        raise
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

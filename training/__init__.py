@@ -1,0 +1,1 @@
+"""Training side: data loaders, anomaly GNN, federated apps, fraud model, tokenizer, registry."""

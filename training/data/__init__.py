@@ -1,0 +1,1 @@
+"""Transaction data: CSV loaders, the synthetic generator and bank partitioning."""

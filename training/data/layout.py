@@ -1,0 +1,82 @@
+"""On-disk layout of a multi-bank dataset, shared by ``generate``, ``ingest`` and every reader.
+
+::
+
+    DIR/manifest.json              counts per bank, format, partitioning, created_at
+    DIR/rejects.jsonl              one JSON object per rejected input row: row, reason, detail
+    DIR/bank_<k>/transactions.parquet   canonical rows of bank k (feature_store.schema.ARROW_SCHEMA)
+
+A bank's rows are sorted by (timestamp, transaction_id). Train/test membership
+is a deterministic function of the cardholder, so every component agrees on it
+without storing a split.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import pandas as pd
+
+from fedfraud.errors import UserError
+
+__all__ = [
+    "MANIFEST_FILE",
+    "REJECTS_FILE",
+    "TRANSACTIONS_FILE",
+    "bank_dir",
+    "list_banks",
+    "read_bank",
+    "read_manifest",
+    "split_of",
+]
+
+MANIFEST_FILE = "manifest.json"
+REJECTS_FILE = "rejects.jsonl"
+TRANSACTIONS_FILE = "transactions.parquet"
+
+
+def bank_dir(root: Path, bank: int) -> Path:
+    """Folder of bank ``bank`` under dataset ``root``."""
+    return Path(root) / f"bank_{bank}"
+
+
+def list_banks(root: Path) -> list[int]:
+    """Bank ids present under ``root``, sorted; raises :class:`UserError` when there are none."""
+    root = Path(root)
+    if not root.is_dir():
+        raise UserError(f"data directory {root} does not exist")
+    banks = sorted(
+        int(p.name.split("_", 1)[1])
+        for p in root.glob("bank_*")
+        if p.is_dir() and p.name.split("_", 1)[1].isdigit() and (p / TRANSACTIONS_FILE).exists()
+    )
+    if not banks:
+        raise UserError(f"{root} holds no bank_<k>/{TRANSACTIONS_FILE}; run `fedfraud generate` or `fedfraud ingest`")
+    return banks
+
+
+def read_bank(root: Path, bank: int, columns: list[str] | None = None) -> pd.DataFrame:
+    """Canonical rows of one bank, sorted by (timestamp, transaction_id)."""
+    path = bank_dir(root, bank) / TRANSACTIONS_FILE
+    if not path.exists():
+        raise UserError(f"{path} does not exist")
+    frame = pd.read_parquet(path, columns=columns)
+    return frame
+
+
+def read_manifest(root: Path) -> dict[str, Any]:
+    """The dataset's manifest.json as a dict."""
+    path = Path(root) / MANIFEST_FILE
+    if not path.exists():
+        raise UserError(f"{path} does not exist")
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def split_of(cardholder_id: str, test_fraction: float = 0.25, salt: str = "fedfraud-split") -> Literal["train", "test"]:
+    """Deterministic 75/25 (by default) train/test assignment by cardholder (thesis §4.5)."""
+    digest = hashlib.blake2b(f"{salt}:{cardholder_id}".encode(), digest_size=8).digest()
+    unit = int.from_bytes(digest, "big") / 2**64
+    return "test" if unit < test_fraction else "train"

@@ -1,0 +1,204 @@
+"""Versioned model artifacts: weights, full config, metrics, privacy budget and a model card.
+
+Layout::
+
+    ROOT/<kind>/v0001/metadata.json   kind, version, created_at, config, metrics, privacy, extra
+    ROOT/<kind>/v0001/MODEL_CARD.md   short human-readable card generated from metadata
+    ROOT/<kind>/v0001/<files>          whatever the trainer wrote (model.pt, model.json, tokenizer.json, ...)
+
+A version is written into a hidden staging folder and published with one
+``os.rename``, which is atomic on POSIX: a reader (serving's hot-swap watcher)
+either sees a complete version or none. Serving loads models only through
+:class:`ModelRegistry`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from fedfraud.errors import UserError
+
+__all__ = ["ModelRegistry", "ModelVersion", "RegistryError"]
+
+log = logging.getLogger(__name__)
+
+METADATA_FILE = "metadata.json"
+CARD_FILE = "MODEL_CARD.md"
+
+
+class RegistryError(UserError):
+    """A requested model kind or version does not exist, or an artifact is incomplete."""
+
+
+@dataclass(frozen=True)
+class ModelVersion:
+    """One published, immutable model version."""
+
+    kind: str
+    version: int
+    path: Path
+    created_at: str
+    config: dict[str, Any] = field(default_factory=dict)
+    metrics: dict[str, Any] = field(default_factory=dict)
+    privacy: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def tag(self) -> str:
+        """Short identifier such as ``anomaly:v3`` used in logs and decision records."""
+        return f"{self.kind}:v{self.version}"
+
+    def file(self, name: str) -> Path:
+        """Path of an artifact file; raises :class:`RegistryError` if the trainer did not write it."""
+        path = self.path / name
+        if not path.exists():
+            raise RegistryError(f"{self.tag} has no artifact {name!r}")
+        return path
+
+    @property
+    def model_card(self) -> str:
+        return (self.path / CARD_FILE).read_text(encoding="utf-8")
+
+
+def _jsonable(value: Any) -> Any:
+    """Make config/metric values JSON-safe (numpy scalars, paths, tuples)."""
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, Path):
+        return str(value)
+    if hasattr(value, "item") and callable(value.item):
+        return value.item()
+    if isinstance(value, float | int | str | bool) or value is None:
+        return value
+    return str(value)
+
+
+def _render_card(meta: dict[str, Any], card: str | None) -> str:
+    lines = [f"# Model card: {meta['kind']} v{meta['version']}", "", f"Created: {meta['created_at']}", ""]
+    if card:
+        lines += [card.strip(), ""]
+    for title, key in (("Metrics", "metrics"), ("Privacy", "privacy")):
+        if meta.get(key):
+            lines += [f"## {title}", ""]
+            lines += [f"- **{k}**: {v}" for k, v in meta[key].items()]
+            lines.append("")
+    lines += ["## Configuration", "", "```json", json.dumps(meta.get("config", {}), indent=2, sort_keys=True), "```", ""]
+    return "\n".join(lines)
+
+
+class ModelRegistry:
+    """A folder of versioned model artifacts, one sub-folder per model kind."""
+
+    def __init__(self, root: Path | str) -> None:
+        self.root = Path(root)
+
+    def _kind_dir(self, kind: str) -> Path:
+        if not kind or "/" in kind or kind.startswith("."):
+            raise RegistryError(f"invalid model kind {kind!r}")
+        return self.root / kind
+
+    def versions(self, kind: str) -> list[ModelVersion]:
+        """All published versions of ``kind``, oldest first."""
+        kind_dir = self._kind_dir(kind)
+        if not kind_dir.is_dir():
+            return []
+        found = []
+        for child in kind_dir.iterdir():
+            if child.is_dir() and child.name.startswith("v") and child.name[1:].isdigit():
+                if (child / METADATA_FILE).exists():
+                    found.append(self._load(child))
+        return sorted(found, key=lambda v: v.version)
+
+    def latest(self, kind: str) -> ModelVersion | None:
+        """Newest version of ``kind``, or None if none is published."""
+        versions = self.versions(kind)
+        return versions[-1] if versions else None
+
+    def get(self, kind: str, version: int | str = "latest") -> ModelVersion:
+        """A specific version (int, ``"v3"`` or ``"latest"``); raises :class:`RegistryError` if absent."""
+        if version == "latest":
+            found = self.latest(kind)
+            if found is None:
+                raise RegistryError(f"no {kind!r} model in registry {self.root}; train one first")
+            return found
+        number = int(str(version).lstrip("v"))
+        path = self._kind_dir(kind) / f"v{number:04d}"
+        if not (path / METADATA_FILE).exists():
+            raise RegistryError(f"{kind}:v{number} is not in registry {self.root}")
+        return self._load(path)
+
+    @staticmethod
+    def _load(path: Path) -> ModelVersion:
+        meta = json.loads((path / METADATA_FILE).read_text(encoding="utf-8"))
+        return ModelVersion(
+            kind=meta["kind"],
+            version=int(meta["version"]),
+            path=path,
+            created_at=meta["created_at"],
+            config=meta.get("config", {}),
+            metrics=meta.get("metrics", {}),
+            privacy=meta.get("privacy", {}),
+            extra=meta.get("extra", {}),
+        )
+
+    @contextmanager
+    def publish(
+        self,
+        kind: str,
+        *,
+        config: dict[str, Any],
+        metrics: dict[str, Any] | None = None,
+        privacy: dict[str, Any] | None = None,
+        extra: dict[str, Any] | None = None,
+        card: str | None = None,
+    ) -> Iterator[Path]:
+        """Stage a new version: write artifact files into the yielded folder.
+
+        On normal exit the metadata and model card are written and the folder is
+        atomically renamed to the next version number; on an exception nothing is
+        published. ``metrics`` may be updated in place inside the block.
+        """
+        kind_dir = self._kind_dir(kind)
+        kind_dir.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=kind_dir))
+        metrics = {} if metrics is None else metrics
+        try:
+            yield staging
+            for attempt in range(100):
+                latest = self.latest(kind)
+                number = (latest.version if latest else 0) + 1
+                meta = {
+                    "kind": kind,
+                    "version": number,
+                    "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                    "config": _jsonable(config),
+                    "metrics": _jsonable(metrics),
+                    "privacy": _jsonable(privacy or {}),
+                    "extra": _jsonable(extra or {}),
+                    "files": sorted(p.name for p in staging.iterdir() if p.name not in (METADATA_FILE, CARD_FILE)),
+                }
+                (staging / METADATA_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True), encoding="utf-8")
+                (staging / CARD_FILE).write_text(_render_card(meta, card), encoding="utf-8")
+                try:
+                    os.rename(staging, kind_dir / f"v{number:04d}")
+                except OSError:
+                    if attempt == 99:
+                        raise
+                    continue  # a concurrent publisher took this number; take the next
+                log.info("registry published kind=%s version=%d path=%s", kind, number, kind_dir)
+                return
+        finally:
+            if staging.exists():
+                shutil.rmtree(staging, ignore_errors=True)
