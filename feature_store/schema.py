@@ -15,8 +15,8 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
-from enum import Enum
+from datetime import UTC, datetime
+from enum import StrEnum
 from typing import Any
 
 import numpy as np
@@ -72,7 +72,7 @@ ARROW_SCHEMA = pa.schema(
 )
 
 
-class RejectReason(str, Enum):
+class RejectReason(StrEnum):
     """Why a row was rejected. The value is the stable code written to reject files and the DLQ."""
 
     MISSING_FIELD = "missing_field"
@@ -121,7 +121,7 @@ class Transaction:
             "transaction_id": self.transaction_id,
             "cardholder_id": self.cardholder_id,
             "merchant_id": self.merchant_id,
-            "timestamp": self.timestamp.astimezone(timezone.utc).isoformat(),
+            "timestamp": self.timestamp.astimezone(UTC).isoformat(),
             "amount": self.amount,
             "lat": self.lat,
             "lon": self.lon,
@@ -158,15 +158,28 @@ _TRUE = {"1", "true", "t", "yes", "y", "1.0"}
 _FALSE = {"0", "false", "f", "no", "n", "0.0", ""}
 
 
+def _all_str(series: pd.Series) -> bool:
+    """True when every value is a ``str`` (no NaN/None/bytes): the common case that allows fast paths."""
+    return series.dtype == object and pd.api.types.infer_dtype(series, skipna=False) == "string"
+
+
 def _is_blank(series: pd.Series) -> pd.Series:
+    if _all_str(series):
+        values = series.tolist()
+        blank = np.fromiter((not v or v.isspace() for v in values), dtype=bool, count=len(values))
+        return pd.Series(blank, index=series.index)
     if series.dtype == object or pd.api.types.is_string_dtype(series):
-        return series.isna() | (series.astype(str).str.strip() == "")
+        # Per value, not astype(str): astype decodes bytes and raised on non-UTF-8 input.
+        empty = series.map(lambda v: isinstance(v, (str, bytes)) and not v.strip()).astype(bool)
+        return series.isna() | empty
     return series.isna()
 
 
 def _has_bad_utf8(series: pd.Series) -> pd.Series:
-    """True where a value holds lone surrogates (undecodable bytes read with surrogateescape)
-    or bytes that are not UTF-8."""
+    """True where a value holds lone surrogates (undecodable bytes read with surrogateescape).
+
+    Raw ``bytes`` values that are not UTF-8 count as well.
+    """
 
     def bad(value: Any) -> bool:
         if isinstance(value, bytes):
@@ -184,10 +197,21 @@ def _has_bad_utf8(series: pd.Series) -> pd.Series:
 
     if series.dtype != object:
         return pd.Series(False, index=series.index)
+    if _all_str(series):
+        # Fast path: UTF-8 encoding rejects every surrogate code point (paired or not),
+        # so one encode of the joined text is clean exactly when every value is.
+        try:
+            "".join(series.tolist()).encode("utf-8")
+            return pd.Series(False, index=series.index)
+        except UnicodeEncodeError:
+            pass
     return series.map(bad).astype(bool)
 
 
 def _as_text(series: pd.Series) -> pd.Series:
+    if _all_str(series):
+        return series
+
     def conv(value: Any) -> Any:
         if isinstance(value, bytes):
             return value.decode("utf-8", errors="replace")
@@ -223,7 +247,10 @@ def _parse_label(series: pd.Series) -> tuple[pd.Series, pd.Series]:
     """Return (nullable boolean labels, mask of unparseable labels)."""
     if pd.api.types.is_bool_dtype(series):
         return series.astype("boolean"), pd.Series(False, index=series.index)
-    text = series.map(lambda v: None if v is None or (isinstance(v, float) and math.isnan(v)) else str(v))
+    if _all_str(series):
+        text = series
+    else:
+        text = series.map(lambda v: None if v is None or (isinstance(v, float) and math.isnan(v)) else str(v))
     lowered = text.str.strip().str.lower()
     labels = pd.Series(pd.NA, index=series.index, dtype="boolean")
     labels[lowered.isin(_TRUE)] = True
@@ -298,8 +325,13 @@ class Validator:
         if self.dedupe and "transaction_id" in text:
             ids = text["transaction_id"]
             ok_so_far = reason.isna()
-            dup_in_frame = ids.duplicated(keep="first") & ok_so_far
-            dup_before = ids.isin(self._seen) & ok_so_far
+            # Only rows that are otherwise valid compete for an id: a first occurrence
+            # rejected for another reason must not make a later valid one a duplicate.
+            dup_in_frame = ids[ok_so_far].duplicated(keep="first").reindex(ids.index, fill_value=False)
+            # Membership per value, not Series.isin(set): isin copies the whole set into an
+            # array on every call, which made a chunked ingest quadratic in the file size.
+            seen = np.fromiter(map(self._seen.__contains__, ids.tolist()), dtype=bool, count=len(ids))
+            dup_before = pd.Series(seen, index=ids.index) & ok_so_far
             flag(dup_in_frame | dup_before, RejectReason.DUPLICATE_ID, "transaction_id seen before")
             self._seen.update(ids[reason.isna()].tolist())
 

@@ -1,0 +1,563 @@
+"""Per-cardholder dynamic ego graph G_t (thesis §4.4.1): incremental update and batch build.
+
+One code path. Serving keeps an :class:`EgoGraphState` per cardholder and calls
+:meth:`EgoGraphState.update` for each transaction, then
+:meth:`EgoGraphState.to_data`. Training calls :func:`build_snapshot_pairs`,
+which replays each cardholder's transactions through the very same ``update``
+and ``to_data``; it only precomputes the private features of the cardholder's
+transactions in one vectorised call (they are a pure function of the
+transaction, see :mod:`feature_store.privacy`), so the graphs are identical.
+
+Graph definition (documented choices):
+
+* **Nodes** are the merchants the cardholder visited, identified by the
+  64-bit merchant hash. A node's features are the merchant bucket and the
+  noised location L' of the transaction that *created* the node (Sparkov
+  merchant coordinates jitter per transaction; pinning the first one keeps a
+  node's features stable as the graph grows, and its noise key fixes its noise).
+* **Edges**: a directed edge j→k is added when a transaction at k immediately
+  follows (in event time) the cardholder's previous transaction, at j, within
+  ``window_hours``. Repeat visits give self-loops j→j (card testing looks like
+  that). Parallel edges are kept: each one is a transition and carries T' of
+  the k transaction (its timestamp and noise key).
+* **Cumulative and bounded**: G_t extends G_{t-1}. At most ``max_nodes`` most
+  recently visited merchants are kept (the least recently visited node is
+  evicted with its edges), at most ``max_edges`` most recent edges, and nodes
+  and edges older than ``horizon_days`` (relative to the newest transaction)
+  are forgotten.
+* **Late events** (timestamp before the last applied one) update the node but
+  add no edge and do not move the clock back.
+* **Redelivery**: the last ``dedupe_ring`` noise keys are remembered; applying
+  one of them again is a no-op that returns ``False``.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import struct
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime, UTC
+from typing import Literal, Protocol
+
+import numpy as np
+import pandas as pd
+import torch
+from torch_geometric.data import Data
+from tqdm.auto import tqdm
+
+from feature_store.config import EgoGraphConfig, EncoderConfig
+from feature_store.encoders import merchant_hash, timestamps_us
+from feature_store.privacy import PrivateFeaturizer
+from feature_store.schema import Transaction
+
+__all__ = [
+    "CorruptStateError",
+    "EgoGraphState",
+    "FeatureSource",
+    "SnapshotPair",
+    "active_cardholders",
+    "build_snapshot_pairs",
+    "iter_snapshot_pairs",
+]
+
+logger = logging.getLogger(__name__)
+
+_US_PER_S = 1_000_000
+_US_PER_HOUR = 3600 * _US_PER_S
+_US_PER_DAY = 24 * _US_PER_HOUR
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MAGIC = b"FFEG"
+_VERSION = 1
+# magic, version, flags, n_nodes, n_edges, n_ring, reserved, last_ts, last_merchant, n_transactions
+_HEADER = struct.Struct("<4sBBHHHHqQQ")
+_CRC = struct.Struct("<I")
+_FLAG_HAS_LAST = 1
+
+
+class CorruptStateError(ValueError):
+    """A serialized :class:`EgoGraphState` is truncated, corrupt or of an unknown version."""
+
+
+class FeatureSource(Protocol):
+    """What :meth:`EgoGraphState.to_data` needs: a :class:`PrivateFeaturizer` or something equivalent."""
+
+    encoder_cfg: EncoderConfig
+
+    def location(self, lat: np.ndarray, lon: np.ndarray, keys: np.ndarray, eps: np.ndarray | float) -> np.ndarray:
+        """L' rows."""
+        ...
+
+    def time(self, ts: np.ndarray, keys: np.ndarray, eps: np.ndarray | float) -> np.ndarray:
+        """T' rows."""
+        ...
+
+
+class EgoGraphState:
+    """Compact, bank-internal state of one cardholder's ego graph (raw values; never leaves the bank).
+
+    Per node: merchant hash, lat/lon and noise key of the creating transaction,
+    first/last visit (µs) and visit count. Per edge: source and destination
+    merchant hash, timestamp (µs) and noise key of the arriving transaction.
+    """
+
+    __slots__ = (
+        "cfg",
+        "node_merchant",
+        "node_key",
+        "node_lat",
+        "node_lon",
+        "node_first",
+        "node_last",
+        "node_visits",
+        "edge_src",
+        "edge_dst",
+        "edge_ts",
+        "edge_key",
+        "recent",
+        "last_ts",
+        "last_merchant",
+        "n_transactions",
+    )
+
+    def __init__(self, cfg: EgoGraphConfig) -> None:
+        self.cfg = cfg
+        self.node_merchant: list[int] = []
+        self.node_key: list[int] = []
+        self.node_lat: list[float] = []
+        self.node_lon: list[float] = []
+        self.node_first: list[int] = []
+        self.node_last: list[int] = []
+        self.node_visits: list[int] = []
+        self.edge_src: list[int] = []
+        self.edge_dst: list[int] = []
+        self.edge_ts: list[int] = []
+        self.edge_key: list[int] = []
+        self.recent: list[int] = []
+        self.last_ts: int | None = None
+        self.last_merchant: int = 0
+        self.n_transactions: int = 0
+
+    # ------------------------------------------------------------------ inspection
+    @property
+    def num_nodes(self) -> int:
+        return len(self.node_merchant)
+
+    @property
+    def num_edges(self) -> int:
+        return len(self.edge_src)
+
+    def __repr__(self) -> str:
+        return (
+            f"{self.__class__.__name__}(nodes={self.num_nodes}, edges={self.num_edges}, "
+            f"transactions={self.n_transactions})"
+        )
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, EgoGraphState):
+            return NotImplemented
+        return all(getattr(self, s) == getattr(other, s) for s in self.__slots__ if s != "cfg")
+
+    __hash__ = None  # type: ignore[assignment]  # mutable
+
+    # ------------------------------------------------------------------ update
+    def update(self, key: int, merchant: int, lat: float, lon: float, ts_us: int) -> bool:
+        """Apply one transaction; ``False`` (and no change) if its noise key was applied recently.
+
+        Args:
+            key: the transaction's noise key (:meth:`PrivateFeaturizer.noise_keys`).
+            merchant: 64-bit merchant hash (:func:`feature_store.encoders.merchant_hash`).
+            lat: merchant latitude in degrees.
+            lon: merchant longitude in degrees.
+            ts_us: event time, UTC microseconds since the epoch.
+        """
+        key, merchant, ts_us = int(key), int(merchant), int(ts_us)
+        if key in self.recent:
+            return False
+        cfg = self.cfg
+        self.recent.append(key)
+        if len(self.recent) > cfg.dedupe_ring:
+            del self.recent[0]
+
+        self._forget_before(ts_us - int(cfg.horizon_days * _US_PER_DAY))
+        try:
+            i = self.node_merchant.index(merchant)
+        except ValueError:
+            self._add_node(merchant, key, float(lat), float(lon), ts_us)
+        else:
+            if ts_us > self.node_last[i]:
+                self.node_last[i] = ts_us
+            self.node_visits[i] += 1
+
+        last = self.last_ts
+        in_order = last is None or ts_us >= last
+        if (
+            last is not None
+            and in_order
+            and ts_us - last <= int(cfg.window_hours * _US_PER_HOUR)
+            and self.last_merchant in self.node_merchant
+        ):
+            self.edge_src.append(self.last_merchant)
+            self.edge_dst.append(merchant)
+            self.edge_ts.append(ts_us)
+            self.edge_key.append(key)
+            excess = len(self.edge_src) - cfg.max_edges
+            if excess > 0:
+                self._drop_oldest_edges(excess)
+        if in_order:
+            self.last_ts = ts_us
+            self.last_merchant = merchant
+        self.n_transactions += 1
+        return True
+
+    def apply(self, tx: Transaction, featurizer: PrivateFeaturizer) -> bool:
+        """Convenience for serving: :meth:`update` from a validated :class:`Transaction`."""
+        key = int(featurizer.noise_keys([tx.transaction_id])[0])
+        merchant = int(merchant_hash([tx.merchant_id])[0])
+        delta = tx.timestamp - _EPOCH
+        ts_us = (delta.days * 86_400 + delta.seconds) * _US_PER_S + delta.microseconds
+        return self.update(key, merchant, tx.lat, tx.lon, ts_us)
+
+    def _add_node(self, merchant: int, key: int, lat: float, lon: float, ts_us: int) -> None:
+        self.node_merchant.append(merchant)
+        self.node_key.append(key)
+        self.node_lat.append(lat)
+        self.node_lon.append(lon)
+        self.node_first.append(ts_us)
+        self.node_last.append(ts_us)
+        self.node_visits.append(1)
+        while len(self.node_merchant) > self.cfg.max_nodes:
+            # least recently visited among the older nodes (never the one just added)
+            older = self.node_last[:-1]
+            self._drop_nodes([older.index(min(older))])
+
+    def _drop_nodes(self, indices: list[int]) -> None:
+        gone = {self.node_merchant[i] for i in indices}
+        for i in sorted(indices, reverse=True):
+            for column in (
+                self.node_merchant,
+                self.node_key,
+                self.node_lat,
+                self.node_lon,
+                self.node_first,
+                self.node_last,
+                self.node_visits,
+            ):
+                del column[i]
+        keep = [
+            e
+            for e, (s, d) in enumerate(zip(self.edge_src, self.edge_dst, strict=True))
+            if s not in gone and d not in gone
+        ]
+        if len(keep) != len(self.edge_src):
+            for column in (self.edge_src, self.edge_dst, self.edge_ts, self.edge_key):
+                column[:] = [column[e] for e in keep]
+
+    def _drop_oldest_edges(self, count: int) -> None:
+        for column in (self.edge_src, self.edge_dst, self.edge_ts, self.edge_key):
+            del column[:count]
+
+    def _forget_before(self, cutoff_us: int) -> None:
+        if self.node_last and min(self.node_last) < cutoff_us:
+            self._drop_nodes([i for i, t in enumerate(self.node_last) if t < cutoff_us])
+        if self.edge_ts and self.edge_ts[0] < cutoff_us:  # edges are in event-time order
+            self._drop_oldest_edges(bisect.bisect_left(self.edge_ts, cutoff_us))
+
+    # ------------------------------------------------------------------ model input
+    def to_data(self, featurizer: FeatureSource, epsilon: float) -> Data:
+        """The graph as PyG ``Data`` with private features only.
+
+        ``x`` [n, d] float32 (L'), ``merchant`` [n] long (bucket), ``edge_index``
+        [2, e] long, ``edge_attr`` [e, d] float32 (T'). An empty state gives a
+        valid 0-node graph. No timestamps, coordinates or ids are included.
+        """
+        d = featurizer.encoder_cfg.dim
+        n, e = self.num_nodes, self.num_edges
+        if n:
+            x = featurizer.location(
+                np.asarray(self.node_lat, dtype=np.float64),
+                np.asarray(self.node_lon, dtype=np.float64),
+                np.asarray(self.node_key, dtype=np.uint64),
+                epsilon,
+            )
+            buckets = np.asarray(self.node_merchant, dtype=np.uint64) % np.uint64(
+                featurizer.encoder_cfg.merchant_buckets
+            )
+        else:
+            x = np.zeros((0, d), dtype=np.float32)
+            buckets = np.zeros(0, dtype=np.uint64)
+        if e:
+            pos = {m: i for i, m in enumerate(self.node_merchant)}
+            edge_index = np.array([[pos[s] for s in self.edge_src], [pos[t] for t in self.edge_dst]], dtype=np.int64)
+            edge_attr = featurizer.time(
+                np.asarray(self.edge_ts, dtype=np.int64) // _US_PER_S,
+                np.asarray(self.edge_key, dtype=np.uint64),
+                epsilon,
+            )
+        else:
+            edge_index = np.zeros((2, 0), dtype=np.int64)
+            edge_attr = np.zeros((0, d), dtype=np.float32)
+        data = Data(
+            x=torch.from_numpy(x),
+            edge_index=torch.from_numpy(edge_index),
+            edge_attr=torch.from_numpy(edge_attr),
+            merchant=torch.from_numpy(buckets.astype(np.int64)),
+        )
+        if not n:
+            data.num_nodes = 0  # not inferable from an empty x
+        return data
+
+    # ------------------------------------------------------------------ persistence
+    def to_bytes(self) -> bytes:
+        """Versioned little-endian binary with a trailing crc32 (about 3 KB at the default bounds)."""
+        n, e, r = self.num_nodes, self.num_edges, len(self.recent)
+        pos = {m: i for i, m in enumerate(self.node_merchant)}
+        has_last = self.last_ts is not None
+        header = _HEADER.pack(
+            _MAGIC,
+            _VERSION,
+            _FLAG_HAS_LAST if has_last else 0,
+            n,
+            e,
+            r,
+            0,
+            self.last_ts if has_last else 0,
+            self.last_merchant,
+            self.n_transactions,
+        )
+        body = struct.pack(
+            _body_format(n, e, r),
+            *self.node_merchant,
+            *self.node_key,
+            *self.node_lat,
+            *self.node_lon,
+            *self.node_first,
+            *self.node_last,
+            *self.node_visits,
+            *[pos[s] for s in self.edge_src],
+            *[pos[t] for t in self.edge_dst],
+            *self.edge_ts,
+            *self.edge_key,
+            *self.recent,
+        )
+        payload = header + body
+        return payload + _CRC.pack(zlib.crc32(payload))
+
+    @staticmethod
+    def max_serialized_bytes(cfg: EgoGraphConfig) -> int:
+        """Size of :meth:`to_bytes` at the bounds (``max_nodes``, ``max_edges``, full ring)."""
+        body = struct.calcsize(_body_format(cfg.max_nodes, cfg.max_edges, cfg.dedupe_ring))
+        return _HEADER.size + body + _CRC.size
+
+    @classmethod
+    def from_bytes(cls, blob: bytes, cfg: EgoGraphConfig) -> EgoGraphState:
+        """Inverse of :meth:`to_bytes`; raises :class:`CorruptStateError` on any damage."""
+        blob = bytes(blob)
+        if len(blob) < _HEADER.size + _CRC.size:
+            raise CorruptStateError(f"ego-graph state truncated: {len(blob)} bytes")
+        payload, (crc,) = blob[: -_CRC.size], _CRC.unpack(blob[-_CRC.size :])
+        if zlib.crc32(payload) != crc:
+            raise CorruptStateError("ego-graph state checksum mismatch")
+        magic, version, flags, n, e, r, _, last_ts, last_merchant, n_tx = _HEADER.unpack_from(payload)
+        if magic != _MAGIC:
+            raise CorruptStateError("not an ego-graph state (bad magic)")
+        if version != _VERSION:
+            raise CorruptStateError(f"unsupported ego-graph state version {version}")
+        fmt = _body_format(n, e, r)
+        if len(payload) != _HEADER.size + struct.calcsize(fmt):
+            raise CorruptStateError("ego-graph state length does not match its header")
+        values = struct.unpack_from(fmt, payload, _HEADER.size)
+        state = cls(cfg)
+        cuts = np.cumsum([0, n, n, n, n, n, n, n, e, e, e, e, r])
+        cols = [list(values[a:b]) for a, b in zip(cuts[:-1], cuts[1:], strict=True)]
+        (
+            state.node_merchant,
+            state.node_key,
+            state.node_lat,
+            state.node_lon,
+            state.node_first,
+            state.node_last,
+            state.node_visits,
+            src,
+            dst,
+            state.edge_ts,
+            state.edge_key,
+            state.recent,
+        ) = cols
+        if any(i >= n for i in src) or any(i >= n for i in dst):
+            raise CorruptStateError("ego-graph state edge refers to a missing node")
+        state.edge_src = [state.node_merchant[i] for i in src]
+        state.edge_dst = [state.node_merchant[i] for i in dst]
+        state.last_ts = last_ts if flags & _FLAG_HAS_LAST else None
+        state.last_merchant = last_merchant
+        state.n_transactions = n_tx
+        return state
+
+
+def _body_format(n: int, e: int, r: int) -> str:
+    # nodes: merchant Q, key Q, lat d, lon d, first q, last q, visits I; edges: src H, dst H, ts q, key Q; ring Q
+    return f"<{n}Q{n}Q{n}d{n}d{n}q{n}q{n}I{e}H{e}H{e}q{e}Q{r}Q"
+
+
+# ---------------------------------------------------------------------- batch build
+@dataclass(frozen=True)
+class SnapshotPair:
+    """One real transition G_{t-1} → G_t of a cardholder, the unit the anomaly model trains on.
+
+    ``cardholder`` is the keyed pseudonym; ``is_fraud`` is the label of the
+    transaction that produced G_t (``None`` if unlabelled), used only for evaluation.
+    """
+
+    transaction_id: str
+    cardholder: str
+    previous: Data
+    current: Data
+    is_fraud: bool | None
+    split: Literal["train", "test"]
+
+    def __post_init__(self) -> None:
+        for name, g in (("previous", self.previous), ("current", self.current)):
+            x, edge_index = g.x, g.edge_index
+            if x.shape[0] < 1 or g.edge_attr.shape[0] != edge_index.shape[1]:
+                raise ValueError(f"SnapshotPair.{name} is not a consistent non-empty graph")
+        if self.previous.x.shape[1] != self.current.x.shape[1]:
+            raise ValueError("previous and current graphs differ in feature size")
+        if self.split not in ("train", "test"):
+            raise ValueError(f"split must be 'train' or 'test', got {self.split!r}")
+
+
+class _PrecomputedFeatures:
+    """A :class:`FeatureSource` that looks up rows precomputed by ``PrivateFeaturizer.transform``.
+
+    Valid because L'/T' are pure functions of (values, noise key, ε) and a node
+    or edge always carries the values of the transaction whose key it holds.
+    Unknown keys fall back to the featurizer.
+    """
+
+    def __init__(self, featurizer: PrivateFeaturizer, keys: np.ndarray, eps: float, loc: np.ndarray, tim: np.ndarray):
+        self.encoder_cfg = featurizer.encoder_cfg
+        self._featurizer = featurizer
+        order = np.argsort(keys, kind="stable")
+        self._keys = keys[order]
+        self._loc = loc[order]
+        self._time = tim[order]
+        self._eps = eps
+        self._last = keys.shape[0] - 1
+
+    def _rows(self, keys: np.ndarray, eps: np.ndarray | float) -> np.ndarray | None:
+        if not (isinstance(eps, float) and eps == self._eps):
+            return None
+        idx = self._keys.searchsorted(keys)
+        np.minimum(idx, self._last, out=idx)
+        return idx if (self._keys[idx] == keys).all() else None
+
+    def location(self, lat: np.ndarray, lon: np.ndarray, keys: np.ndarray, eps: np.ndarray | float) -> np.ndarray:
+        idx = self._rows(keys, eps)
+        return self._featurizer.location(lat, lon, keys, eps) if idx is None else self._loc[idx]
+
+    def time(self, ts: np.ndarray, keys: np.ndarray, eps: np.ndarray | float) -> np.ndarray:
+        idx = self._rows(keys, eps)
+        return self._featurizer.time(ts, keys, eps) if idx is None else self._time[idx]
+
+
+def active_cardholders(frame: pd.DataFrame, min_per_month: float) -> np.ndarray:
+    """Cardholder ids with at least ``min_per_month`` transactions per 30-day month of their activity span.
+
+    The span is at least one month, so a cardholder seen for a week needs
+    ``min_per_month`` transactions in that week.
+    """
+    ts = pd.Series(timestamps_us(frame["timestamp"]), index=frame.index)
+    grouped = ts.groupby(frame["cardholder_id"].to_numpy())
+    span_months = np.maximum((grouped.max() - grouped.min()) / (30 * _US_PER_DAY), 1.0)
+    rate = grouped.size() / span_months
+    return rate.index[rate >= min_per_month].to_numpy()
+
+
+def iter_snapshot_pairs(
+    frame: pd.DataFrame,
+    featurizer: PrivateFeaturizer,
+    cfg: EgoGraphConfig,
+    min_transactions_per_month: float | None = None,
+    progress: bool = False,
+) -> Iterator[SnapshotPair]:
+    """Yield (G_{t-1}, G_t) for every transaction of every active cardholder, cardholder by cardholder.
+
+    Each cardholder's rows are replayed in (timestamp, transaction_id) order
+    through :meth:`EgoGraphState.update`; a transaction whose G_{t-1} is empty
+    (the cardholder's first) or that is a duplicate yields nothing.
+    """
+    from training.data.layout import split_of
+
+    minimum = cfg.min_transactions_per_month if min_transactions_per_month is None else min_transactions_per_month
+    cols = ["transaction_id", "cardholder_id", "merchant_id", "timestamp", "lat", "lon"]
+    active = active_cardholders(frame, minimum) if len(frame) else np.array([], dtype=object)
+    data = frame[frame["cardholder_id"].isin(active)]
+    if len(data) < len(frame):
+        logger.info(
+            "filtered_inactive cardholders_kept=%d rows_kept=%d rows_dropped=%d min_per_month=%g",
+            len(active),
+            len(data),
+            len(frame) - len(data),
+            minimum,
+        )
+    if data.empty:
+        return
+    labels = data["is_fraud"] if "is_fraud" in data else pd.Series(pd.NA, index=data.index)
+    data = (
+        data[cols]
+        .assign(_label=labels.astype("boolean"))
+        .sort_values(["cardholder_id", "timestamp", "transaction_id"], kind="stable")
+    )
+    feats = featurizer.transform(data)
+    ts_us = timestamps_us(data["timestamp"])
+    merchants = merchant_hash(data["merchant_id"])
+    lat = data["lat"].to_numpy(dtype=np.float64)
+    lon = data["lon"].to_numpy(dtype=np.float64)
+    tx_ids = data["transaction_id"].to_numpy()
+    label_arr = data["_label"].to_numpy(dtype=object, na_value=None)
+    holders = data["cardholder_id"].to_numpy()
+    starts = np.flatnonzero(np.r_[True, holders[1:] != holders[:-1]])
+    bounds = np.r_[starts, len(data)]
+    # python ints once, not per step
+    keys_py = feats.keys.tolist()
+    merch_py = merchants.tolist()
+    ts_py = ts_us.tolist()
+    lat_py, lon_py = lat.tolist(), lon.tolist()
+
+    for a, b in tqdm(
+        zip(bounds[:-1], bounds[1:], strict=True), total=len(starts), disable=not progress, desc="ego graphs"
+    ):
+        eps = float(feats.epsilon[a])
+        source = _PrecomputedFeatures(featurizer, feats.keys[a:b], eps, feats.location[a:b], feats.time[a:b])
+        split = split_of(str(holders[a]))
+        pseudonym = feats.cardholder[a]
+        state = EgoGraphState(cfg)
+        previous: Data | None = None
+        for i in range(a, b):
+            if not state.update(keys_py[i], merch_py[i], lat_py[i], lon_py[i], ts_py[i]):
+                continue
+            current = state.to_data(source, eps)
+            if previous is not None:
+                label = label_arr[i]
+                yield SnapshotPair(
+                    transaction_id=str(tx_ids[i]),
+                    cardholder=pseudonym,
+                    previous=previous,
+                    current=current,
+                    is_fraud=None if label is None else bool(label),
+                    split=split,
+                )
+            previous = current
+
+
+def build_snapshot_pairs(
+    frame: pd.DataFrame,
+    featurizer: PrivateFeaturizer,
+    cfg: EgoGraphConfig,
+    min_transactions_per_month: float | None = None,
+    progress: bool = False,
+) -> list[SnapshotPair]:
+    """All pairs of :func:`iter_snapshot_pairs` as a list."""
+    return list(iter_snapshot_pairs(frame, featurizer, cfg, min_transactions_per_month, progress))

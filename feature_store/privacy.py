@@ -1,0 +1,365 @@
+"""Personalized local DP: the private shuffle of Algorithm 3 and its μ-GDP accounting.
+
+Reproducible noise. The Gaussian noise added to a transaction's features is a
+pure function of (bank secret, transaction_id, channel, coordinate):
+
+1. ``noise key = blake2b(transaction_id, key=bank secret)`` (64 bits);
+2. ``z = splitmix64(key + (channel·2^32 + m + 1)·φ)`` — the m-th output of a
+   SplitMix64 stream seeded with the key, computed for all rows and
+   coordinates at once (counter-based, no Generator per row);
+3. Box–Muller turns the two 32-bit halves of ``z`` into the standard normals of
+   coordinates ``m`` and ``m + d/2``.
+
+So the features written offline for training and those computed online when
+the transaction is scored are bit-identical, while another bank (another
+secret) or another transaction gets independent noise. Location and time use
+different channels, so their noise is independent too.
+
+Noise scale. Algorithm 3 writes ``N(0, δ/ε)``; we read the second argument as
+the **variance** (the usual ``N(μ, σ²)`` notation), i.e. the standard deviation
+is ``sqrt(δ/ε)``. With δ = 1e-4 and ε ∈ [0.01, 10] that is a std between 0.003
+and 0.1 on features in [-1, 1].
+
+Secrets never leave the bank: only derived values (noise keys, pseudonyms,
+per-cardholder ε, noised vectors) are returned, and no output of this module
+carries raw coordinates, timestamps or cardholder ids.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass, fields
+
+import numpy as np
+import pandas as pd
+
+from feature_store.config import EncoderConfig, PrivacyConfig
+from feature_store.encoders import encode_location, encode_time, epoch_seconds, merchant_bucket
+
+__all__ = [
+    "CHANNEL_LOCATION",
+    "CHANNEL_TIME",
+    "SECRET_ENV",
+    "PrivateFeatures",
+    "PrivateFeaturizer",
+    "bank_secret",
+    "cardholder_epsilon",
+    "gaussian_noise",
+    "mu_gdp",
+    "noise_keys",
+    "private_shuffle",
+    "pseudonymize",
+    "shuffle_permutation",
+]
+
+logger = logging.getLogger(__name__)
+
+#: Environment variable holding this bank process's secret (production).
+SECRET_ENV = "FEDFRAUD_BANK_SECRET"
+#: Noise channels: different channels give independent noise for the same transaction.
+CHANNEL_LOCATION = 1
+CHANNEL_TIME = 2
+
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_MIX1 = np.uint64(0xBF58476D1CE4E5B9)
+_MIX2 = np.uint64(0x94D049BB133111EB)
+_TWO_POW_M53 = 2.0**-53
+_TWO_POW_M32 = 2.0**-32
+
+
+def _splitmix64(state: np.ndarray) -> np.ndarray:
+    """SplitMix64 output function on a uint64 array (wrapping arithmetic)."""
+    z = state.copy()
+    z ^= z >> np.uint64(30)
+    z *= _MIX1
+    z ^= z >> np.uint64(27)
+    z *= _MIX2
+    z ^= z >> np.uint64(31)
+    return z
+
+
+def _stream(keys: np.ndarray, counters: np.ndarray) -> np.ndarray:
+    """Counter-th output of the SplitMix64 stream seeded by each key: ``[n, len(counters)]`` uint64."""
+    with np.errstate(over="ignore"):
+        state = keys.reshape(-1, 1) + (counters.astype(np.uint64) + np.uint64(1)) * _GOLDEN
+        return _splitmix64(state)
+
+
+def gaussian_noise(keys: np.ndarray, channel: int, d: int) -> np.ndarray:
+    """Standard normal noise ``[n, d]`` (float64), a pure function of (key, channel, coordinate).
+
+    Each SplitMix64 output gives two 32-bit uniforms, Box–Muller turns them into
+    the normals of coordinates ``m`` and ``m + ceil(d/2)``.
+    """
+    keys = np.ascontiguousarray(keys, dtype=np.uint64).reshape(-1)
+    half = (d + 1) // 2
+    counters = (np.uint64(channel) << np.uint64(32)) + np.arange(half, dtype=np.uint64)
+    bits = _stream(keys, counters)
+    u1 = ((bits >> np.uint64(32)).astype(np.float64) + 1.0) * _TWO_POW_M32  # (0, 1]: log is finite
+    u2 = (bits & np.uint64(0xFFFFFFFF)).astype(np.float64) * _TWO_POW_M32
+    radius = np.sqrt(-2.0 * np.log(u1))
+    theta = 2.0 * np.pi * u2
+    return np.concatenate([radius * np.cos(theta), radius * np.sin(theta)], axis=1)[:, :d]
+
+
+def shuffle_permutation(seed: int, d: int) -> np.ndarray:
+    """The fixed permutation r = perm_s(d) shared by all clients (int64).
+
+    Derived from SplitMix64 rather than a numpy Generator so it cannot change
+    with the numpy version: every bank must agree on it forever.
+    """
+    scores = _stream(np.array([seed & (2**64 - 1)], dtype=np.uint64), np.arange(d, dtype=np.uint64))[0]
+    return np.argsort(scores, kind="stable").astype(np.int64)
+
+
+def _per_coordinate(value: np.ndarray | float, n: int, d: int, name: str) -> np.ndarray:
+    """A scalar, per-row ``[n]`` or per-coordinate ``[n, d]`` parameter as ``[1, 1]``, ``[n, 1]`` or ``[n, d]``."""
+    arr = np.asarray(value, dtype=np.float64)
+    if arr.ndim == 0:
+        return arr.reshape(1, 1)
+    if arr.ndim == 1 and arr.shape[0] == n:
+        return arr.reshape(n, 1)
+    try:
+        return np.broadcast_to(arr, (n, d))
+    except ValueError:
+        raise ValueError(f"{name} must be a scalar, [n] or [n, d]; got shape {arr.shape} for n={n}, d={d}") from None
+
+
+def private_shuffle(
+    v: np.ndarray,
+    epsilon: np.ndarray | float,
+    delta: np.ndarray | float,
+    keys: np.ndarray,
+    permutation: np.ndarray,
+    channel: int = CHANNEL_LOCATION,
+) -> np.ndarray:
+    """Algorithm 3: ``x_j = clip(v_j + N(0, δ_r(j)/ε_r(j)), -1, 1)``, then output ``x[r]``; float32 ``[n, d]``.
+
+    Args:
+        v: features in [-1, 1], ``[n, d]``.
+        epsilon: per-row ``[n]`` or per-coordinate ``[n, d]`` budgets (> 0).
+        delta: scalar, per-row ``[n]`` or ``[n, d]``, in [0, 1]. ``δ/ε`` is the noise *variance*.
+        keys: per-row uint64 noise keys (:func:`noise_keys`), ``[n]``.
+        permutation: the shared permutation r (:func:`shuffle_permutation`), ``[d]``.
+        channel: noise channel, so different features of one row get independent noise.
+    """
+    v = np.asarray(v, dtype=np.float64)
+    if v.ndim != 2:
+        raise ValueError(f"v must be [n, d], got shape {v.shape}")
+    n, d = v.shape
+    perm = np.asarray(permutation, dtype=np.int64)
+    if perm.shape != (d,):
+        raise ValueError(f"permutation must have length d={d}, got {perm.shape}")
+    eps = _per_coordinate(epsilon, n, d, "epsilon")
+    if not (eps > 0).all():
+        raise ValueError("epsilon must be > 0")
+    dlt = _per_coordinate(delta, n, d, "delta")
+    if ((dlt < 0) | (dlt > 1)).any():
+        raise ValueError("delta must be in [0, 1]")
+    std = np.sqrt(dlt / eps)
+    if std.shape[1] > 1:  # per-coordinate budgets: noise of x_j uses (ε, δ)_{r(j)}
+        std = std[:, perm]
+    keys = np.asarray(keys, dtype=np.uint64).reshape(-1)
+    if keys.shape[0] != n:
+        raise ValueError(f"need one noise key per row: {keys.shape[0]} != {n}")
+    x = gaussian_noise(keys, channel, d)
+    x *= std
+    x += v
+    np.clip(x, -1.0, 1.0, out=x)
+    return x[:, perm].astype(np.float32)
+
+
+def _mac_key(secret: bytes) -> bytes:
+    """blake2b keys are at most 64 bytes; longer secrets are hashed down."""
+    return secret if len(secret) <= 64 else hashlib.blake2b(secret, digest_size=64).digest()
+
+
+def bank_secret(cfg: PrivacyConfig, bank_id: int) -> bytes:
+    """This bank's 32-byte secret: ``$FEDFRAUD_BANK_SECRET`` if set (production, one bank per process),
+    else derived from ``cfg.secret_seed`` and ``bank_id`` (simulation; public, so not secret).
+    """
+    env = os.environ.get(SECRET_ENV)
+    if env:
+        return hashlib.blake2b(env.encode(), digest_size=32, person=b"fedfraud-bank").digest()
+    return hashlib.blake2b(f"{cfg.secret_seed}:{bank_id}".encode(), digest_size=32, person=b"fedfraud-sim").digest()
+
+
+def _keyed_u64(values: Iterable[object], secret: bytes, person: bytes) -> np.ndarray:
+    key = _mac_key(secret)
+    return np.fromiter(
+        (
+            int.from_bytes(hashlib.blake2b(str(v).encode(), key=key, digest_size=8, person=person).digest(), "little")
+            for v in values
+        ),
+        dtype=np.uint64,
+    )
+
+
+def noise_keys(transaction_ids: Iterable[str], secret: bytes) -> np.ndarray:
+    """Per-transaction 64-bit noise keys (uint64), keyed hash of the transaction id."""
+    return _keyed_u64(transaction_ids, secret, b"noise")
+
+
+def cardholder_epsilon(cardholder_ids: Iterable[str], secret: bytes, cfg: PrivacyConfig) -> np.ndarray:
+    """Personal budget ε_i ~ U(ε_min, ε_max), a deterministic function of the secret and the cardholder."""
+    bits = _keyed_u64(cardholder_ids, secret, b"epsilon") >> np.uint64(11)
+    unit = bits.astype(np.float64) * _TWO_POW_M53
+    return cfg.epsilon_min + (cfg.epsilon_max - cfg.epsilon_min) * unit
+
+
+def pseudonymize(cardholder_ids: Iterable[str], secret: bytes) -> list[str]:
+    """Keyed 128-bit pseudonyms (hex) so raw card numbers are never stored downstream."""
+    key = _mac_key(secret)
+    return [
+        hashlib.blake2b(str(c).encode(), key=key, digest_size=16, person=b"pseudonym").hexdigest()
+        for c in cardholder_ids
+    ]
+
+
+def mu_gdp(epsilon: np.ndarray | Iterable[float], delta: np.ndarray | float) -> float:
+    """μ of the μ-GDP guarantee of shuffling n (ε_i, δ_i) reports (thesis §4.4.2, after [CCG24]).
+
+    ``μ = sqrt(2 / (Σ q_i − max q_i))`` with ``q_i = (1 − δ_i) / (1 + e^{ε_i})``; smaller is more private.
+    With one report (n = 1) shuffling hides nothing and μ is ``inf``; no reports at all is an error.
+    """
+    eps = np.asarray(list(epsilon) if not isinstance(epsilon, np.ndarray) else epsilon, dtype=np.float64).ravel()
+    if eps.size == 0:
+        raise ValueError("mu_gdp needs at least one (epsilon, delta) pair")
+    if np.any(eps < 0) or not np.all(np.isfinite(eps)):
+        raise ValueError("epsilon must be finite and >= 0")
+    dlt = np.broadcast_to(np.asarray(delta, dtype=np.float64).ravel() if np.ndim(delta) else delta, eps.shape)
+    if np.any((dlt < 0) | (dlt > 1)):
+        raise ValueError("delta must be in [0, 1]")
+    q = (1.0 - dlt) * np.exp(-np.logaddexp(0.0, eps))  # (1-δ)/(1+e^ε) without overflow
+    denom = float(q.sum() - q.max())
+    if eps.size == 1 or denom <= 0.0:
+        return math.inf
+    return math.sqrt(2.0 / denom)
+
+
+@dataclass(frozen=True)
+class PrivateFeatures:
+    """Private features of n transactions, in input order; the only shape in which they leave the bank.
+
+    Attributes:
+        keys: uint64 ``[n]`` per-transaction noise keys (keyed hash of transaction_id).
+        epsilon: float64 ``[n]`` the cardholder's personal budget used for the row.
+        location: float32 ``[n, d]`` noised, shuffled location embedding L'.
+        time: float32 ``[n, d]`` noised, shuffled temporal embedding T'.
+        merchant: int64 ``[n]`` merchant bucket (row of the merchant table M).
+        cardholder: object ``[n]`` keyed pseudonym of the cardholder.
+    """
+
+    keys: np.ndarray
+    epsilon: np.ndarray
+    location: np.ndarray
+    time: np.ndarray
+    merchant: np.ndarray
+    cardholder: np.ndarray
+
+    def __post_init__(self) -> None:
+        n = self.keys.shape[0]
+        expected = {
+            "keys": (np.uint64, 1),
+            "epsilon": (np.float64, 1),
+            "location": (np.float32, 2),
+            "time": (np.float32, 2),
+            "merchant": (np.int64, 1),
+            "cardholder": (np.object_, 1),
+        }
+        for f in fields(self):
+            arr = getattr(self, f.name)
+            dtype, ndim = expected[f.name]
+            if not isinstance(arr, np.ndarray) or arr.dtype != dtype or arr.ndim != ndim:
+                raise ValueError(f"PrivateFeatures.{f.name} must be a {ndim}-d {np.dtype(dtype)} array")
+            if arr.shape[0] != n:
+                raise ValueError(f"PrivateFeatures.{f.name} has {arr.shape[0]} rows, expected {n}")
+        if self.location.shape != self.time.shape:
+            raise ValueError(f"location {self.location.shape} and time {self.time.shape} differ in shape")
+
+    def __len__(self) -> int:
+        return int(self.keys.shape[0])
+
+
+class PrivateFeaturizer:
+    """One bank's private feature pipeline: encoders + Algorithm 3 with the bank's secret.
+
+    ``transform`` serves batch (training, Feast offline); ``location``/``time``
+    serve the incremental path (serving, ego-graph snapshots) and give the
+    same bits for the same transaction.
+    """
+
+    def __init__(self, encoder_cfg: EncoderConfig, privacy_cfg: PrivacyConfig, secret: bytes) -> None:
+        if not secret:
+            raise ValueError("secret must be non-empty")
+        self.encoder_cfg = encoder_cfg
+        self.privacy_cfg = privacy_cfg
+        self._secret = bytes(secret)
+        self.permutation = shuffle_permutation(privacy_cfg.shuffle_seed, encoder_cfg.dim)
+
+    @classmethod
+    def for_bank(cls, encoder_cfg: EncoderConfig, privacy_cfg: PrivacyConfig, bank_id: int) -> PrivateFeaturizer:
+        """Featurizer with :func:`bank_secret` of ``bank_id``."""
+        return cls(encoder_cfg, privacy_cfg, bank_secret(privacy_cfg, bank_id))
+
+    def __repr__(self) -> str:  # never show the secret
+        return f"{self.__class__.__name__}(dim={self.encoder_cfg.dim}, delta={self.privacy_cfg.delta})"
+
+    @property
+    def dim(self) -> int:
+        return self.encoder_cfg.dim
+
+    def noise_keys(self, transaction_ids: Iterable[str]) -> np.ndarray:
+        return noise_keys(transaction_ids, self._secret)
+
+    def epsilon(self, cardholder_ids: Iterable[str]) -> np.ndarray:
+        return cardholder_epsilon(cardholder_ids, self._secret, self.privacy_cfg)
+
+    def pseudonyms(self, cardholder_ids: Iterable[str]) -> list[str]:
+        return pseudonymize(cardholder_ids, self._secret)
+
+    def merchant(self, merchant_ids: Iterable[str]) -> np.ndarray:
+        return merchant_bucket(merchant_ids, self.encoder_cfg)
+
+    def _noise(self, v: np.ndarray, keys: np.ndarray, eps: np.ndarray | float, channel: int) -> np.ndarray:
+        eps_row = np.broadcast_to(np.asarray(eps, dtype=np.float64), (v.shape[0],))
+        return private_shuffle(v, eps_row, self.privacy_cfg.delta, keys, self.permutation, channel)
+
+    def location(self, lat: np.ndarray, lon: np.ndarray, keys: np.ndarray, eps: np.ndarray | float) -> np.ndarray:
+        """L' ``[n, d]`` float32 for degrees ``lat``/``lon``, noise keys and budgets (scalar or ``[n]``)."""
+        return self._noise(encode_location(lat, lon, self.encoder_cfg), keys, eps, CHANNEL_LOCATION)
+
+    def time(self, ts: np.ndarray, keys: np.ndarray, eps: np.ndarray | float) -> np.ndarray:
+        """T' ``[n, d]`` float32 for timestamps (POSIX seconds or datetime64/pandas), keys and budgets."""
+        return self._noise(encode_time(epoch_seconds(ts), self.encoder_cfg), keys, eps, CHANNEL_TIME)
+
+    def mu(self, eps: float) -> float:
+        """μ-GDP of one shuffled d-vector whose coordinates all have budget ``eps``."""
+        return mu_gdp(np.full(self.dim, eps), self.privacy_cfg.delta)
+
+    def transform(self, frame: pd.DataFrame) -> PrivateFeatures:
+        """Private features of every row of a canonical frame (see :mod:`feature_store.schema`), in order."""
+        missing = [
+            c for c in ("transaction_id", "cardholder_id", "merchant_id", "timestamp", "lat", "lon") if c not in frame
+        ]
+        if missing:
+            raise ValueError(f"frame lacks columns {missing}")
+        keys = self.noise_keys(frame["transaction_id"])
+        holders = frame["cardholder_id"].to_numpy()
+        unique, inverse = np.unique(holders.astype(str), return_inverse=True)
+        eps = self.epsilon(unique)[inverse]
+        pseudo = np.asarray(self.pseudonyms(unique), dtype=object)[inverse]
+        lat = frame["lat"].to_numpy(dtype=np.float64)
+        lon = frame["lon"].to_numpy(dtype=np.float64)
+        return PrivateFeatures(
+            keys=keys,
+            epsilon=eps,
+            location=self.location(lat, lon, keys, eps),
+            time=self.time(frame["timestamp"], keys, eps),
+            merchant=self.merchant(frame["merchant_id"]),
+            cardholder=pseudo.astype(object),
+        )

@@ -1,0 +1,74 @@
+"""``fedfraud bench``: benchmarks that print a markdown block for ``docs/benchmarks.md``.
+
+One function per subcommand on :data:`bench_app`; to add one (``anomaly``,
+``serving``, ``tokenizer``), write ``@bench_app.command("name")`` below, import
+the benchmark inside the function and finish with :func:`emit`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from fedfraud.cli.common import config_of
+
+__all__ = ["bench_app", "emit", "register"]
+
+bench_app = typer.Typer(
+    name="bench",
+    help="Benchmarks; each prints a markdown block for docs/benchmarks.md (or writes it with --out).",
+    no_args_is_help=True,
+)
+
+OutOption = Annotated[Path | None, typer.Option("--out", help="write the markdown block to this file as well")]
+
+
+def emit(markdown: str, out: Path | None) -> None:
+    """Print a benchmark's markdown block and, with ``--out``, write it to a file."""
+    typer.echo(markdown)
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(markdown, encoding="utf-8")
+        typer.echo(f"wrote {out}", err=True)
+
+
+@bench_app.command("features")
+def features(
+    ctx: typer.Context,
+    pairs: Annotated[int, typer.Option("--pairs", min=100, help="pairs per fidelity correlation")] = 100_000,
+    quick: Annotated[bool, typer.Option("--quick", help="small sizes for a smoke run (~20 s)")] = False,
+    out: OutOption = None,
+    store: Annotated[
+        str | None, typer.Option("--store", help="instead: online feature-store latency on sqlite | redis")
+    ] = None,
+) -> None:
+    """Encoder fidelity under LDP noise, featurizer / ego-graph throughput, state size, CSV ingest rate."""
+    from fedfraud.bench.features import run_features_bench
+
+    cfg = config_of(ctx)
+    if store is not None:
+        from fedfraud.bench.store import run_store_bench
+
+        emit(run_store_bench(store, cfg.features, cfg.encoder, cfg.privacy, cfg.egograph, quick=quick), out)
+        return
+    result = run_features_bench(pairs, quick, cfg.encoder, cfg.privacy, cfg.egograph)
+    emit(result.to_markdown(), out)
+
+
+@bench_app.command("tokenizer")
+def tokenizer(
+    ctx: typer.Context,
+    quick: Annotated[bool, typer.Option("--quick", help="small sizes for a smoke run")] = False,
+    out: OutOption = None,
+) -> None:
+    """FedByteBPE: federated vs centralized training time, psi/Pi table, service throughput."""
+    from fedfraud.bench.tokenizer import run_tokenizer_bench
+
+    emit(run_tokenizer_bench(config_of(ctx).tokenizer, quick=quick).to_markdown(), out)
+
+
+def register(app: typer.Typer) -> None:
+    """Attach the ``bench`` group to the root CLI."""
+    app.add_typer(bench_app, name="bench")

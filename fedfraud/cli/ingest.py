@@ -1,0 +1,43 @@
+"""``fedfraud ingest``: a Sparkov/Kaggle or TabFormer CSV into a canonical multi-bank dataset."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from fedfraud.cli.common import config_of, readable_file
+from fedfraud.config import update_section
+
+
+def register(app: typer.Typer) -> None:
+    """Add the ``ingest`` command to ``app``."""
+
+    @app.command("ingest")
+    def ingest(
+        ctx: typer.Context,
+        path: Annotated[Path, typer.Argument(help="CSV file: Sparkov pipe, Kaggle fraudTrain.csv or TabFormer")],
+        out: Annotated[Path, typer.Option("--out", "-o", help="dataset directory to write")] = Path("data/ingested"),
+        fmt: Annotated[str | None, typer.Option("--format", help="sparkov, tabformer or auto (by header)")] = None,
+        banks: Annotated[int | None, typer.Option("--banks", help="number of banks")] = None,
+        partition: Annotated[
+            str | None, typer.Option("--partition", help="hash (IID by cardholder) or region (non-IID by home state)")
+        ] = None,
+        chunk_rows: Annotated[int | None, typer.Option("--chunk-rows", help="rows per chunk (bounds memory)")] = None,
+    ) -> None:
+        """Validate a transaction CSV and write it as per-bank canonical parquet plus rejects and manifest."""
+        from training.data.ingest import ingest_csv
+        from training.data.layout import REJECTS_FILE
+
+        readable_file(path)
+        cfg = update_section(config_of(ctx), "ingest", format=fmt, banks=banks, partition=partition,
+                             chunk_rows=chunk_rows)
+        report = ingest_csv(path, out, cfg.ingest)
+        typer.echo(f"ingested {path} ({report.format}) into {out}: accepted={report.accepted} "
+                   f"rejected={report.rejected} in {report.seconds:.1f}s ({report.rows_per_s:,.0f} rows/s)")
+        for bank, rows in sorted(report.per_bank.items()):
+            typer.echo(f"  bank_{bank}: {rows} accepted")
+        if report.rejected:
+            reasons = ", ".join(f"{k}={v}" for k, v in report.rejects_by_reason.items())
+            typer.echo(f"  rejected by reason: {reasons} (see {out / REJECTS_FILE})")

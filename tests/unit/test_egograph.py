@@ -1,0 +1,202 @@
+import struct
+import zlib
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from feature_store.config import EgoGraphConfig, EncoderConfig, PrivacyConfig
+from feature_store.egograph import (
+    CorruptStateError,
+    EgoGraphState,
+    active_cardholders,
+    build_snapshot_pairs,
+)
+from feature_store.encoders import merchant_hash
+from feature_store.privacy import PrivateFeaturizer
+from feature_store.schema import frame_to_transactions
+
+ENC, PRIV = EncoderConfig(), PrivacyConfig()
+FEAT = PrivateFeaturizer(ENC, PRIV, b"bank-test-secret")
+T0 = 1_735_689_600 * 10**6  # 2025-01-01 UTC in µs
+H = 3600 * 10**6
+A, B, C, D = (int(m) for m in merchant_hash(["A", "B", "C", "D"]))
+GRAPH_KEYS = ("x", "merchant", "edge_index", "edge_attr")
+
+
+def _apply(state, stream):
+    """stream: (key, merchant, hours after T0)."""
+    return [state.update(k, m, 40.0 + k * 0.01, -74.0, T0 + int(h * H)) for k, m, h in stream]
+
+
+def _edges(state):
+    return list(zip(state.edge_src, state.edge_dst, strict=True))
+
+
+def test_edges_only_within_window_and_self_loops():
+    s = EgoGraphState(EgoGraphConfig())
+    _apply(s, [(1, A, 0), (2, B, 1), (3, C, 4), (4, C, 4.5), (5, A, 5), (6, B, 7.01)])
+    assert _edges(s) == [(A, B), (C, C), (C, A)]
+    data = s.to_data(FEAT, 1.0)
+    assert data.edge_index.tolist() == [[0, 2, 2], [1, 2, 0]]
+    assert data.x.shape == (3, ENC.dim) and data.edge_attr.shape == (3, ENC.dim)
+    assert data.x.dtype == torch.float32 and data.edge_index.dtype == torch.long
+    assert data.merchant.tolist() == [m % ENC.merchant_buckets for m in (A, B, C)]
+    assert s.n_transactions == 6 and s.node_visits == [2, 2, 2]
+
+
+def test_late_event_updates_node_without_edge():
+    s = EgoGraphState(EgoGraphConfig())
+    _apply(s, [(1, A, 1), (2, B, 1.5), (3, C, 1.2)])
+    assert _edges(s) == [(A, B)] and s.last_ts == T0 + int(1.5 * H) and s.num_nodes == 3
+
+
+def test_node_eviction_lru_drops_edges():
+    s = EgoGraphState(EgoGraphConfig(max_nodes=3))
+    _apply(s, [(1, A, 0), (2, B, 0.5), (3, A, 1), (4, C, 1.5), (5, D, 2)])
+    # B is least recently visited (0.5 h): evicted with edges A→B and B→A
+    assert s.node_merchant == [A, C, D]
+    assert _edges(s) == [(A, C), (C, D)]
+    assert s.to_data(FEAT, 1.0).edge_index.tolist() == [[0, 1], [1, 2]]
+
+
+def test_edge_bound_keeps_most_recent():
+    s = EgoGraphState(EgoGraphConfig(max_edges=2))
+    _apply(s, [(1, A, 0), (2, B, 0.1), (3, C, 0.2), (4, D, 0.3)])
+    assert _edges(s) == [(B, C), (C, D)]
+
+
+def test_horizon_forgets_stale_nodes_and_edges():
+    s = EgoGraphState(EgoGraphConfig(horizon_days=1))
+    _apply(s, [(1, A, 0), (2, B, 1), (3, C, 30), (4, C, 30.5)])
+    assert s.node_merchant == [C] and _edges(s) == [(C, C)]
+
+
+def test_redelivery_is_idempotent():
+    s = EgoGraphState(EgoGraphConfig(dedupe_ring=2))
+    assert _apply(s, [(1, A, 0), (2, B, 1)]) == [True, True]
+    blob = s.to_bytes()
+    assert _apply(s, [(2, B, 1), (1, A, 0)]) == [False, False]
+    assert s.to_bytes() == blob
+    assert _apply(s, [(3, C, 1.5), (4, C, 1.6), (1, A, 2)]) == [True, True, True]  # 1 fell out of the ring
+
+
+def test_bytes_round_trip_and_size():
+    cfg = EgoGraphConfig()
+    s = EgoGraphState(cfg)
+    rng = np.random.default_rng(0)
+    merchants = merchant_hash([f"m{i}" for i in range(80)])
+    for i in range(500):  # 80 merchants: evictions
+        s.update(i, int(merchants[rng.integers(0, 80)]), rng.uniform(30, 45), rng.uniform(-120, -70), T0 + i * H // 3)
+    for i in range(500, 600):  # then only known merchants: the edge list fills up
+        s.update(i, s.node_merchant[int(rng.integers(0, s.num_nodes))], 40.0, -74.0, T0 + i * H // 3)
+    assert s.num_nodes == cfg.max_nodes and s.num_edges == cfg.max_edges
+    blob = s.to_bytes()
+    back = EgoGraphState.from_bytes(blob, cfg)
+    assert back == s and back.to_bytes() == blob
+    for key in GRAPH_KEYS:
+        assert torch.equal(s.to_data(FEAT, 2.0)[key], back.to_data(FEAT, 2.0)[key])
+    assert len(blob) == EgoGraphState.max_serialized_bytes(cfg) < 4096
+    empty = EgoGraphState(cfg)
+    assert EgoGraphState.from_bytes(empty.to_bytes(), cfg) == empty
+
+
+def test_corrupt_or_truncated_blob_raises():
+    cfg = EgoGraphConfig()
+    s = EgoGraphState(cfg)
+    _apply(s, [(1, A, 0), (2, B, 1)])
+    blob = s.to_bytes()
+    flipped = bytearray(blob)
+    flipped[20] ^= 0xFF
+    for bad in (b"", blob[:10], blob[:-1], bytes(flipped), blob + b"\0"):
+        with pytest.raises(CorruptStateError):
+            EgoGraphState.from_bytes(bad, cfg)
+
+    def resealed(payload: bytes) -> bytes:
+        return payload + struct.pack("<I", zlib.crc32(payload))
+
+    with pytest.raises(CorruptStateError, match="magic"):
+        EgoGraphState.from_bytes(resealed(b"XXXX" + blob[4:-4]), cfg)
+    with pytest.raises(CorruptStateError, match="version"):
+        EgoGraphState.from_bytes(resealed(blob[:4] + b"\x09" + blob[5:-4]), cfg)
+
+
+def test_empty_state_gives_valid_zero_node_graph():
+    data = EgoGraphState(EgoGraphConfig()).to_data(FEAT, 1.0)
+    assert data.num_nodes == 0 and data.x.shape == (0, ENC.dim)
+    assert data.edge_index.shape == (2, 0) and data.edge_attr.shape == (0, ENC.dim)
+    data.validate(raise_on_error=True)
+
+
+def _stream_frame():
+    rows = []
+    rng = np.random.default_rng(5)
+    for c in range(3):
+        t = T0 // 10**6
+        for i in range(25):
+            t += int(rng.choice([600, 3000, 9000, 40_000]))
+            m = int(rng.integers(0, 6))
+            rows.append(
+                (
+                    f"c{c}-t{i}",
+                    f"card{c}",
+                    f"merchant{c}-{m}",
+                    t,
+                    40 + m * 0.1 + rng.normal(0, 0.01),
+                    -75.0 + m * 0.1,
+                    i == 20,
+                )
+            )
+    rows.append(("lonely-1", "card-inactive", "merchantX", T0 // 10**6, 40.0, -75.0, False))
+    rows.append(("lonely-2", "card-inactive", "merchantX", T0 // 10**6 + 9 * 86_400 * 30, 40.0, -75.0, False))
+    frame = pd.DataFrame(
+        rows, columns=["transaction_id", "cardholder_id", "merchant_id", "ts", "lat", "lon", "is_fraud"]
+    )
+    frame["timestamp"] = pd.to_datetime(frame.pop("ts"), unit="s", utc=True).astype("datetime64[us, UTC]")
+    frame["amount"], frame["mcc"], frame["geo_source"] = 10.0, "5411", "exact"
+    frame["is_fraud"] = frame["is_fraud"].astype("boolean")
+    return frame.sample(frac=1.0, random_state=1).reset_index(drop=True)  # order must not matter
+
+
+def test_active_cardholders_filter():
+    assert set(active_cardholders(_stream_frame(), 3.0)) == {"card0", "card1", "card2"}
+
+
+def test_batch_equals_incremental_with_round_trips():
+    cfg = EgoGraphConfig(max_nodes=4, max_edges=6)
+    frame = _stream_frame()
+    pairs = build_snapshot_pairs(frame, FEAT, cfg)
+    assert len(pairs) == 3 * 24  # first transaction of each cardholder has no G_{t-1}
+    by_tx = {p.transaction_id: p for p in pairs}
+    assert sum(bool(p.is_fraud) for p in pairs) == 3
+
+    for holder, rows in frame.groupby("cardholder_id"):
+        if holder == "card-inactive":
+            continue
+        rows = rows.sort_values(["timestamp", "transaction_id"])
+        eps = float(FEAT.epsilon([holder])[0])
+        blob = EgoGraphState(cfg).to_bytes()
+        previous = None
+        for tx in frame_to_transactions(rows):
+            state = EgoGraphState.from_bytes(blob, cfg)  # serving: load, apply, store
+            assert state.apply(tx, FEAT)
+            blob = state.to_bytes()
+            current = EgoGraphState.from_bytes(blob, cfg).to_data(FEAT, eps)
+            if previous is not None:
+                pair = by_tx[tx.transaction_id]
+                assert pair.split in ("train", "test") and pair.cardholder != holder
+                for key in GRAPH_KEYS:
+                    assert torch.equal(pair.current[key], current[key]), key
+                    assert torch.equal(pair.previous[key], previous[key]), key
+            previous = current
+            assert not state.apply(tx, FEAT)  # redelivery
+
+
+def test_graph_carries_no_raw_values():
+    frame = _stream_frame()
+    pair = build_snapshot_pairs(frame, FEAT, EgoGraphConfig())[-1]
+    assert set(pair.current.keys()) == {"x", "merchant", "edge_index", "edge_attr"}
+    raw = np.concatenate([frame["lat"], frame["lon"], frame["timestamp"].astype("int64") // 10**6])
+    for key in ("x", "edge_attr"):
+        assert not np.isin(pair.current[key].numpy().astype(np.float64), raw).any()
