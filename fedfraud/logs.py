@@ -20,5 +20,5 @@ def configure_logging(level: str = "INFO") -> None:
         force=True,
     )
     # Third-party libraries are chatty at INFO; keep them at WARNING.
-    for noisy in ("ray", "flwr", "feast", "kafka", "urllib3", "filelock", "numexpr"):
+    for noisy in ("ray", "flwr", "feast", "kafka", "urllib3", "filelock", "numexpr", "matplotlib", "PIL"):
         logging.getLogger(noisy).setLevel(max(numeric, logging.WARNING))

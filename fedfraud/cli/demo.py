@@ -1,0 +1,39 @@
+"""``fedfraud demo``: the main job end to end on embedded defaults, with a summary and an HTML report."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from fedfraud.cli.common import config_of
+from fedfraud.errors import UserError
+
+
+def register(app: typer.Typer) -> None:
+    """Add the ``demo`` command to ``app``."""
+
+    @app.command("demo")
+    def demo(
+        ctx: typer.Context,
+        out: Annotated[Path, typer.Option("--out", "-o", help="folder for data, models and the report")] = Path(
+            "out/demo"
+        ),
+        cardholders: Annotated[int, typer.Option(help="cardholders to generate")] = 1000,
+        days: Annotated[int, typer.Option(help="days of activity")] = 30,
+        banks: Annotated[int, typer.Option(help="number of banks")] = 5,
+        seed: Annotated[int, typer.Option(help="random seed")] = 7,
+    ) -> None:
+        """Run generate → ingest → private features → ego graphs (→ train → serve → stream) and report."""
+        from fedfraud.demo import DemoArgs, run_demo, summary_lines
+
+        try:
+            args = DemoArgs(out=out, cardholders=cardholders, days=days, banks=banks, seed=seed)
+        except ValueError as exc:
+            raise UserError(str(exc)) from None
+        report = run_demo(config_of(ctx), args, progress=typer.echo)
+        typer.echo("")
+        for line in summary_lines(report):
+            typer.echo(line)
+        typer.echo(f"\ntotal {report.seconds:.1f}s; report: {out / 'report.html'}; summary: {out / 'summary.json'}")
