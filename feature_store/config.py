@@ -6,6 +6,8 @@ receives the section it needs as an argument and never reads files itself.
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
@@ -17,12 +19,21 @@ class EncoderConfig(_Section):
     """Location / temporal / merchant embeddings (thesis §4.4.2, DESIGN §3)."""
 
     dim: int = Field(128, ge=8, description="embedding size d; even")
+    variant: Literal["thesis", "multiscale"] = Field(
+        "thesis",
+        description=(
+            "'thesis': §4.4.2 read literally (scales multiply sin/cos; rank 2 before tanh). 'multiscale': "
+            "Space2Vec-style [Mea20] reading with the scales as frequencies inside sin/cos, so embedding distance "
+            "tracks geodesic distance, direction and |Δt| (see feature_store.encoders and fedfraud bench features)"
+        ),
+    )
     phi_max_km: float = Field(
         10_018.75,
         gt=0,
         description=(
-            "φ_max in s_φ = 2π·φ_max / C_earth / 2^k: the equator-to-pole distance (C_earth/4). Chosen by "
-            "measurement (fedfraud bench features): Pearson(embedding distance, geodesic) is flat within 0.01 "
+            "thesis variant only. φ_max in s_φ = 2π·φ_max / C_earth / 2^k: the equator-to-pole distance "
+            "(C_earth/4). Chosen by measurement (fedfraud bench features): Pearson(embedding distance, geodesic) "
+            "is flat within 0.01 "
             "for φ_max ≤ 10,000 km on global pairs and within 0.01 of its best on pairs ≤ 500 km, and falls "
             "for φ_max ≥ C_earth (s_φ = s_λ)"
         ),

@@ -20,6 +20,21 @@ Reading of the thesis formulas (documented choices):
 * Time: components are hour/24, minute/60, second/60, (day-of-month − 1)/31 and
   (month − 1)/12, in UTC. Day-of-month follows the thesis's "days"; the
   day-of-week cycle is not encoded.
+* ``variant="multiscale"`` (:class:`EncoderConfig`) is the Space2Vec-style
+  reading of [Mea20] the thesis builds on, with the scales as *frequencies
+  inside* sin/cos, so the embedding has full rank and its geometry tracks the
+  real one. Location: the 3-D unit vector ``u`` of (φ, λ) is projected on the
+  six axes of an icosahedron (a tight frame, so small displacements map to the
+  embedding isotropically and direction is kept) and each projection is
+  encoded as ``[sin(ω_s a·u), cos(ω_s a·u)]`` at geometric frequencies ``ω_s``
+  whose wavelengths run from about the Earth's radius down to a few km. Fixed
+  constants, not fitted to any bank's data, so it stays "unbounded" in the
+  thesis's sense. Time: each calendar component (second of minute, minute of
+  hour, hour of day, day of month, month of year) is a *continuous* phase in
+  [0, 1) encoded with its own harmonics ``[sin(2πh·f_c), cos(2πh·f_c)]``,
+  concatenated rather than summed, which covers periods from seconds to a
+  year. Values are sin/cos, already in [-1, 1], so no ``tanh``. The
+  embedding is periodic in the year, like the thesis's.
 * Merchant: ids are hashed (unkeyed blake2b, so every bank maps the same id to
   the same row without a shared vocabulary) into ``merchant_buckets`` rows of a
   learned table initialised ``N(0, 0.1)``.
@@ -65,16 +80,57 @@ def _time_scales(cfg: EncoderConfig) -> np.ndarray:
     return np.sin(2.0 * np.pi * k / cfg.dim) / k
 
 
-def encode_location(lat_deg: np.ndarray, lon_deg: np.ndarray, cfg: EncoderConfig) -> np.ndarray:
-    """Multi-scale, unbounded location embedding ``tanh(l_φ + l_λ)``, shape ``[n, d]``, float32.
+#: Axes of a regular icosahedron (unit vectors, one per antipodal vertex pair): the projection directions
+#: of the multiscale location encoder. Their frame operator is 2·I, so no direction on the sphere is favoured.
+_GOLDEN = (1.0 + 5.0**0.5) / 2.0
+_ICOSAHEDRON_AXES = np.array(
+    [[0.0, 1.0, _GOLDEN], [0.0, 1.0, -_GOLDEN], [1.0, _GOLDEN, 0.0],
+     [1.0, -_GOLDEN, 0.0], [_GOLDEN, 0.0, 1.0], [-_GOLDEN, 0.0, 1.0]],
+    dtype=np.float64,
+) / np.sqrt(1.0 + _GOLDEN**2)  # fmt: skip
+#: Longest and shortest wavelength (km along the surface) of the multiscale location encoder: the
+#: lowest frequency varies monotonically across the globe, the highest resolves a few km.
+_LOCATION_WAVELENGTH_KM = (40_000.0, 4.0)
+_EARTH_RADIUS_KM = 6371.0088
 
-    Unbounded (no min/max grid) because a grid fitted to one bank's region would
-    leak that region to the federation (thesis §4.4.2).
+
+def _location_frequencies(dim: int) -> tuple[np.ndarray, np.ndarray]:
+    """(axis ``[d/2, 3]``, angular frequency per unit chord ``[d/2]``) of each multiscale sin/cos pair.
+
+    Pair k uses axis ``k mod 6`` at scale ``k div 6``; scales are geometric between the two wavelengths.
+    """
+    pairs = dim // 2
+    n_axes = _ICOSAHEDRON_AXES.shape[0]
+    scale = np.arange(pairs) // n_axes
+    top = max(int(scale[-1]), 1)
+    longest, shortest = _LOCATION_WAVELENGTH_KM
+    omega = 2.0 * np.pi * _EARTH_RADIUS_KM / (longest * (shortest / longest) ** (scale / top))
+    return _ICOSAHEDRON_AXES[np.arange(pairs) % n_axes], omega
+
+
+def _location_multiscale(phi: np.ndarray, lam: np.ndarray, dim: int) -> np.ndarray:
+    axes, omega = _location_frequencies(dim)
+    cos_phi = np.cos(phi)
+    u = (cos_phi * np.cos(lam), cos_phi * np.sin(lam), np.sin(phi))
+    # elementwise rather than a matmul, so a row gives the same bits alone or in a batch
+    angle = (u[0] * axes[:, 0] + u[1] * axes[:, 1] + u[2] * axes[:, 2]) * omega
+    return np.concatenate([np.sin(angle), np.cos(angle)], axis=1)
+
+
+def encode_location(lat_deg: np.ndarray, lon_deg: np.ndarray, cfg: EncoderConfig) -> np.ndarray:
+    """Multi-scale, unbounded location embedding, shape ``[n, d]``, float32 in [-1, 1].
+
+    ``tanh(l_φ + l_λ)`` (``variant="thesis"``) or the Space2Vec-style encoding
+    of the module docstring (``"multiscale"``). Unbounded (no min/max grid)
+    because a grid fitted to one bank's region would leak that region to the
+    federation (thesis §4.4.2).
     """
     phi = np.radians(np.asarray(lat_deg, dtype=np.float64)).reshape(-1, 1)
     lam = np.radians(np.asarray(lon_deg, dtype=np.float64)).reshape(-1, 1)
     if phi.shape != lam.shape:
         raise ValueError(f"lat and lon differ in length: {phi.shape[0]} != {lam.shape[0]}")
+    if cfg.variant == "multiscale":
+        return _location_multiscale(phi, lam, cfg.dim).astype(np.float32)
     s_phi, s_lam = _location_scales(cfg)
     first = np.sin(phi) * s_phi + np.sin(lam) * s_lam
     second = np.cos(phi) * s_phi + np.cos(lam) * s_lam
@@ -99,6 +155,11 @@ def timestamps_us(values: object) -> np.ndarray:
 
 def epoch_seconds(timestamps: object) -> np.ndarray:
     """POSIX seconds (int64, floored) of datetimes, ``datetime64`` values or numbers (already seconds)."""
+    import pandas as pd
+
+    if isinstance(timestamps, pd.Series | pd.Index) and not pd.api.types.is_numeric_dtype(timestamps.dtype):
+        # np.asarray of a tz-aware column would build one Timestamp object per row (slow)
+        return np.floor_divide(timestamps_us(timestamps), 1_000_000)
     arr = np.asarray(timestamps)
     if np.issubdtype(arr.dtype, np.number):
         return np.floor(arr.astype(np.float64)).astype(np.int64)
@@ -127,13 +188,43 @@ def _calendar(secs: np.ndarray) -> tuple[np.ndarray, ...]:
 _PERIODS = (24.0, 60.0, 60.0, 31.0, 12.0)
 
 
-def encode_time(epoch_secs: np.ndarray, cfg: EncoderConfig) -> np.ndarray:
-    """Cyclical temporal embedding ``tanh(Σ_c τ_c)`` of POSIX seconds (UTC), shape ``[n, d]``, float32.
+def _calendar_phases(secs: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Continuous UTC phases in [0, 1): second of minute, minute of hour, hour of day, day of month, month of year.
 
-    Dense and continuous instead of one-hot calendar features, which the thesis
-    shows leak more in federated training.
+    Each phase includes the finer components (14:30 is half way through hour
+    14), so it moves smoothly with time and wraps without a jump; the month
+    phase advances by the actual length of the month.
+    """
+    month = secs.astype("datetime64[s]").astype("datetime64[M]")
+    start = month.astype("datetime64[s]").astype(np.int64)
+    length = (month + 1).astype("datetime64[s]").astype(np.int64) - start
+    day_of_month = (secs - start) / length
+    month_of_year = (month.astype(np.int64) % 12 + day_of_month) / 12.0
+    return (secs % 60) / 60.0, (secs % 3600) / 3600.0, (secs % _SECONDS_PER_DAY) / _SECONDS_PER_DAY, \
+        day_of_month, month_of_year  # fmt: skip
+
+
+def _time_multiscale(secs: np.ndarray, dim: int) -> np.ndarray:
+    """Pair k encodes phase ``k mod 5`` at harmonic ``k div 5 + 1``: periods from seconds to a year."""
+    pairs = dim // 2
+    phases = np.stack(_calendar_phases(secs), axis=1)  # [n, 5]
+    component = np.arange(pairs) % phases.shape[1]
+    harmonic = (np.arange(pairs) // phases.shape[1] + 1).astype(np.float64)
+    angle = 2.0 * np.pi * phases[:, component] * harmonic
+    return np.concatenate([np.sin(angle), np.cos(angle)], axis=1)
+
+
+def encode_time(epoch_secs: np.ndarray, cfg: EncoderConfig) -> np.ndarray:
+    """Cyclical temporal embedding of POSIX seconds (UTC), shape ``[n, d]``, float32 in [-1, 1].
+
+    ``tanh(Σ_c τ_c)`` (``variant="thesis"``) or the per-component harmonics of
+    the module docstring (``"multiscale"``). Dense and continuous instead of
+    one-hot calendar features, which the thesis shows leak more in federated
+    training.
     """
     secs = epoch_seconds(epoch_secs).reshape(-1)
+    if cfg.variant == "multiscale":
+        return _time_multiscale(secs, cfg.dim).astype(np.float32)
     s = _time_scales(cfg)
     sin_sum = np.zeros(secs.shape[0], dtype=np.float64)
     cos_sum = np.zeros(secs.shape[0], dtype=np.float64)

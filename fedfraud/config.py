@@ -16,8 +16,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from fedfraud.errors import ConfigError
 from feature_store.config import EgoGraphConfig, EncoderConfig, PrivacyConfig
+from feature_store.store_config import FeatureStoreConfig
 from training.data.config import GeneratorConfig, IngestConfig
+from training.fraud.config import FraudConfig
+from training.anomaly.config import AnomalyConfig
+from training.federated.config import FederatedConfig
 from training.tokenizer.config import TokenizerConfig
+from serving.config import ServingConfig
 
 __all__ = ["FedfraudConfig", "load_config", "apply_overrides", "DEFAULT_CONFIG_FILE"]
 
@@ -35,7 +40,12 @@ class FedfraudConfig(BaseModel):
     privacy: PrivacyConfig = Field(default_factory=PrivacyConfig)
     egograph: EgoGraphConfig = Field(default_factory=EgoGraphConfig)
     # -- sections added by later components go below this line --
+    fraud: FraudConfig = Field(default_factory=FraudConfig)
+    features: FeatureStoreConfig = Field(default_factory=FeatureStoreConfig)
     tokenizer: TokenizerConfig = Field(default_factory=TokenizerConfig)
+    anomaly: AnomalyConfig = Field(default_factory=AnomalyConfig)
+    federated: FederatedConfig = Field(default_factory=FederatedConfig)
+    serving: ServingConfig = Field(default_factory=ServingConfig)
 
 
 def _parse_value(raw: str) -> Any:

@@ -69,6 +69,25 @@ def tokenizer(
     emit(run_tokenizer_bench(config_of(ctx).tokenizer, quick=quick).to_markdown(), out)
 
 
+@bench_app.command("serving")
+def serving(
+    ctx: typer.Context,
+    registry: Annotated[
+        Path | None, typer.Option("--registry", help="registry with trained models (default: fresh)")
+    ] = None,
+    backlog: Annotated[
+        int, typer.Option("--backlog", min=100, help="transactions replayed at once for throughput")
+    ] = 3000,
+    seconds: Annotated[float, typer.Option("--seconds", min=1, help="duration of each offered load")] = 8.0,
+    out: OutOption = None,
+) -> None:
+    """End-to-end streaming: ceiling, max sustained tx/s, p50/p99 at 250/500/1,000 tx/s offered."""
+    from fedfraud.bench.serving import run_serving_bench
+
+    result = run_serving_bench(registry, backlog, seconds=seconds, config=config_of(ctx))
+    emit(result.to_markdown(), out)
+
+
 def register(app: typer.Typer) -> None:
     """Attach the ``bench`` group to the root CLI."""
     app.add_typer(bench_app, name="bench")

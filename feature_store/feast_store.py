@@ -1,0 +1,147 @@
+"""Render, open, apply and materialize the Feast feature repo for one online-store profile.
+
+The declarations live in ``feature_store/repo/`` (plain Feast, ``feast apply``
+works there). Programs never write into the package: :func:`render_repo` copies
+``definitions.py`` into a working folder (``features.repo_dir``, a temp dir in
+tests) next to a ``feature_store.yaml`` built as a validated Feast
+``RepoConfig`` for the chosen profile, so the plain ``feast`` CLI works in that
+folder as well.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import shutil
+from datetime import datetime, timedelta, UTC
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pyarrow.parquet as pq
+import yaml
+
+from fedfraud.errors import UserError
+from feature_store.store_config import FeatureStoreConfig
+
+if TYPE_CHECKING:
+    from feast import FeatureStore
+    from feast.repo_config import RepoConfig
+
+__all__ = [
+    "DATA_DIR",
+    "DEFINITIONS_MODULE",
+    "REPO_TEMPLATE",
+    "apply_repo",
+    "build_repo_config",
+    "data_time_range",
+    "feast_objects",
+    "materialize_repo",
+    "open_store",
+    "render_repo",
+    "repo_yaml",
+]
+
+logger = logging.getLogger(__name__)
+
+#: The packaged feature repo (declarations + default feature_store.yaml).
+REPO_TEMPLATE = Path(__file__).parent / "repo"
+DEFINITIONS_MODULE = "feature_store.repo.definitions"
+#: Offline parquet, registry and SQLite online store live here, relative to the repo folder.
+DATA_DIR = "data"
+_COPIED = ("definitions.py", ".feastignore")
+
+
+def repo_yaml(cfg: FeatureStoreConfig, profile: str | None = None) -> dict[str, Any]:
+    """The ``feature_store.yaml`` mapping for ``profile`` (default: ``cfg.profile``); paths relative to the repo."""
+    chosen = cfg.online_profile(profile)
+    return {
+        "project": cfg.project,
+        "provider": "local",
+        "registry": chosen.registry(),
+        "online_store": chosen.online_store(),
+        "offline_store": {"type": "file"},
+        "entity_key_serialization_version": 3,
+        "auth": {"type": "no_auth"},
+    }
+
+
+def build_repo_config(cfg: FeatureStoreConfig, repo_dir: Path, profile: str | None = None) -> RepoConfig:
+    """A validated Feast ``RepoConfig`` for ``profile`` rooted at ``repo_dir`` (for ``FeatureStore(config=)``)."""
+    from feast.repo_config import RepoConfig
+
+    return RepoConfig(**repo_yaml(cfg, profile), repo_path=Path(repo_dir).resolve())
+
+
+def render_repo(cfg: FeatureStoreConfig, repo_dir: Path | None = None, profile: str | None = None) -> Path:
+    """Write ``feature_store.yaml`` for the profile and copy the declarations into ``repo_dir``; returns it."""
+    target = Path(repo_dir if repo_dir is not None else cfg.repo_dir)
+    if target.resolve() == REPO_TEMPLATE.resolve():
+        raise UserError(f"{target} is the packaged feature repo; render into a working folder instead")
+    (target / DATA_DIR).mkdir(parents=True, exist_ok=True)
+    for name in _COPIED:
+        shutil.copyfile(REPO_TEMPLATE / name, target / name)
+    build_repo_config(cfg, target, profile)  # validate before writing
+    # RepoConfig.write_to_path dumps field names instead of the yaml keys, so write the mapping ourselves
+    header = "# rendered by fedfraud (feature_store.feast_store.render_repo); `feast` CLI works in this folder\n"
+    (target / "feature_store.yaml").write_text(
+        header + yaml.safe_dump(repo_yaml(cfg, profile), sort_keys=False), encoding="utf-8"
+    )
+    return target
+
+
+def open_store(cfg: FeatureStoreConfig, repo_dir: Path | None = None, profile: str | None = None) -> FeatureStore:
+    """Render the repo for ``profile`` and open it as a Feast ``FeatureStore`` (nothing applied yet)."""
+    from feast import FeatureStore
+
+    target = render_repo(cfg, repo_dir, profile)
+    return FeatureStore(repo_path=str(target.resolve()))
+
+
+def feast_objects() -> list[Any]:
+    """Every Feast object declared in ``definitions.py`` (entities, sources, views, services)."""
+    from feast import Entity, FeatureService, FeatureView
+    from feast.data_source import DataSource
+
+    module = importlib.import_module(DEFINITIONS_MODULE)
+    kinds = (Entity, DataSource, FeatureView, FeatureService)
+    return [obj for obj in vars(module).values() if isinstance(obj, kinds)]
+
+
+def apply_repo(store: FeatureStore) -> list[str]:
+    """``feast apply`` of the declarations to ``store`` (registry + online tables); returns the names applied."""
+    objects = feast_objects()
+    store.apply(objects)
+    names = sorted(f"{type(o).__name__}:{o.name}" for o in objects)
+    logger.info("feast_apply project=%s objects=%d repo=%s", store.project, len(objects), store.repo_path)
+    return names
+
+
+def data_time_range(repo_dir: Path) -> tuple[datetime, datetime]:
+    """Earliest and latest ``event_timestamp`` in the repo's offline parquet (UTC)."""
+    import pyarrow.compute as pc
+
+    lo: datetime | None = None
+    hi: datetime | None = None
+    files = sorted((Path(repo_dir) / DATA_DIR).glob("*.parquet"))
+    for path in files:
+        column = pq.read_table(path, columns=["event_timestamp"]).column("event_timestamp")
+        if len(column) == 0:
+            continue
+        bounds = pc.min_max(column)
+        a, b = bounds["min"].as_py(), bounds["max"].as_py()
+        lo = a if lo is None else min(lo, a)
+        hi = b if hi is None else max(hi, b)
+    if lo is None or hi is None:
+        where = Path(repo_dir) / DATA_DIR
+        raise UserError(f"no offline feature rows under {where}; run `fedfraud features apply --data DIR`")
+    return lo.astimezone(UTC), hi.astimezone(UTC)
+
+
+def materialize_repo(store: FeatureStore, start: datetime | None = None, end: datetime | None = None) -> None:
+    """Load the latest offline row of every entity into the online store (default: the whole data range)."""
+    if start is None or end is None:
+        lo, hi = data_time_range(Path(store.repo_path))
+        start = start or lo - timedelta(seconds=1)
+        end = end or hi + timedelta(seconds=1)
+    logger.info("feast_materialize project=%s start=%s end=%s", store.project, start.isoformat(), end.isoformat())
+    store.materialize(start_date=start, end_date=end)

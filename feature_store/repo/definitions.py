@@ -1,0 +1,125 @@
+"""fedfraud feature repo: plain Feast declarations (entities, sources, feature views, services).
+
+Everything here is bank-private derived data: cardholders are keyed by a keyed
+pseudonym (blake2b with the bank's secret, never the card number), embeddings
+are the LDP-noised L'/T' of :mod:`feature_store.privacy`, and ``ego_state`` is
+the compact :class:`feature_store.egograph.EgoGraphState` blob.
+
+Offline rows are written by ``fedfraud features apply`` (:mod:`feature_store.offline`)
+to ``data/*.parquet``; streaming writes go through the two PushSources. TTLs are
+0 (never expire): the last state of a cardholder stays valid however old.
+"""
+
+from datetime import timedelta
+
+from feast import Entity, FeatureService, FeatureView, Field, FileSource, PushSource, ValueType
+from feast.types import Array, Bytes, Float32, Float64, Int64, String
+
+# ---------------------------------------------------------------- entities
+cardholder = Entity(
+    name="cardholder",
+    join_keys=["cardholder"],
+    value_type=ValueType.STRING,
+    description="keyed pseudonym of the card (128-bit blake2b with the bank's secret, hex)",
+)
+bank = Entity(name="bank", join_keys=["bank"], value_type=ValueType.INT64, description="bank id")
+merchant = Entity(
+    name="merchant", join_keys=["merchant"], value_type=ValueType.STRING, description="merchant id (not personal)"
+)
+
+# ---------------------------------------------------------------- sources
+cardholder_source = FileSource(
+    name="cardholder_transactions",
+    path="data/cardholder_transactions.parquet",
+    timestamp_field="event_timestamp",
+    created_timestamp_column="created",
+    description="one row per transaction: features of the cardholder after it; ego_state only on the last row",
+)
+merchant_source = FileSource(
+    name="merchant_transactions",
+    path="data/merchant_transactions.parquet",
+    timestamp_field="event_timestamp",
+    created_timestamp_column="created",
+    description="one row per transaction: the noised location embedding of the merchant seen by that bank",
+)
+cardholder_push = PushSource(name="cardholder_push", batch_source=cardholder_source)
+merchant_push = PushSource(name="merchant_push", batch_source=merchant_source)
+
+# ---------------------------------------------------------------- feature views
+cardholder_ego_state = FeatureView(
+    name="cardholder_ego_state",
+    entities=[cardholder],
+    ttl=timedelta(0),
+    schema=[
+        Field(name="cardholder", dtype=String),
+        Field(name="ego_state", dtype=Bytes, description="EgoGraphState.to_bytes(): versioned, crc32-checked"),
+        Field(name="q_t", dtype=Array(Float32), description="last graph embedding from the scorer; empty if none"),
+        Field(name="state_version", dtype=Int64, description="transactions applied to the state (monotonic)"),
+    ],
+    source=cardholder_push,
+    online=True,
+    tags={"owner": "feature_store", "privacy": "bank-internal"},
+)
+cardholder_time = FeatureView(
+    name="cardholder_time",
+    entities=[cardholder],
+    ttl=timedelta(0),
+    schema=[
+        Field(name="cardholder", dtype=String),
+        Field(name="time_embedding", dtype=Array(Float32), description="noised T' of the latest transaction"),
+        Field(name="epsilon", dtype=Float64, description="the cardholder's personal LDP budget"),
+    ],
+    source=cardholder_push,
+    online=True,
+    tags={"owner": "feature_store", "privacy": "ldp-noised"},
+)
+cardholder_activity = FeatureView(
+    name="cardholder_activity",
+    entities=[cardholder],
+    ttl=timedelta(0),
+    schema=[
+        Field(name="cardholder", dtype=String),
+        Field(name="tx_count", dtype=Int64),
+        Field(name="first_seen_us", dtype=Int64, description="UTC µs since the epoch"),
+        Field(name="last_seen_us", dtype=Int64, description="UTC µs since the epoch"),
+        Field(name="last_amount", dtype=Float64),
+        Field(name="amount_sum", dtype=Float64),
+        Field(name="amount_sumsq", dtype=Float64),
+        Field(name="amount_max", dtype=Float64),
+        Field(name="amount_mean", dtype=Float64),
+        Field(name="amount_std", dtype=Float64),
+        Field(name="rate_1h", dtype=Float64, description="exponentially decayed count, τ = 1 h, at last_seen"),
+        Field(name="rate_24h", dtype=Float64, description="exponentially decayed count, τ = 24 h, at last_seen"),
+        Field(name="last_location_cell", dtype=String, description="grid cell 'i:j' of the latest transaction"),
+        Field(name="last_mcc", dtype=String),
+    ],
+    source=cardholder_push,
+    online=True,
+    tags={"owner": "feature_store", "privacy": "bank-internal"},
+)
+merchant_location = FeatureView(
+    name="merchant_location",
+    entities=[bank, merchant],
+    ttl=timedelta(0),
+    schema=[
+        Field(name="bank", dtype=Int64),
+        Field(name="merchant", dtype=String),
+        Field(name="location_embedding", dtype=Array(Float32), description="noised L' of the latest transaction"),
+        Field(name="merchant_bucket", dtype=Int64, description="row of the merchant embedding table"),
+    ],
+    source=merchant_push,
+    online=True,
+    tags={"owner": "feature_store", "privacy": "ldp-noised"},
+)
+
+# ---------------------------------------------------------------- services (versioned)
+anomaly_scoring_v1 = FeatureService(
+    name="anomaly_scoring_v1",
+    features=[cardholder_ego_state, cardholder_time],
+    description="what the ego-graph anomaly scorer reads per cardholder",
+)
+fraud_scoring_v1 = FeatureService(
+    name="fraud_scoring_v1",
+    features=[cardholder_activity, cardholder_ego_state[["q_t"]], merchant_location],
+    description="what the fraud model reads: activity, last graph embedding, merchant location",
+)

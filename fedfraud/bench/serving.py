@@ -1,0 +1,178 @@
+"""``fedfraud bench serving``: end-to-end streaming latency and throughput on the embedded broker.
+
+Within one run: (1) the *ceiling*, raw consume → produce → commit with the same
+kafka-python client settings on the same broker and no scoring; (2) the maximum
+sustained throughput of the full pipeline (a backlog replayed as fast as
+possible, first produce → last decision); (3) p50/p99 of produce → decision at
+fixed offered loads. Latency uses the ``produced-us`` header stamped by the
+replay tool and ``decided_us`` stamped by the fraud stage after its flush.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = ["ServingBenchResult", "run_serving_bench"]
+
+log = logging.getLogger(__name__)
+_COLUMNS = ["transaction_id", "cardholder_id", "merchant_id", "timestamp", "amount", "lat", "lon", "mcc", "is_fraud",
+            "geo_source"]
+
+
+@dataclass
+class ServingBenchResult:
+    ceiling_tx_s: float
+    sustained_tx_s: float
+    backlog: int
+    loads: list[dict[str, float]] = field(default_factory=list)
+    models: dict[str, str] = field(default_factory=dict)
+    cpus: int = 0
+    load_avg: float = 0.0
+
+    def to_markdown(self) -> str:
+        ratio = self.sustained_tx_s / self.ceiling_tx_s if self.ceiling_tx_s else float("nan")
+        lines = [
+            "### Streaming scoring (`fedfraud bench serving`)",
+            "",
+            f"Embedded Tansu broker, kafka-python, Ray Serve ({self.cpus} CPUs, load average {self.load_avg:.1f} "
+            f"at start), models {self.models.get('anomaly', '?')} + {self.models.get('fraud', '?')}.",
+            "",
+            "| measure | value | target |",
+            "|---|---|---|",
+            f"| raw consume→produce ceiling (no scoring) | {self.ceiling_tx_s:,.0f} msg/s | |",
+            f"| max sustained throughput ({self.backlog:,} tx backlog) | {self.sustained_tx_s:,.0f} tx/s | ≥ 2,000 |",
+            f"| ratio to ceiling | {ratio:.1%} | ≥ 50% |",
+        ]
+        for row in self.loads:
+            lines.append(
+                f"| p50 / p99 at {row['offered']:,.0f} tx/s offered (achieved {row['achieved']:,.0f}) | "
+                f"{row['p50_ms']:.1f} / {row['p99_ms']:.1f} ms | p99 ≤ 50 ms at 1,000 |"
+            )
+        return "\n".join(lines) + "\n"
+
+
+def _ceiling(bootstrap: str, n: int, settings: Any) -> float:
+    """Raw consume → produce → commit throughput, the same client and settings as the ingress."""
+    from kafka import TopicPartition
+    from kafka.structs import OffsetAndMetadata
+
+    from serving.broker import create_topics
+    from serving.kafka import make_consumer, make_producer
+
+    src, dst = "bench-raw-in", "bench-raw-out"
+    create_topics(bootstrap, {src: settings.partitions, dst: settings.partitions})
+    producer = make_producer(bootstrap, settings.producer)
+    payload = b'{"transaction_id":"x","cardholder_id":"c","merchant_id":"m","timestamp":"2026-01-01T00:00:00+00:00",' \
+              b'"amount":12.5,"lat":40.0,"lon":-74.0,"mcc":"5411","is_fraud":null,"geo_source":"exact"}'
+    for i in range(n):
+        producer.send(src, key=str(i % 997).encode(), value=payload)
+    producer.flush()
+    consumer = make_consumer(bootstrap, settings.consumer.model_copy(update={"assignment": "manual"}), src,
+                             group_id="bench-ceiling")
+    done, start = 0, None
+    deadline = time.monotonic() + 120
+    while done < n and time.monotonic() < deadline:
+        polled = consumer.poll(timeout_ms=100, max_records=settings.consumer.max_poll_records)
+        if not polled:
+            continue
+        start = start or time.perf_counter()
+        offsets = {}
+        for tp, msgs in polled.items():
+            for m in msgs:
+                producer.send(dst, key=m.key, value=m.value)
+            offsets[TopicPartition(tp.topic, tp.partition)] = OffsetAndMetadata(msgs[-1].offset + 1, "", -1)
+            done += len(msgs)
+        producer.flush()
+        consumer.commit(offsets)
+    elapsed = time.perf_counter() - (start or time.perf_counter())
+    consumer.close()
+    producer.close()
+    return done / elapsed if elapsed > 0 else float("nan")
+
+
+def run_serving_bench(
+    registry: Path | None = None,
+    backlog: int = 3000,
+    loads: tuple[float, ...] = (250.0, 500.0, 1000.0),
+    seconds: float = 8.0,
+    config: Any = None,
+) -> ServingBenchResult:
+    """Run all three measurements in one process against one embedded broker and one deployment."""
+    import torch
+
+    from fedfraud.config import FedfraudConfig
+    from feature_store.privacy import PrivateFeaturizer
+    from serving.runtime import start
+    from training.data.config import GeneratorConfig
+    from training.data.synthetic import generate_frame
+    from training.fraud.config import FraudConfig
+    from training.fraud.features import build_features
+    from training.fraud.model import fit_model
+    from training.registry import ModelRegistry
+
+    cfg: FedfraudConfig = config or FedfraudConfig()
+    tmp = Path(tempfile.mkdtemp(prefix="fedfraud-bench-serving-"))
+    need = backlog + int(sum(loads) * seconds) + 2000
+    frame, _ = generate_frame(GeneratorConfig(banks=1, cardholders=max(200, need // 60), days=60, seed=5))
+    frame = frame.sort_values(["timestamp", "transaction_id"]).reset_index(drop=True)[_COLUMNS]
+    if len(frame) < need:
+        log.warning("generated %d rows, wanted %d; loads run shorter", len(frame), need)
+    reg = ModelRegistry(registry or tmp / "registry")
+    if registry is None or reg.latest("fraud") is None:
+        fcfg = FraudConfig(num_boost_round=50, nthread=1)
+        train = frame.head(2000)
+        feats = build_features(train, PrivateFeaturizer.for_bank(cfg.encoder, cfg.privacy, 0).transform(train), fcfg)
+        fit_model(feats, feats, True, fcfg, "centralized").publish(reg, config={"fraud": fcfg.model_dump()}, metrics={})
+    if registry is None or reg.latest("anomaly") is None:
+        from training.anomaly.config import AnomalyConfig
+        from training.anomaly.model import AnomalyModel
+        from training.anomaly.scorer import publish_anomaly_model
+
+        log.warning("no trained anomaly model in the registry: benchmarking an untrained one (same cost)")
+        torch.manual_seed(0)
+        acfg = AnomalyConfig()
+        model = AnomalyModel(acfg, cfg.encoder, cfg.egograph.max_nodes)
+        publish_anomaly_model(reg, model.state_dict(), anomaly_cfg=acfg, encoder_cfg=cfg.encoder, ego_cfg=cfg.egograph,
+                              config={}, metrics={}, privacy={}, card="benchmark")
+    serving = cfg.serving.model_copy(update={"registry_root": str(reg.root), "bootstrap_servers": None})
+    features = cfg.features.model_copy(update={"repo_dir": str(tmp / "repo")})
+    cfg = cfg.model_copy(update={"serving": serving, "features": features})
+    load_avg = os.getloadavg()[0]
+    rt = start(cfg)
+    try:
+        ceiling = _ceiling(rt.bootstrap_servers, 20_000, cfg.serving)
+        log.info("ceiling %.0f msg/s", ceiling)
+        cursor = 2000
+        warm = frame.iloc[cursor : cursor + 300].reset_index(drop=True)
+        rt.replay(warm, rate=0)  # warm-up: first calls import and compile
+        cursor += len(warm)
+        part = frame.iloc[cursor : cursor + backlog].reset_index(drop=True)
+        cursor += len(part)
+        result = rt.replay(part, rate=0, timeout_s=600)
+        first = min(int(d["produced_us"]) for d in result.decisions)
+        last = max(int(d["decided_us"]) for d in result.decisions)
+        sustained = len(result.decided_ids) / ((last - first) / 1e6)
+        rows = []
+        for rate in loads:
+            n = int(rate * seconds)
+            chunk = frame.iloc[cursor : cursor + n].reset_index(drop=True)
+            cursor += len(chunk)
+            if chunk.empty:
+                break
+            res = rt.replay(chunk, rate=rate, timeout_s=600)
+            lat = res.latencies_ms
+            rows.append({"offered": rate, "achieved": res.stats.rate, "p50_ms": float(np.percentile(lat, 50)),
+                         "p99_ms": float(np.percentile(lat, 99))})
+            log.info("load=%.0f p50=%.1fms p99=%.1fms", rate, rows[-1]["p50_ms"], rows[-1]["p99_ms"])
+        models = rt.counters()["models"]
+    finally:
+        rt.stop()
+    return ServingBenchResult(ceiling, sustained, backlog, rows, models, os.cpu_count() or 0, load_avg)

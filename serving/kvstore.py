@@ -1,0 +1,129 @@
+"""Serving's own per-cardholder blobs: recent anomaly scores and the fraud-feature state.
+
+The Feast online store holds the feature state the models read (ego graph,
+q_t, activity). Two things only serving needs live here, behind one tiny
+interface with two backends (``sqlite`` path or ``redis://`` URL, STYLE §6):
+
+* ``scores``: the last few (noise key → anomaly score, model tag) of a
+  cardholder, written *before* the ego state is pushed, so a transaction whose
+  state update already landed (redelivery after a crash) re-emits the score it got;
+* ``fraud``: :class:`training.fraud.features.FraudFeatureState` bytes plus the
+  last few decisions, so a redelivered transaction re-emits its decision
+  identically instead of updating the fraud features twice.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from pathlib import Path
+
+__all__ = ["KVStore", "RedisKV", "SqliteKV", "open_kv"]
+
+TABLES = ("scores", "fraud")
+
+
+class KVStore(ABC):
+    """Batched get/put of bytes by (table, key); last writer wins."""
+
+    @abstractmethod
+    def get_many(self, table: str, keys: Sequence[str]) -> list[bytes | None]:
+        """Values of ``keys`` in order (None where absent)."""
+
+    @abstractmethod
+    def put_many(self, table: str, items: Sequence[tuple[str, bytes]]) -> None:
+        """Write all items (one round trip / one transaction)."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release connections."""
+
+
+def _check(table: str) -> str:
+    if table not in TABLES:
+        raise ValueError(f"unknown table {table!r}; valid: {', '.join(TABLES)}")
+    return table
+
+
+class SqliteKV(KVStore):
+    """One SQLite file in WAL mode: embedded default, safe with several processes writing different tables."""
+
+    def __init__(self, path: Path | str) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        self._conn = sqlite3.connect(str(self.path), timeout=30, check_same_thread=False, isolation_level=None)
+        self._conn.execute("PRAGMA journal_mode=WAL")
+        self._conn.execute("PRAGMA synchronous=NORMAL")
+        for table in TABLES:
+            self._conn.execute(f"CREATE TABLE IF NOT EXISTS {table} (k TEXT PRIMARY KEY, v BLOB NOT NULL)")
+
+    def get_many(self, table: str, keys: Sequence[str]) -> list[bytes | None]:
+        if not keys:
+            return []
+        found: dict[str, bytes] = {}
+        with self._lock:
+            for start in range(0, len(keys), 500):  # SQLite's bound-parameter limit
+                chunk = list(keys[start : start + 500])
+                marks = ",".join("?" * len(chunk))
+                sql = f"SELECT k, v FROM {_check(table)} WHERE k IN ({marks})"
+                found.update(self._conn.execute(sql, chunk).fetchall())
+        return [found.get(k) for k in keys]
+
+    def put_many(self, table: str, items: Sequence[tuple[str, bytes]]) -> None:
+        if not items:
+            return
+        with self._lock:
+            self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                self._conn.executemany(f"INSERT OR REPLACE INTO {_check(table)} (k, v) VALUES (?, ?)", items)
+                self._conn.execute("COMMIT")
+            except BaseException:
+                self._conn.execute("ROLLBACK")
+                raise
+
+    def close(self) -> None:
+        self._conn.close()
+
+    def __repr__(self) -> str:
+        return f"{self.__class__.__name__}({str(self.path)!r})"
+
+
+class RedisKV(KVStore):
+    """Redis (production): one pipelined MGET / MSET per batch, keys ``fedfraud:<table>:<key>``."""
+
+    def __init__(self, url: str, prefix: str = "fedfraud") -> None:
+        import redis
+
+        self.url = url
+        self.prefix = prefix
+        self._client = redis.Redis.from_url(url)
+
+    def _key(self, table: str, key: str) -> str:
+        return f"{self.prefix}:{_check(table)}:{key}"
+
+    def get_many(self, table: str, keys: Sequence[str]) -> list[bytes | None]:
+        if not keys:
+            return []
+        return list(self._client.mget([self._key(table, k) for k in keys]))
+
+    def put_many(self, table: str, items: Sequence[tuple[str, bytes]]) -> None:
+        if items:
+            self._client.mset({self._key(table, k): v for k, v in items})
+
+    def close(self) -> None:
+        self._client.close()
+
+    def __repr__(self) -> str:
+        return f"{self.__class__.__name__}({self.url!r})"
+
+
+def open_kv(location: str, base_dir: Path | None = None) -> KVStore:
+    """``redis://...`` → :class:`RedisKV`; anything else is a SQLite path (relative to ``base_dir``)."""
+    if location.startswith(("redis://", "rediss://")):
+        return RedisKV(location)
+    path = Path(location)
+    if not path.is_absolute() and base_dir is not None:
+        path = base_dir / path
+    return SqliteKV(path)

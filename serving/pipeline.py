@@ -1,0 +1,552 @@
+"""The two scoring stages as plain classes: Ray Serve deployments wrap them, benchmarks and tests call them.
+
+:class:`AnomalyStage` (per micro-batch, in event-time order)::
+
+    read cardholder states (one batched Feast read) ──> apply each transaction
+    ──> G_t per transaction (and G_{t-1} only when the cached q_{t-1} is stale)
+    ──> q = embed(graphs) (the deployment batches this by node count)
+    ──> AS = 1 − f(q_{t-1}, q_t) ──> score ring, push states (one batched write) ──> ``anomaly-scores``
+
+:class:`FraudStage`: fraud-feature state per cardholder + AS ──> XGBoost ──>
+``fraud-decisions`` (score, decision, top reasons, both model versions).
+
+Idempotence (at-least-once delivery means redelivery): a transaction whose
+noise key is already in the ego graph's ring of applied keys is *redelivered*;
+it does not touch the graph again and gets the anomaly score it got the first
+time from the score ring (written before the state push, so this holds after a
+crash between the two). The fraud stage keeps the last decisions per
+cardholder and re-emits a redelivered transaction's decision identically
+(``redelivered: true``) instead of updating the fraud features twice.
+Decisions are therefore *re-emitted, never suppressed*: a consumer sees every
+transaction decided at least once, with identical content.
+
+Cached q_{t-1}: the store's ``q_t`` is reused when this process wrote it with
+the current model at the state's current version (:class:`_FreshCache`);
+otherwise G_{t-1} is embedded again, so a model swap or another replica's
+write never mixes embeddings of two models.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import struct
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+import pandas as pd
+
+from feature_store.cardholder import CardholderState, PreparedBatch, prepare_batch
+from feature_store.privacy import PrivateFeaturizer
+from serving.kafka import json_bytes, now_us
+from serving.kvstore import KVStore
+
+if TYPE_CHECKING:
+    from kafka import KafkaProducer
+    from torch_geometric.data import Data
+
+    from feature_store.online import OnlineStateClient
+    from training.fraud.model import FraudModel
+    from training.registry import ModelRegistry
+
+__all__ = [
+    "AnomalyStage",
+    "AnomalyWork",
+    "FraudStage",
+    "GraphScorer",
+    "ScoredBatch",
+    "fraud_config_for",
+    "load_anomaly_scorer",
+    "load_fraud_model",
+]
+
+log = logging.getLogger(__name__)
+
+
+class GraphScorer(Protocol):
+    """What the anomaly stage needs from a model (``training.anomaly.scorer.AnomalyScorer``)."""
+
+    tag: str
+
+    def embed(self, graphs: Sequence[Data]) -> np.ndarray:
+        """Q ``[n, k]`` of n graphs."""
+        ...
+
+    def score(self, q_prev: np.ndarray, q_cur: np.ndarray) -> np.ndarray:
+        """AS = 1 − f(q_{t−1}, q_t) per row."""
+        ...
+
+
+class _ScorerAdapter:
+    """Adapts the GNN colleague's scorer (tensors in/out) to :class:`GraphScorer` (numpy)."""
+
+    def __init__(self, scorer: Any, tag: str) -> None:
+        self.inner = scorer
+        self.tag = tag
+
+    def embed(self, graphs: Sequence[Data]) -> np.ndarray:
+        import torch
+
+        with torch.inference_mode():
+            q = self.inner.embed(list(graphs))
+        q = getattr(q, "q", q)
+        return q.detach().cpu().numpy() if hasattr(q, "detach") else np.asarray(q)
+
+    def score(self, q_prev: np.ndarray, q_cur: np.ndarray) -> np.ndarray:
+        import torch
+
+        with torch.inference_mode():
+            out = self.inner.score(torch.from_numpy(q_prev), torch.from_numpy(q_cur))
+        out = out.detach().cpu().numpy() if hasattr(out, "detach") else np.asarray(out)
+        return out.astype(np.float64).reshape(-1)
+
+    def __repr__(self) -> str:
+        return f"{self.__class__.__name__}({self.tag})"
+
+
+def load_anomaly_scorer(registry: ModelRegistry, version: str = "latest") -> GraphScorer:
+    """The anomaly model of ``version`` from the registry, ready for inference (1 torch thread)."""
+    import torch
+
+    from training.anomaly.scorer import AnomalyScorer
+
+    torch.set_num_threads(1)
+    found = registry.get("anomaly", version)
+    scorer = AnomalyScorer.from_registry(registry, str(found.version))
+    return _ScorerAdapter(scorer, found.tag)
+
+
+def load_fraud_model(registry: ModelRegistry, version: str = "latest") -> tuple[FraudModel, str]:
+    """The fraud model of ``version`` and its registry tag."""
+    from training.fraud.model import FraudModel
+
+    found = registry.get("fraud", version)
+    return FraudModel.from_registry(registry, str(found.version)), found.tag
+
+
+# ---------------------------------------------------------------------- anomaly stage
+@dataclass
+class ScoredBatch:
+    """What the anomaly stage hands the fraud stage: private per-transaction inputs + AS, in event-time order."""
+
+    source: str
+    transaction_id: list[str]
+    cardholder: list[str]
+    ts_us: list[int]
+    amount: list[float]
+    mcc: list[str]
+    merchant: np.ndarray
+    location: np.ndarray
+    time: np.ndarray
+    anomaly_score: np.ndarray
+    redelivered: np.ndarray
+    produced_us: np.ndarray
+    anomaly_model: str
+    scored_us: int = 0
+
+    def __post_init__(self) -> None:
+        n = len(self.transaction_id)
+        for name in ("cardholder", "ts_us", "amount", "mcc", "merchant", "location", "time", "anomaly_score",
+                     "redelivered", "produced_us"):
+            if len(getattr(self, name)) != n:
+                raise ValueError(f"ScoredBatch.{name} has {len(getattr(self, name))} rows, expected {n}")
+
+    def __len__(self) -> int:
+        return len(self.transaction_id)
+
+
+class _CachedFeatures:
+    """A :class:`feature_store.egograph.FeatureSource` that remembers L'/T' rows by noise key.
+
+    A node carries the noise key of the transaction that created it and an edge
+    the key of the transaction that arrived, and L'/T' are pure functions of
+    (values, key, ε), so each row is computed once (vectorised, in
+    ``prepare_batch``) instead of once per graph snapshot it appears in. Misses
+    (rows from before this process started) fall back to the featurizer.
+    """
+
+    def __init__(self, featurizer: PrivateFeaturizer, capacity: int = 100_000) -> None:
+        self.encoder_cfg = featurizer.encoder_cfg
+        self._featurizer = featurizer
+        self.capacity = capacity
+        self._loc: OrderedDict[tuple[int, float], np.ndarray] = OrderedDict()
+        self._time: OrderedDict[tuple[int, float], np.ndarray] = OrderedDict()
+
+    def seed(self, batch: PreparedBatch) -> None:
+        """Remember the rows ``prepare_batch`` already computed."""
+        f = batch.features
+        for i, key in enumerate(batch.key):
+            k = (key, float(f.epsilon[i]))
+            self._loc[k] = f.location[i]
+            self._time[k] = f.time[i]
+        for table in (self._loc, self._time):
+            while len(table) > self.capacity:
+                table.popitem(last=False)
+
+    def _rows(self, table: OrderedDict[tuple[int, float], np.ndarray], keys: np.ndarray, eps: np.ndarray | float,
+              compute: Any) -> np.ndarray:
+        e = float(np.asarray(eps).reshape(-1)[0]) if np.ndim(eps) else float(eps)
+        if np.ndim(eps) and not np.all(np.asarray(eps) == e):
+            return compute(None)
+        hits = [table.get((int(k), e)) for k in keys.tolist()]
+        miss = [i for i, h in enumerate(hits) if h is None]
+        if miss:
+            fresh = compute(np.asarray(miss, dtype=np.int64))
+            for j, i in enumerate(miss):
+                hits[i] = table[(int(keys[i]), e)] = fresh[j]
+        return np.stack(hits) if hits else np.zeros((0, self.encoder_cfg.dim), dtype=np.float32)
+
+    def location(self, lat: np.ndarray, lon: np.ndarray, keys: np.ndarray, eps: np.ndarray | float) -> np.ndarray:
+        def compute(idx: np.ndarray | None) -> np.ndarray:
+            sel = slice(None) if idx is None else idx
+            e = eps if np.ndim(eps) == 0 else np.asarray(eps)[sel]
+            return self._featurizer.location(lat[sel], lon[sel], keys[sel], e)
+
+        return self._rows(self._loc, keys, eps, compute)
+
+    def time(self, ts: np.ndarray, keys: np.ndarray, eps: np.ndarray | float) -> np.ndarray:
+        def compute(idx: np.ndarray | None) -> np.ndarray:
+            sel = slice(None) if idx is None else idx
+            e = eps if np.ndim(eps) == 0 else np.asarray(eps)[sel]
+            return self._featurizer.time(ts[sel], keys[sel], e)
+
+        return self._rows(self._time, keys, eps, compute)
+
+
+class _FreshCache:
+    """cardholder → (state version, model tag) of the q_t this process wrote; bounded LRU."""
+
+    def __init__(self, capacity: int = 200_000) -> None:
+        self.capacity = capacity
+        self._d: OrderedDict[str, tuple[int, str]] = OrderedDict()
+
+    def valid(self, holder: str, version: int, tag: str) -> bool:
+        return self._d.get(holder) == (version, tag)
+
+    def put(self, holder: str, version: int, tag: str) -> None:
+        self._d[holder] = (version, tag)
+        self._d.move_to_end(holder)
+        if len(self._d) > self.capacity:
+            self._d.popitem(last=False)
+
+
+@dataclass
+class AnomalyWork:
+    """A micro-batch between :meth:`AnomalyStage.begin` and :meth:`AnomalyStage.complete` (graphs to embed)."""
+
+    batch: PreparedBatch
+    frame: pd.DataFrame
+    produced_us: np.ndarray
+    source: str
+    model: GraphScorer
+    states: dict[str, CardholderState]
+    rings: dict[str, list[list[Any]]]
+    graphs: list[Data] = field(default_factory=list)
+    prev_graph: list[int] = field(default_factory=list)  # row → graph index of G_{t-1}, -1 none
+    prev_cached: dict[int, np.ndarray] = field(default_factory=dict)  # row → cached q_{t-1}
+    cur_graph: list[int] = field(default_factory=list)  # row → graph index of G_t, -1 if not applied
+    redelivered: list[bool] = field(default_factory=list)
+    last_graph: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def holders(self) -> list[str]:
+        return list(self.states)
+
+
+class AnomalyStage:
+    """Ego-graph update + GNN anomaly score of micro-batches (one instance per scorer replica)."""
+
+    def __init__(
+        self,
+        client: OnlineStateClient,
+        featurizer: PrivateFeaturizer,
+        kv: KVStore,
+        model: GraphScorer,
+        bank_id: int,
+        cell_deg: float,
+        ring: int,
+        producer: KafkaProducer | None = None,
+        topic: str | None = None,
+    ) -> None:
+        self.client = client
+        self.featurizer = featurizer
+        self.kv = kv
+        self.model = model
+        self.bank_id = bank_id
+        self.cell_deg = cell_deg
+        self.ring = ring
+        self.producer = producer
+        self.topic = topic
+        self.fresh = _FreshCache()
+        self.features = _CachedFeatures(featurizer)
+
+    def begin(self, frame: pd.DataFrame, produced_us: np.ndarray, source: str = "kafka") -> AnomalyWork:
+        """Read states, apply every transaction, collect the graphs to embed (no model call yet)."""
+        model = self.model  # one version per micro-batch, even if a swap lands meanwhile
+        batch = prepare_batch(frame, self.featurizer)
+        self.features.seed(batch)
+        source = self.features
+        holders = list(dict.fromkeys(batch.cardholder))
+        states = dict(zip(holders, self.client.read_states(holders), strict=True))
+        blobs = self.kv.get_many("scores", holders)
+        rings = {h: (json.loads(b) if b else []) for h, b in zip(holders, blobs, strict=True)}
+        work = AnomalyWork(batch, frame, produced_us, source, model, states, rings)
+        eps_all = batch.features.epsilon
+        for i, holder in enumerate(batch.cardholder):
+            state = states[holder]
+            ego = state.ego
+            if batch.key[i] in ego.recent:  # redelivery: no graph change, score from the ring
+                work.redelivered.append(True)
+                work.prev_graph.append(-1)
+                work.cur_graph.append(-1)
+                continue
+            eps = float(eps_all[i])
+            prev = -1
+            if ego.num_nodes:
+                if holder in work.last_graph:
+                    prev = work.last_graph[holder]
+                elif state.q_t.size and self.fresh.valid(holder, state.version, model.tag):
+                    work.prev_cached[i] = state.q_t
+                else:
+                    work.graphs.append(ego.to_data(source, eps))
+                    prev = len(work.graphs) - 1
+            applied = state.apply(batch, i, self.cell_deg)
+            work.redelivered.append(not applied)
+            work.prev_graph.append(prev)
+            work.graphs.append(ego.to_data(source, eps))
+            work.cur_graph.append(len(work.graphs) - 1)
+            work.last_graph[holder] = len(work.graphs) - 1
+        return work
+
+    def complete(self, work: AnomalyWork, q: np.ndarray) -> ScoredBatch:
+        """Score with the embeddings of ``work.graphs``, write rings and states, emit ``anomaly-scores``."""
+        batch, model = work.batch, work.model
+        n = len(batch)
+        if q.shape[0] != len(work.graphs):
+            raise ValueError(f"expected {len(work.graphs)} embeddings, got {q.shape[0]}")
+        scores = np.full(n, np.nan, dtype=np.float64)
+        rows = [i for i in range(n) if work.cur_graph[i] >= 0 and (work.prev_graph[i] >= 0 or i in work.prev_cached)]
+        if rows:
+            q_prev = np.stack([q[work.prev_graph[i]] if work.prev_graph[i] >= 0 else work.prev_cached[i] for i in rows])
+            q_cur = q[[work.cur_graph[i] for i in rows]]
+            scores[rows] = model.score(q_prev.astype(np.float32), q_cur.astype(np.float32))
+        changed: list[CardholderState] = []
+        applied_rows: list[int] = []
+        touched: set[str] = set()
+        for i, holder in enumerate(batch.cardholder):
+            ring = work.rings[holder]
+            if work.redelivered[i]:
+                for key, score, _tag in ring:
+                    if key == batch.key[i]:
+                        scores[i] = math.nan if score is None else score
+                        break
+                continue
+            applied_rows.append(i)
+            ring.append([batch.key[i], None if math.isnan(scores[i]) else float(scores[i]), model.tag])
+            del ring[: max(len(ring) - self.ring, 0)]
+            touched.add(holder)
+        for holder, g in work.last_graph.items():
+            state = work.states[holder]
+            state.q_t = q[g].astype(np.float32)
+            changed.append(state)
+        # ring first: after a crash between the two writes, a redelivery still finds its score
+        self.kv.put_many("scores", [(h, json_bytes(work.rings[h])) for h in touched])
+        self.client.push_states(changed)
+        self.client.push_merchants(self.bank_id, batch, applied_rows)
+        for state in changed:
+            self.fresh.put(state.cardholder, state.version, model.tag)
+        scored = ScoredBatch(
+            source=work.source,
+            transaction_id=work.frame["transaction_id"].astype(str).tolist(),
+            cardholder=batch.cardholder,
+            ts_us=batch.ts_us,
+            amount=batch.amount,
+            mcc=batch.mcc,
+            merchant=batch.features.merchant,
+            location=batch.features.location,
+            time=batch.features.time,
+            anomaly_score=scores,
+            redelivered=np.asarray(work.redelivered, dtype=bool),
+            produced_us=np.asarray(work.produced_us, dtype=np.int64),
+            anomaly_model=model.tag,
+            scored_us=now_us(),
+        )
+        self._emit(scored)
+        return scored
+
+    def score(self, frame: pd.DataFrame, produced_us: np.ndarray, source: str = "kafka") -> ScoredBatch:
+        """Begin → embed (one call) → complete; for callers without Serve's batching."""
+        work = self.begin(frame, produced_us, source)
+        q = work.model.embed(work.graphs) if work.graphs else np.zeros((0, 0), dtype=np.float32)
+        return self.complete(work, q)
+
+    def _emit(self, scored: ScoredBatch) -> None:
+        if self.producer is None or self.topic is None or not len(scored):
+            return
+        for i, tx in enumerate(scored.transaction_id):
+            value = {
+                "transaction_id": tx,
+                "cardholder": scored.cardholder[i],
+                "anomaly_score": float(scored.anomaly_score[i]),
+                "model": scored.anomaly_model,
+                "redelivered": bool(scored.redelivered[i]),
+                "scored_us": scored.scored_us,
+            }
+            self.producer.send(self.topic, key=scored.cardholder[i].encode(), value=json_bytes(value))
+        self.producer.flush()
+
+
+# ---------------------------------------------------------------------- fraud stage
+_LEN = struct.Struct("<I")
+
+
+def _pack_fraud(state_bytes: bytes, ring: list[dict[str, Any]]) -> bytes:
+    return _LEN.pack(len(state_bytes)) + state_bytes + json_bytes(ring)
+
+
+def _unpack_fraud(blob: bytes) -> tuple[bytes, list[dict[str, Any]]]:
+    (n,) = _LEN.unpack_from(blob)
+    return blob[_LEN.size : _LEN.size + n], json.loads(blob[_LEN.size + n :])
+
+
+class FraudStage:
+    """Fraud features + XGBoost decision per transaction (one instance per fraud replica)."""
+
+    def __init__(
+        self,
+        kv: KVStore,
+        model: FraudModel,
+        model_tag: str,
+        fraud_cfg: Any,
+        dim: int,
+        ring: int,
+        top_k: int = 3,
+        producer: KafkaProducer | None = None,
+        topic: str | None = None,
+    ) -> None:
+        self.kv = kv
+        self.model = model
+        self.model_tag = model_tag
+        self.fraud_cfg = fraud_cfg
+        self.dim = dim
+        self.ring = ring
+        self.top_k = top_k
+        self.producer = producer
+        self.topic = topic
+        self._check_layout(model)
+
+    def _check_layout(self, model: FraudModel) -> None:
+        from training.fraud.features import feature_names
+
+        names = feature_names(self.fraud_cfg)
+        if tuple(model.input_names) != tuple(names):
+            raise ValueError(
+                f"fraud model expects features {list(model.input_names)}, the serving config gives {list(names)}"
+            )
+
+    def swap(self, model: FraudModel, tag: str) -> None:
+        """Use ``model`` from the next micro-batch on (callers swap between batches)."""
+        self._check_layout(model)
+        self.model, self.model_tag = model, tag
+
+    def decide(self, scored: ScoredBatch) -> list[dict[str, Any]]:
+        """Decision records of ``scored`` (in its order); emits and flushes them before returning."""
+        from training.fraud.features import CorruptFraudStateError, FraudFeatureState, FraudInput
+
+        model, tag = self.model, self.model_tag
+        holders = list(dict.fromkeys(scored.cardholder))
+        states: dict[str, FraudFeatureState] = {}
+        rings: dict[str, list[dict[str, Any]]] = {}
+        for holder, blob in zip(holders, self.kv.get_many("fraud", holders), strict=True):
+            state, ring = FraudFeatureState(self.fraud_cfg, self.dim), []
+            if blob:
+                raw, ring = _unpack_fraud(blob)
+                try:
+                    state = FraudFeatureState.from_bytes(raw, self.fraud_cfg, self.dim)
+                except CorruptFraudStateError as exc:
+                    log.warning("corrupt_fraud_state cardholder=%s reason=%s; rebuilt empty", holder, exc)
+            states[holder], rings[holder] = state, ring
+        records: list[dict[str, Any] | None] = [None] * len(scored)
+        fresh_rows: list[int] = []
+        features: list[np.ndarray] = []
+        for i, tx in enumerate(scored.transaction_id):
+            holder = scored.cardholder[i]
+            previous = next((r for r in rings[holder] if r["transaction_id"] == tx), None)
+            if previous is not None:
+                records[i] = {**previous, "redelivered": True}
+                continue
+            features.append(
+                states[holder].update(
+                    FraudInput(
+                        ts_us=scored.ts_us[i],
+                        amount=scored.amount[i],
+                        mcc=scored.mcc[i],
+                        merchant=int(scored.merchant[i]),
+                        location=scored.location[i],
+                        time=scored.time[i],
+                        anomaly_score=float(scored.anomaly_score[i]),
+                    )
+                )
+            )
+            fresh_rows.append(i)
+        if fresh_rows:
+            decisions = model.predict_batch(np.stack(features), top_k=self.top_k)
+            for i, d in zip(fresh_rows, decisions, strict=True):
+                a_s = float(scored.anomaly_score[i])
+                record = {
+                    "transaction_id": scored.transaction_id[i],
+                    "cardholder": scored.cardholder[i],
+                    "score": d.score,
+                    "decision": "fraud" if d.decision else "legit",
+                    "anomaly_score": None if math.isnan(a_s) else a_s,
+                    "top_reasons": [
+                        {"feature": r.feature, "value": _finite(r.value), "contribution": r.contribution}
+                        for r in d.top_reasons
+                    ],
+                    "models": {"anomaly": scored.anomaly_model, "fraud": tag},
+                    "produced_us": int(scored.produced_us[i]),
+                    "redelivered": False,
+                }
+                ring = rings[scored.cardholder[i]]
+                ring.append(record)
+                del ring[: max(len(ring) - self.ring, 0)]
+                records[i] = record
+        touched = {scored.cardholder[i] for i in fresh_rows}
+        self.kv.put_many("fraud", [(h, _pack_fraud(states[h].to_bytes(), rings[h])) for h in touched])
+        decided = now_us()
+        out = [{**r, "decided_us": decided} for r in records if r is not None]
+        self._emit(out)
+        return out
+
+    def _emit(self, records: list[dict[str, Any]]) -> None:
+        if self.producer is None or self.topic is None or not records:
+            return
+        for r in records:
+            self.producer.send(self.topic, key=r["cardholder"].encode(), value=json_bytes(r))
+        self.producer.flush()  # at-least-once: the caller commits offsets only after this returns
+
+
+def _finite(value: float) -> float | None:
+    return None if math.isnan(value) else float(value)
+
+
+def fraud_config_for(version_config: dict[str, Any], fallback: Any) -> Any:
+    """The FraudConfig the model was trained with (its registry config), else ``fallback``."""
+    from pydantic import ValidationError
+
+    from training.fraud.config import FraudConfig
+
+    for candidate in (version_config.get("fraud"), version_config):
+        if isinstance(candidate, dict):
+            try:
+                return FraudConfig.model_validate(
+                    {k: v for k, v in candidate.items() if k in FraudConfig.model_fields}
+                )
+            except ValidationError:
+                continue
+    return fallback if fallback is not None else FraudConfig()
+

@@ -1,0 +1,230 @@
+"""Replay transactions into Kafka at a fixed rate and collect the decisions they produce.
+
+The replay tool plays the bank's card gateway: it keys each message by the
+cardholder's keyed pseudonym (so a cardholder's transactions share a partition
+and keep their order; the raw card id never becomes a Kafka key) and stamps
+the wall-clock produce time in the ``produced-us`` header, from which the
+end-to-end latency (produce → decision) is measured.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pandas as pd
+from tqdm.auto import tqdm
+
+from fedfraud.errors import UserError
+from feature_store.schema import CANONICAL_COLUMNS
+from serving.config import ProducerSettings
+from serving.kafka import PRODUCED_HEADER, json_bytes, make_producer, now_us
+
+if TYPE_CHECKING:
+    from feature_store.privacy import PrivateFeaturizer
+
+__all__ = ["ReplayResult", "ReplayStats", "collect", "load_source", "replay", "replay_and_collect", "topic_end_offsets"]
+
+log = logging.getLogger(__name__)
+
+
+def load_source(path: Path, bank: int | None = None) -> pd.DataFrame:
+    """Transactions of a dataset folder (``bank_<k>/transactions.parquet``; all banks or ``bank``) or a CSV
+    with canonical columns, sorted by (timestamp, transaction_id).
+    """
+    from training.data.layout import list_banks, read_bank
+
+    path = Path(path)
+    if path.is_dir():
+        banks = list_banks(path) if bank is None else [bank]
+        frame = pd.concat([read_bank(path, b) for b in banks], ignore_index=True)
+    elif path.is_file():
+        frame = pd.read_csv(path, dtype={"transaction_id": str, "cardholder_id": str, "merchant_id": str, "mcc": str})
+        missing = [c for c in ("transaction_id", "cardholder_id", "timestamp") if c not in frame]
+        if missing:
+            raise UserError(f"{path}: lacks canonical columns {missing}; run `fedfraud ingest` on raw CSVs first")
+        frame["timestamp"] = pd.to_datetime(frame["timestamp"], utc=True, errors="coerce", format="mixed")
+    else:
+        raise UserError(f"{path}: no such file or directory")
+    if frame.empty:
+        raise UserError(f"{path}: no transactions")
+    return frame.sort_values(["timestamp", "transaction_id"], kind="stable").reset_index(drop=True)
+
+
+def _records(frame: pd.DataFrame) -> list[dict[str, Any]]:
+    """Wire records (``Transaction.to_record`` layout); rows are sent as they are, the scorer validates."""
+    out = frame[[c for c in CANONICAL_COLUMNS if c in frame]].copy()
+    if "timestamp" in out and pd.api.types.is_datetime64_any_dtype(out["timestamp"]):
+        out["timestamp"] = out["timestamp"].map(lambda t: None if pd.isna(t) else t.isoformat())
+    if "is_fraud" in out:
+        out["is_fraud"] = out["is_fraud"].astype(object).where(out["is_fraud"].notna(), None)
+    records = out.to_dict("records")
+    for r in records:
+        for k, v in r.items():
+            if isinstance(v, np.generic):
+                r[k] = v.item()
+            elif isinstance(v, bool | np.bool_):
+                r[k] = bool(v)
+    return records
+
+
+@dataclass(frozen=True)
+class ReplayStats:
+    """What :func:`replay` sent."""
+
+    sent: int
+    seconds: float
+    transaction_ids: list[str]
+
+    @property
+    def rate(self) -> float:
+        return self.sent / self.seconds if self.seconds > 0 else float("inf")
+
+
+def replay(
+    frame: pd.DataFrame,
+    bootstrap_servers: str,
+    topic: str,
+    featurizer: PrivateFeaturizer,
+    rate: float = 0.0,
+    producer_settings: ProducerSettings | None = None,
+    progress: bool = True,
+    extra: Sequence[tuple[bytes | None, bytes]] = (),
+) -> ReplayStats:
+    """Produce ``frame`` in its order at ``rate`` messages/s (0: as fast as possible), then flush.
+
+    ``extra`` are raw (key, value) messages sent first (e.g. a poison message in tests).
+    """
+    producer = make_producer(bootstrap_servers, producer_settings or ProducerSettings(), client_id="fedfraud-replay")
+    records = _records(frame)
+    keys = [k.encode() for k in featurizer.pseudonyms(frame["cardholder_id"].astype(str).tolist())]
+    payloads = [json_bytes(r) for r in records]
+    start = time.perf_counter()
+    try:
+        for key, value in extra:
+            producer.send(topic, key=key, value=value, headers=[(PRODUCED_HEADER, str(now_us()).encode())])
+        for i, (key, value) in enumerate(tqdm(zip(keys, payloads, strict=True), total=len(keys), disable=not progress,
+                                              desc="replay", unit="tx")):
+            if rate > 0:
+                due = start + i / rate
+                delay = due - time.perf_counter()
+                if delay > 0:
+                    time.sleep(delay)
+            producer.send(topic, key=key, value=value, headers=[(PRODUCED_HEADER, str(now_us()).encode())])
+        producer.flush()
+    finally:
+        producer.close()
+    seconds = time.perf_counter() - start
+    stats = ReplayStats(len(records) + len(extra), seconds, frame["transaction_id"].astype(str).tolist())
+    log.info("replay sent=%d seconds=%.2f rate=%.0f/s topic=%s", stats.sent, seconds, stats.rate, topic)
+    return stats
+
+
+def topic_end_offsets(bootstrap_servers: str, topic: str) -> dict[int, int]:
+    """Current end offset of every partition (collect from here to see only new records)."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap_servers, enable_auto_commit=False)
+    try:
+        parts = consumer.partitions_for_topic(topic) or set()
+        ends = consumer.end_offsets([TopicPartition(topic, p) for p in parts])
+        return {tp.partition: off for tp, off in ends.items()}
+    finally:
+        consumer.close()
+
+
+def collect(
+    bootstrap_servers: str,
+    topic: str,
+    expected: int | Iterable[str],
+    start: dict[int, int] | None = None,
+    timeout_s: float = 60.0,
+    id_field: str = "transaction_id",
+) -> list[dict[str, Any]]:
+    """Read JSON records from ``topic`` (from ``start`` offsets, else the beginning) until ``expected``
+    distinct ids (a count or the ids themselves) were seen or ``timeout_s`` passed. Duplicates are kept.
+    """
+    import json
+
+    from kafka import KafkaConsumer, TopicPartition
+
+    wanted = None if isinstance(expected, int) else set(expected)
+    target = expected if isinstance(expected, int) else len(wanted or ())
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap_servers, enable_auto_commit=False, max_poll_records=2000,
+                             fetch_max_wait_ms=20)
+    out: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    try:
+        parts = consumer.partitions_for_topic(topic) or set()
+        tps = [TopicPartition(topic, p) for p in sorted(parts)]
+        consumer.assign(tps)
+        for tp in tps:
+            if start and tp.partition in start:
+                consumer.seek(tp, start[tp.partition])
+            else:
+                consumer.seek_to_beginning(tp)
+        deadline = time.monotonic() + timeout_s
+        while len(seen) < target and time.monotonic() < deadline:
+            for msgs in consumer.poll(timeout_ms=100).values():
+                for m in msgs:
+                    record = json.loads(m.value)
+                    rid = str(record.get(id_field))
+                    if wanted is None or rid in wanted:
+                        out.append(record)
+                        seen.add(rid)
+    finally:
+        consumer.close()
+    return out
+
+
+@dataclass
+class ReplayResult:
+    """Decisions of one replay and their end-to-end latencies."""
+
+    stats: ReplayStats
+    decisions: list[dict[str, Any]]
+    dead_letters: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def latencies_ms(self) -> np.ndarray:
+        """Decided − produced per first decision of each transaction (ms)."""
+        first: dict[str, float] = {}
+        for d in self.decisions:
+            first.setdefault(d["transaction_id"], (d["decided_us"] - d["produced_us"]) / 1000)
+        return np.asarray(list(first.values()), dtype=np.float64)
+
+    @property
+    def decided_ids(self) -> set[str]:
+        return {d["transaction_id"] for d in self.decisions}
+
+    @property
+    def missing(self) -> set[str]:
+        return set(self.stats.transaction_ids) - self.decided_ids
+
+
+def replay_and_collect(
+    frame: pd.DataFrame,
+    bootstrap_servers: str,
+    featurizer: PrivateFeaturizer,
+    rate: float = 0.0,
+    timeout_s: float = 120.0,
+    topics: Any = None,
+    extra: Sequence[tuple[bytes | None, bytes]] = (),
+    progress: bool = False,
+) -> ReplayResult:
+    """Replay ``frame`` and wait until every transaction has a decision (and every ``extra`` a dead letter)."""
+    from serving.config import TopicNames
+
+    topics = topics or TopicNames()
+    dec_start = topic_end_offsets(bootstrap_servers, topics.decisions)
+    dlq_start = topic_end_offsets(bootstrap_servers, topics.dlq)
+    stats = replay(frame, bootstrap_servers, topics.transactions, featurizer, rate, progress=progress, extra=extra)
+    decisions = collect(bootstrap_servers, topics.decisions, stats.transaction_ids, dec_start, timeout_s)
+    dead = collect(bootstrap_servers, topics.dlq, len(extra), dlq_start, timeout_s=10 if extra else 0.5,
+                   id_field="offset") if extra else []
+    return ReplayResult(stats, decisions, dead)

@@ -1,0 +1,172 @@
+"""Programmatic start/stop of the whole streaming stack, for ``fedfraud serve``, ``fedfraud demo`` and tests.
+
+::
+
+    rt = start(cfg)                       # embedded broker unless cfg.serving.bootstrap_servers
+    result = rt.replay(frame, rate=500)   # → ReplayResult: decisions + latencies
+    rt.stop()
+
+:func:`start` prepares the Feast online store (render + apply, idempotent),
+initialises Ray if nobody did (2 CPUs, no dashboard), starts Serve's HTTP
+proxy on ``cfg.serving.http_port`` and deploys :func:`serving.app.build_app`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from serving.app import APP_NAME, ScoringArgs, build_app
+from serving.broker import EmbeddedBroker
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from fedfraud.config import FedfraudConfig
+    from serving.replay import ReplayResult
+
+__all__ = ["ServingRuntime", "ensure_ray", "start"]
+
+log = logging.getLogger(__name__)
+
+
+def ensure_ray(num_cpus: int = 2) -> None:
+    """Initialise Ray unless it already is (tests share one instance; Flower's simulation may have shut it down)."""
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
+
+
+@dataclass
+class ServingRuntime:
+    """A running scoring stack; :meth:`stop` tears down what :func:`start` started (and nothing else)."""
+
+    config: FedfraudConfig
+    bootstrap_servers: str
+    url: str
+    broker: EmbeddedBroker | None = None
+    handle: Any = None
+    _stopped: bool = field(default=False, repr=False)
+
+    @property
+    def embedded(self) -> bool:
+        return self.broker is not None
+
+    def featurizer(self) -> Any:
+        """The bank's featurizer (pseudonymous Kafka keys for replay)."""
+        from feature_store.privacy import PrivateFeaturizer
+
+        c = self.config
+        return PrivateFeaturizer.for_bank(c.encoder, c.privacy, c.serving.bank_id)
+
+    def replay(self, frame: pd.DataFrame, rate: float = 0.0, timeout_s: float = 120.0,
+               extra: Any = (), progress: bool = False) -> ReplayResult:
+        """Replay ``frame`` into ``transactions`` and wait for every decision.
+
+        See :func:`serving.replay.replay_and_collect`.
+        """
+        from serving.replay import replay_and_collect
+
+        return replay_and_collect(frame, self.bootstrap_servers, self.featurizer(), rate, timeout_s,
+                                  self.config.serving.topics, extra, progress)
+
+    def counters(self) -> dict[str, Any]:
+        """Delivery counters of the gateway (consumed, decided, dead_lettered, inflight, models...)."""
+        return self.handle.snapshot.remote().result()
+
+    def wait_idle(self, timeout_s: float = 30.0) -> dict[str, Any]:
+        """Counters once nothing is in flight and consumed == decided + dead-lettered (or at the timeout)."""
+        deadline = time.monotonic() + timeout_s
+        snap = self.counters()
+        while time.monotonic() < deadline:
+            if snap["inflight"] == 0 and snap["consumed"] == snap["decided"] + snap["dead_lettered"]:
+                break
+            time.sleep(0.2)
+            snap = self.counters()
+        return snap
+
+    def stop(self) -> None:
+        """Delete the Serve application and stop the embedded broker (Ray itself stays up for the caller)."""
+        if self._stopped:
+            return
+        self._stopped = True
+        from ray import serve
+
+        try:
+            serve.delete(APP_NAME)
+            if TOKENIZER_APP in serve.status().applications:
+                serve.delete(TOKENIZER_APP)
+        except Exception:  # already gone (e.g. Ray was shut down under us)
+            log.debug("serve.delete failed", exc_info=True)
+        if self.broker is not None:
+            self.broker.stop()
+        log.info("serving stopped")
+
+    def __enter__(self) -> ServingRuntime:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+TOKENIZER_APP = "fedfraud-tokenizer"
+TOKENIZER_PREFIX = "/tokenizer"
+
+
+def _mount_tokenizer(registry_root: str) -> bool:
+    """Deploy :mod:`serving.tokenizer_service` next to the scorer (``/tokenizer/tokenize``) if a tokenizer is
+    registered; optional part, so its absence is logged, not raised.
+    """
+    from ray import serve
+
+    from training.registry import ModelRegistry
+
+    if ModelRegistry(registry_root).latest("tokenizer") is None:
+        log.info("no tokenizer in registry %s; /tokenizer not mounted", registry_root)
+        return False
+    from serving.tokenizer_service import TokenizerServiceArgs, build_tokenizer_app
+
+    serve.run(build_tokenizer_app(TokenizerServiceArgs(registry_root=registry_root)), name=TOKENIZER_APP,
+              route_prefix=TOKENIZER_PREFIX)
+    return True
+
+
+def start(
+    config: FedfraudConfig,
+    bootstrap_servers: str | None = None,
+    consume: bool = True,
+    apply_features: bool = True,
+    num_cpus: int = 2,
+    anomaly_loader: str | None = None,
+) -> ServingRuntime:
+    """Start broker (if embedded), Feast online store, Ray Serve app; return once replicas are up."""
+    from ray import serve
+
+    s = config.serving
+    bootstrap = bootstrap_servers or s.bootstrap_servers
+    broker: EmbeddedBroker | None = None
+    if bootstrap is None:
+        broker = EmbeddedBroker(topics={t: s.partitions for t in s.topics.all()}).start()
+        bootstrap = broker.bootstrap_servers
+        log.info("no --bootstrap-servers: started the embedded Tansu broker at %s (memory only)", bootstrap)
+    try:
+        if apply_features:
+            from feature_store.feast_store import apply_repo, open_store
+
+            apply_repo(open_store(config.features))
+        ensure_ray(num_cpus)
+        serve.start(http_options={"host": "127.0.0.1", "port": s.http_port})
+        args = ScoringArgs(config=config.model_dump(mode="json"), bootstrap_servers=bootstrap, consume=consume,
+                           **({"anomaly_loader": anomaly_loader} if anomaly_loader else {}))
+        t0 = time.perf_counter()
+        handle = serve.run(build_app(args), name=APP_NAME, route_prefix="/")
+        _mount_tokenizer(s.registry_root)
+        log.info("serving up in %.1fs bootstrap=%s", time.perf_counter() - t0, bootstrap)
+    except BaseException:
+        if broker is not None:
+            broker.stop()
+        raise
+    return ServingRuntime(config, bootstrap, f"http://127.0.0.1:{s.http_port}", broker, handle)

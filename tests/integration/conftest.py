@@ -1,0 +1,55 @@
+"""Shared fixtures of the integration suite: one Ray instance, one embedded Kafka broker, free ports."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture
+def free_port() -> int:
+    """A loopback TCP port that was free a moment ago."""
+    return _free_port()
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    """One Ray for the whole session (2 CPUs, no dashboard).
+
+    ``flwr.simulation.run_simulation`` may shut Ray down when it finishes, so
+    tests that need Ray call ``ensure()`` (the fixture value) again instead of
+    assuming the session's instance is still up.
+    """
+    import ray
+
+    def ensure() -> None:
+        if not ray.is_initialized():
+            ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+
+    ensure()
+    yield ensure
+    if ray.is_initialized():
+        from ray import serve
+
+        try:
+            serve.shutdown()
+        finally:
+            ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def kafka_broker():
+    """The embedded Tansu broker with the pipeline's topics (memory only, stopped at session end)."""
+    from serving.broker import EmbeddedBroker
+    from serving.config import ServingConfig
+
+    s = ServingConfig()
+    with EmbeddedBroker(topics={t: s.partitions for t in s.topics.all()}) as broker:
+        yield broker

@@ -1,0 +1,117 @@
+"""Real Flower simulations on Ray (2 banks): a 1-round run, then a resumed 2nd round; what the server receives.
+
+Two simulations for the whole module (Flower + Ray start-up dominates); the
+tests inspect their outputs.
+"""
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from training.anomaly.run import Checkpoint, checkpoint_dir
+from training.anomaly.scorer import AnomalyScorer
+from training.data.config import GeneratorConfig
+from training.data.layout import bank_dir
+from training.data.synthetic import generate_dataset
+from training.federated.centralized import run_centralized
+from training.federated.task import RunSettings, build_model
+from training.federated.trainer import run_federated
+from training.registry import ModelRegistry
+
+pytestmark = pytest.mark.integration
+
+SMALL = {"pooling": "sag", "hidden": 32, "disc-hidden": 16, "encoder-dim": 32, "encoder-merchant-buckets": 512,
+         "local-epochs": 3, "samples-per-epoch": 48, "batch-size": 24, "max-train-pairs": 200, "max-test-pairs": 40,
+         "max-eval-normal": 60, "lr": 0.003, "client-cpus": 1.0, "ray-cpus": 2}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("fed")
+    data, out = root / "data", root / "artifacts"
+    generate_dataset(data, GeneratorConfig(banks=2, cardholders=16, days=21, fraud_rate=0.03, seed=5),
+                     raw_csv=False, progress=False)
+    seen: dict[str, list] = {"first": [], "resumed": []}
+    flat = {**SMALL, "data-dir": str(data), "out-dir": str(out)}
+    first = run_federated(RunSettings.from_flat({**flat, "rounds": 1}),
+                          observer=lambda kind, rnd, replies: seen["first"].append((kind, rnd, replies)))
+    after_first = Checkpoint.load(checkpoint_dir(out, "federated"))
+    resumed = run_federated(RunSettings.from_flat({**flat, "rounds": 2, "resume": True}),
+                            observer=lambda kind, rnd, replies: seen["resumed"].append((kind, rnd, replies)))
+    return {"data": data, "out": out, "first": first, "resumed": resumed, "seen": seen, "after_first": after_first,
+            "settings": RunSettings.from_flat(flat)}
+
+
+def test_rounds_produce_metrics_and_loss(runs):
+    first = runs["first"]
+    assert first.rounds == 1 and first.banks == 2
+    for key in ("f1_mean", "roc_auc_mean", "precision_mean", "recall_mean", "accuracy_mean", "loss_mean"):
+        assert math.isfinite(first.summary[key]), key
+    history = Checkpoint.load(checkpoint_dir(runs["out"], "federated")).history
+    assert [r.round for r in history] == [1, 2]
+    assert set(history[0].per_bank) == {0, 1}
+    # local training lowered every bank's loss within the round
+    for kind, _, replies in runs["seen"]["first"]:
+        if kind == "train":
+            for r in replies:
+                m = r.content["metrics"]
+                assert m["train-loss"] < m["train-loss-first"]
+    # the last round evaluates against real fraud labels
+    assert "fraud_roc_auc_mean" in runs["resumed"].summary
+
+
+def test_resume_continues_from_checkpoint(runs):
+    assert runs["after_first"].round == 1
+    rounds_seen = sorted({rnd for _, rnd, _ in runs["seen"]["resumed"]})
+    assert rounds_seen == [2]  # round 1 was not redone
+    final = Checkpoint.load(checkpoint_dir(runs["out"], "federated"))
+    assert final.round == 2 and final.history[0].to_json() == runs["after_first"].history[0].to_json()
+    # the resumed round started from the round-1 global weights: the clients received exactly them
+    (kind, _, _), = [x for x in runs["seen"]["resumed"] if x[0] == "train"][:1]
+    assert runs["resumed"].rounds == 2 and runs["resumed"].version == "anomaly:v2"
+
+
+def test_server_receives_only_parameters_and_scalar_metrics(runs):
+    expected = {k: v.shape for k, v in build_model(runs["settings"]).state_dict().items()}
+    raw = set()
+    for bank in (0, 1):
+        frame = pd.read_parquet(bank_dir(runs["data"], bank) / "transactions.parquet")
+        raw |= set(frame["lat"].astype(np.float32).tolist()) | set(frame["lon"].astype(np.float32).tolist())
+        epoch = frame["timestamp"].astype("int64") // 1_000_000
+        raw |= set(epoch.astype(np.float32).tolist())
+    raw_arr = np.array(sorted(raw), dtype=np.float32)
+    replies = [(kind, r) for run in runs["seen"].values() for kind, _, rs in run for r in rs]
+    assert len(replies) == 8  # 2 rounds × (train + evaluate) × 2 banks
+    for kind, reply in replies:
+        assert not reply.has_error()
+        content = reply.content
+        assert set(content.keys()) == ({"arrays", "metrics"} if kind == "train" else {"metrics"})
+        assert not content.config_records
+        for value in content["metrics"].values():
+            assert isinstance(value, int | float)
+            assert not np.isin(np.float32(value), raw_arr) or value in (0, 1)
+        if kind == "train":
+            state = content["arrays"].to_torch_state_dict()
+            assert {k: v.shape for k, v in state.items()} == expected
+            values = torch.cat([v.reshape(-1).float() for v in state.values()]).numpy()
+            assert not np.isin(values, raw_arr).any()
+
+
+def test_published_model_loads_and_scores(runs):
+    version = ModelRegistry(runs["out"]).get("anomaly", "latest")
+    assert set(version.privacy["mu_gdp_per_bank"]) == {"0", "1"}
+    assert version.metrics["rounds"] == 2 and version.config["mode"] == "federated"
+    scorer = AnomalyScorer.from_registry(runs["out"])
+    state = Checkpoint.load(checkpoint_dir(runs["out"], "federated")).state_dict
+    for k, v in scorer.model.state_dict().items():
+        assert torch.equal(v.cpu(), state[k])
+
+
+def test_centralized_upper_bound_runs(runs):
+    settings = RunSettings.from_flat({**runs["settings"].to_flat(), "rounds": 1, "local-epochs": 2})
+    result = run_centralized(settings, threads=1)
+    assert result.mode == "centralized" and result.rounds == 1
+    assert math.isfinite(result.summary["f1_mean"]) and result.version is not None

@@ -1,0 +1,77 @@
+"""The tokenizer deployment on a real Ray Serve, over real HTTP, including hot reload of a new version."""
+
+import socket
+import time
+
+import httpx
+import pytest
+
+from training.tokenizer.config import TokenizerConfig
+from training.tokenizer.export import build_tokenizer
+from training.tokenizer.trainer import publish_tokenizer
+
+pytestmark = pytest.mark.integration
+
+MERGES_V1 = [(b"t", b"h"), (b"th", b"e"), (b" ", b"the")]
+MERGES_V2 = [*MERGES_V1, (b"b", b"a"), (b"ba", b"n"), (b"ban", b"k")]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _publish(root, merges):
+    cfg = TokenizerConfig(vocab_size=300)
+    return publish_tokenizer(root, build_tokenizer(merges, cfg.special_tokens), cfg, metrics={"psi_doc": 1.0},
+                             privacy={"epsilon_prime": 0.5, "delta_prime": 0.8}, card="test")
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory):
+    import ray
+    from ray import serve
+
+    from serving.tokenizer_service import TokenizerServiceArgs, build_tokenizer_app
+
+    root = tmp_path_factory.mktemp("registry")
+    _publish(root, MERGES_V1)
+    port = _free_port()
+    ray.init(num_cpus=2, include_dashboard=False, ignore_reinit_error=True)
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    serve.run(build_tokenizer_app(TokenizerServiceArgs(registry_root=str(root), poll_seconds=0.3)),
+              name="tokenizer", route_prefix="/")
+    yield root, f"http://127.0.0.1:{port}"
+    serve.shutdown()
+    ray.shutdown()
+
+
+def test_endpoints_and_reload(service):
+    root, url = service
+    info = httpx.get(f"{url}/tokenizer", timeout=30).json()
+    assert info["version"] == 1 and info["vocab_size"] == 256 + 3 + 1
+    assert info["privacy"]["epsilon_prime"] == 0.5
+
+    texts = ["the bank", "", "naïve € 123 \n\t end"]
+    out = httpx.post(f"{url}/tokenize", json={"texts": texts}, timeout=30).json()
+    assert out["version"] == 1 and len(out["results"]) == 3
+    assert out["results"][0]["tokens"][0] == "the"
+    back = httpx.post(f"{url}/detokenize", json={"ids": [r["ids"] for r in out["results"]]}, timeout=30).json()
+    assert back["texts"] == texts
+
+    assert httpx.post(f"{url}/tokenize", json={"texts": []}, timeout=30).status_code == 422
+    assert httpx.post(f"{url}/detokenize", json={"ids": [[10**6]]}, timeout=30).status_code == 422
+
+    _publish(root, MERGES_V2)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        if httpx.get(f"{url}/tokenizer", timeout=30).json()["version"] == 2:
+            break
+        time.sleep(0.2)
+    info = httpx.get(f"{url}/tokenizer", timeout=30).json()
+    assert info["version"] == 2 and info["vocab_size"] == 256 + 6 + 1
+    resp = httpx.post(f"{url}/tokenize", json={"texts": ["bank"]}, timeout=30)
+    assert resp.status_code == 200, resp.text
+    out = resp.json()
+    assert out["version"] == 2 and out["results"][0]["tokens"] == ["bank"]

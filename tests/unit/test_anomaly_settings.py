@@ -1,0 +1,84 @@
+"""Run settings, the Flower app config in pyproject.toml, and one-line CLI errors before any Ray start."""
+
+import tomllib
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from fedfraud.cli.app import main
+from fedfraud.config import FedfraudConfig
+from fedfraud.errors import ConfigError
+from training.data.config import GeneratorConfig
+from training.data.layout import bank_dir
+from training.data.synthetic import generate_dataset
+from training.federated.task import RunSettings
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_pyproject_flower_app_config_matches_settings():
+    flwr = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["flwr"]
+    assert flwr["app"]["components"] == {"serverapp": "training.federated.server_app:app",
+                                         "clientapp": "training.federated.client_app:app"}
+    defaults = RunSettings.defaults()
+    for key, value in flwr["app"]["config"].items():
+        assert key in defaults, key
+        assert value == defaults[key], key
+    RunSettings.from_flat(flwr["app"]["config"])
+
+
+def test_settings_round_trip_and_errors():
+    s = RunSettings.from_flat({"pooling": "sag", "rounds": 3, "privacy-epsilon-max": 5.0, "egograph-max-nodes": 16})
+    assert s.anomaly.pooling == "sag" and s.federated.rounds == 3 and s.privacy.epsilon_max == 5.0
+    assert RunSettings.from_flat(s.to_flat()) == s
+    with pytest.raises(ConfigError, match="unknown anomaly run setting 'nope'"):
+        RunSettings.from_flat({"nope": 1})
+    with pytest.raises(ConfigError, match="local-epochs"):
+        RunSettings.from_flat({"local-epochs": 0})
+    cfg = FedfraudConfig()
+    assert cfg.anomaly.layers == 5 and cfg.federated.proximal_mu >= 0
+
+
+def _ray_started() -> bool:
+    import ray
+
+    return ray.is_initialized()
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tiny")
+    generate_dataset(root, GeneratorConfig(banks=2, cardholders=8, days=10, seed=3), raw_csv=False, progress=False)
+    return root
+
+
+def _one_line_error(capsys, argv) -> str:
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) >= 1 and err[-1].startswith("error: ")
+    assert not _ray_started()
+    return err[-1]
+
+
+def test_cli_unknown_pooling(capsys, tiny, tmp_path):
+    line = _one_line_error(capsys, ["train", "anomaly", "--data", str(tiny), "--pooling", "maxpool",
+                                    "--out", str(tmp_path)])
+    assert "unknown pooling 'maxpool'" in line and "asap" in line
+
+
+def test_cli_missing_data_dir(capsys, tmp_path):
+    line = _one_line_error(capsys, ["train", "anomaly", "--data", str(tmp_path / "nope"), "--out", str(tmp_path)])
+    assert "does not exist" in line
+
+
+@pytest.mark.parametrize("centralized", [False, True])
+def test_cli_empty_bank(capsys, tiny, tmp_path, centralized):
+    data = tmp_path / "data"
+    for bank in (0, 1):
+        bank_dir(data, bank).mkdir(parents=True)
+        frame = pd.read_parquet(bank_dir(tiny, bank) / "transactions.parquet")
+        (frame.iloc[:0] if bank == 1 else frame).to_parquet(bank_dir(data, bank) / "transactions.parquet")
+    argv = ["train", "anomaly", "--data", str(data), "--out", str(tmp_path / "out")]
+    line = _one_line_error(capsys, argv + (["--centralized"] if centralized else []))
+    assert "bank 1" in line and "no transactions" in line

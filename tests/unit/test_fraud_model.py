@@ -1,0 +1,87 @@
+import math
+
+import numpy as np
+import pytest
+
+from feature_store.config import EncoderConfig, PrivacyConfig
+from feature_store.privacy import PrivateFeaturizer
+from training.data.config import GeneratorConfig
+from training.data.synthetic import generate_frame
+from training.fraud.config import FraudConfig
+from training.fraud.dataset import fraud_split
+from training.fraud.features import ANOMALY_FEATURE, FraudFeatures, build_features
+from training.fraud.model import FraudModel, used_features
+from training.fraud.train import train_centralized, train_local
+from training.registry import ModelRegistry
+
+CFG = FraudConfig(num_boost_round=15, max_depth=3, validation_fraction=0.3)
+
+
+@pytest.fixture(scope="module")
+def banks() -> dict[int, FraudFeatures]:
+    frame, _ = generate_frame(GeneratorConfig(banks=2, cardholders=60, days=14, seed=5, fraud_rate=0.03))
+    out = {}
+    for b in (0, 1):
+        f = frame[frame["bank"] == b].drop(columns=["bank", "scenario", "holder"]).reset_index(drop=True)
+        private = PrivateFeaturizer.for_bank(EncoderConfig(), PrivacyConfig(), b).transform(f)
+        out[b] = build_features(f, private, CFG, None, fraud_split(f["cardholder_id"], CFG.validation_fraction))
+    return out
+
+
+def test_used_features():
+    names = ("amount", ANOMALY_FEATURE)
+    assert used_features(names, True) == names and used_features(names, False) == ("amount",)
+
+
+@pytest.mark.parametrize("use_as", [False, True])
+def test_local_and_centralized_models_train(banks, use_as):
+    local = train_local(banks[0], use_as, CFG, bank=0)
+    central = train_centralized(banks, use_as, CFG)
+    for model, variant in ((local, "local"), (central, "centralized")):
+        assert model.variant == variant and model.uses_anomaly_score is use_as
+        assert 0.0 <= model.threshold <= 1.0
+        s = model.scores(banks[0].X)
+        assert s.shape == (len(banks[0]),) and np.all((s >= 0) & (s <= 1))
+    assert central.meta["train_rows"] == sum(len(b.of_split("train")) for b in banks.values())
+    # the training data is learnable: frauds score above legit on average
+    test = banks[0]
+    s = central.scores(test.X)
+    assert s[test.label == 1].mean() > s[test.label == 0].mean()
+
+
+def test_predict_reasons_are_shap_contributions(banks):
+    model = train_local(banks[1], True, CFG, bank=1)
+    rows = banks[1].X[:20]
+    decisions = model.predict_batch(rows, top_k=4)
+    scores = model.scores(rows)
+    contribs = model.booster.predict(model._dmatrix(rows), pred_contribs=True)
+    for d, s, c in zip(decisions, scores, contribs, strict=True):
+        assert d.score == pytest.approx(s) and d.decision == (s >= model.threshold)
+        assert len(d.top_reasons) == 4
+        assert 1 / (1 + math.exp(-c.sum())) == pytest.approx(s, rel=1e-4)  # SHAP sums to the logit
+        signed = [r.contribution for r in d.top_reasons]
+        assert signed == sorted(signed, reverse=d.decision)  # towards the decision first
+        for r in d.top_reasons:
+            assert r.feature in model.used
+    one = model.predict(rows[0], top_k=2)
+    assert one.score == decisions[0].score and len(one.top_reasons) == 2
+    with pytest.raises(ValueError, match="feature rows"):
+        model.predict(rows[0][:-1])
+
+
+def test_registry_round_trip_gives_identical_predictions(banks, tmp_path):
+    model = train_centralized(banks, True, CFG)
+    registry = ModelRegistry(tmp_path / "artifacts")
+    version = model.publish(registry, config={"fraud": CFG.model_dump()}, metrics={"valid_f1": 0.5})
+    assert version.kind == "fraud" and "Feature importance" in version.model_card
+    assert ANOMALY_FEATURE in version.extra["feature_importance"]
+    loaded = FraudModel.from_registry(tmp_path / "artifacts", "latest")
+    X = np.concatenate([banks[0].X, banks[1].X])
+    assert np.array_equal(loaded.scores(X), model.scores(X))
+    assert loaded.threshold == model.threshold and loaded.used == model.used
+    for a, b in zip(loaded.predict_batch(X[:50]), model.predict_batch(X[:50]), strict=True):
+        assert (a.score, a.decision) == (b.score, b.decision)
+        reasons = [[(r.feature, r.contribution) for r in d.top_reasons] for d in (a, b)]
+        assert reasons[0] == reasons[1]
+    imp = model.feature_importance()
+    assert set(imp) == set(model.used) and sum(imp.values()) == pytest.approx(1.0)

@@ -1,0 +1,253 @@
+"""One bank's anomaly-training data, built inside the bank from its own parquet.
+
+:func:`load_bank_data` replays the bank's transactions through
+:func:`feature_store.egograph.iter_snapshot_pairs` (the same code serving
+uses) and keeps bounded, seeded samples:
+
+* ``train``: real transitions of training cardholders (reservoir of
+  ``max_train_pairs``), from which each local epoch draws ``samples_per_epoch``;
+* ``test`` + ``test_negatives``: real transitions of test cardholders and one
+  fixed negative each — the negative-sampling test task;
+* ``fraud_eval``: every fraud transition of test cardholders plus a reservoir
+  of ``max_eval_normal`` normal ones, with weights that undo the subsampling,
+  for the real-label evaluation. Labels are never used for training.
+
+Only private features (L', T', merchant buckets) are kept; the result is
+cached on disk (bank-internal) so a second process or a resumed run does not
+rebuild it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow.parquet as pq
+import torch
+from torch_geometric.data import Data
+
+from fedfraud.errors import UserError
+from feature_store.config import EgoGraphConfig, EncoderConfig, PrivacyConfig
+from feature_store.egograph import active_cardholders, iter_snapshot_pairs
+from feature_store.privacy import PrivateFeaturizer, mu_gdp
+from training.anomaly.config import AnomalyConfig
+from training.anomaly.negatives import FeaturePool, NegativeSampler
+from training.data.layout import TRANSACTIONS_FILE, bank_dir, list_banks, read_bank
+
+__all__ = ["BankData", "BankPrivacy", "PairSet", "check_dataset", "load_bank_data"]
+
+logger = logging.getLogger(__name__)
+
+_CACHE_VERSION = 1
+
+
+@dataclass(frozen=True)
+class PairSet:
+    """Aligned lists of G_{t-1} and G_t graphs."""
+
+    previous: list[Data]
+    current: list[Data]
+
+    def __post_init__(self) -> None:
+        if len(self.previous) != len(self.current):
+            raise ValueError(f"PairSet: {len(self.previous)} previous vs {len(self.current)} current graphs")
+
+    def __len__(self) -> int:
+        return len(self.current)
+
+
+@dataclass(frozen=True)
+class BankPrivacy:
+    """μ-GDP of the bank's feature release over its cardholders' personal ε (thesis §4.4.2)."""
+
+    cardholders: int
+    mu_gdp: float
+    epsilon_min: float
+    epsilon_mean: float
+    epsilon_max: float
+    delta: float
+
+
+@dataclass(frozen=True)
+class BankData:
+    """Everything one client trains and evaluates on; built and kept inside the bank."""
+
+    bank: int
+    train: PairSet
+    test: PairSet
+    test_negatives: list[Data]
+    fraud_eval: PairSet
+    fraud_labels: np.ndarray
+    fraud_weights: np.ndarray
+    pool: FeaturePool
+    privacy: BankPrivacy
+    counts: dict[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if len(self.train) == 0:
+            raise UserError(f"bank {self.bank} has no training transitions (too few active training cardholders)")
+        if len(self.test) == 0:
+            raise UserError(f"bank {self.bank} has no test transitions (no active test cardholders)")
+        if len(self.test_negatives) != len(self.test):
+            raise ValueError("one test negative per test pair is required")
+        n = len(self.fraud_eval)
+        if self.fraud_labels.shape != (n,) or self.fraud_weights.shape != (n,):
+            raise ValueError("fraud_labels and fraud_weights must have one entry per fraud_eval pair")
+
+
+class _Reservoir:
+    """Uniform sample of at most ``cap`` items of a stream (Algorithm R), seeded."""
+
+    def __init__(self, cap: int, rng: np.random.Generator) -> None:
+        self.cap, self.rng, self.items, self.seen = cap, rng, [], 0
+
+    def offer(self, item: object) -> None:
+        self.seen += 1
+        if len(self.items) < self.cap:
+            self.items.append(item)
+        else:
+            j = int(self.rng.integers(self.seen))
+            if j < self.cap:
+                self.items[j] = item
+
+
+def check_dataset(data_dir: Path, min_transactions_per_month: float = 0.0) -> list[int]:
+    """Banks of ``data_dir`` after cheap checks, so bad input fails with one line before Ray starts.
+
+    Raises :class:`UserError` for a missing directory, no banks, or a bank
+    without rows or without any cardholder active enough to give a transition.
+    """
+    data_dir = Path(data_dir)
+    banks = list_banks(data_dir)
+    for bank in banks:
+        path = bank_dir(data_dir, bank) / TRANSACTIONS_FILE
+        if pq.ParquetFile(path).metadata.num_rows == 0:
+            raise UserError(f"bank {bank} ({path}) has no transactions")
+        frame = read_bank(data_dir, bank, columns=["cardholder_id", "timestamp"])
+        active = active_cardholders(frame, min_transactions_per_month)
+        counts = frame["cardholder_id"].value_counts()
+        if not (counts.reindex(active).fillna(0) >= 2).any():
+            raise UserError(f"bank {bank} ({path}) has no cardholder active enough to form a transition")
+    return banks
+
+
+def _fingerprint(path: Path, *parts: object) -> str:
+    st = path.stat()
+    blob = json.dumps([_CACHE_VERSION, str(path.resolve()), st.st_size, st.st_mtime_ns, *parts], sort_keys=True,
+                      default=str)
+    return hashlib.blake2b(blob.encode(), digest_size=12).hexdigest()
+
+
+def _build(
+    frame: pd.DataFrame, bank: int, cfg: AnomalyConfig, encoder_cfg: EncoderConfig, privacy_cfg: PrivacyConfig,
+    ego_cfg: EgoGraphConfig, progress: bool,
+) -> BankData:
+    featurizer = PrivateFeaturizer.for_bank(encoder_cfg, privacy_cfg, bank)
+    rng = np.random.default_rng([cfg.seed, bank, 0])
+    train, test, normal = _Reservoir(cfg.max_train_pairs, rng), _Reservoir(cfg.max_test_pairs, rng), _Reservoir(
+        cfg.max_eval_normal, rng
+    )
+    fraud: list[tuple[Data, Data]] = []
+    for pair in iter_snapshot_pairs(frame, featurizer, ego_cfg, progress=progress):
+        item = (pair.previous, pair.current)
+        if pair.split == "train":
+            train.offer(item)
+            continue
+        test.offer(item)
+        if pair.is_fraud:
+            fraud.append(item)
+        elif pair.is_fraud is not None:
+            normal.offer(item)
+
+    def pairset(items: list[tuple[Data, Data]]) -> PairSet:
+        return PairSet([p for p, _ in items], [c for _, c in items])
+
+    train_set, test_set = pairset(train.items), pairset(test.items)
+    if len(train_set) == 0 or len(test_set) == 0:
+        split = "training" if len(train_set) == 0 else "test"
+        raise UserError(f"bank {bank} has no {split} transitions (no active {split} cardholder)")
+    pool = FeaturePool.from_graphs(train_set.current, seed=cfg.seed + bank)
+    test_pool = FeaturePool.from_graphs(test_set.current, seed=cfg.seed + bank + 1)
+    sampler = NegativeSampler(test_pool, cfg.perturb_min, cfg.perturb_max, ego_cfg.max_nodes)
+    negatives = [s.graph for s in sampler.sample(test_set.current, np.random.default_rng([cfg.seed, bank, 1]))]
+    weight_normal = normal.seen / max(len(normal.items), 1)
+    eval_items = fraud + normal.items
+    holders = frame["cardholder_id"].astype(str).unique()
+    eps = featurizer.epsilon(holders)
+    privacy = BankPrivacy(
+        cardholders=len(holders),
+        mu_gdp=mu_gdp(eps, privacy_cfg.delta),
+        epsilon_min=float(eps.min()),
+        epsilon_mean=float(eps.mean()),
+        epsilon_max=float(eps.max()),
+        delta=privacy_cfg.delta,
+    )
+    return BankData(
+        bank=bank,
+        train=train_set,
+        test=test_set,
+        test_negatives=negatives,
+        fraud_eval=pairset(eval_items),
+        fraud_labels=np.r_[np.ones(len(fraud), dtype=bool), np.zeros(len(normal.items), dtype=bool)],
+        fraud_weights=np.r_[np.ones(len(fraud)), np.full(len(normal.items), weight_normal)],
+        pool=pool,
+        privacy=privacy,
+        counts={
+            "train_pairs_seen": train.seen,
+            "test_pairs_seen": test.seen,
+            "fraud_test_pairs": len(fraud),
+            "normal_test_pairs_seen": normal.seen,
+        },
+    )
+
+
+def load_bank_data(
+    data_dir: Path,
+    bank: int,
+    cfg: AnomalyConfig,
+    encoder_cfg: EncoderConfig,
+    privacy_cfg: PrivacyConfig,
+    ego_cfg: EgoGraphConfig,
+    cache_dir: Path | None = None,
+    progress: bool = False,
+) -> BankData:
+    """Build (or load from ``cache_dir``) one bank's :class:`BankData`."""
+    path = bank_dir(Path(data_dir), bank) / TRANSACTIONS_FILE
+    if not path.exists():
+        raise UserError(f"{path} does not exist")
+    relevant = cfg.model_dump(include={"max_train_pairs", "max_test_pairs", "max_eval_normal", "perturb_min",
+                                       "perturb_max", "seed"})
+    key = _fingerprint(path, relevant, encoder_cfg.model_dump(), privacy_cfg.model_dump(), ego_cfg.model_dump())
+    cache = Path(cache_dir) / f"bank_{bank}-{key}.pt" if cache_dir is not None else None
+    if cache is not None and cache.exists():
+        try:
+            data = torch.load(cache, weights_only=False)
+            logger.info("bank_data bank=%d source=cache path=%s", bank, cache)
+            return data
+        except Exception as exc:  # a torn or stale cache is rebuilt, never trusted
+            logger.warning("bank_data bank=%d cache unreadable (%s); rebuilding", bank, exc.__class__.__name__)
+    start = time.perf_counter()
+    frame = read_bank(Path(data_dir), bank)
+    if frame.empty:
+        raise UserError(f"bank {bank} ({path}) has no transactions")
+    data = _build(frame, bank, cfg, encoder_cfg, privacy_cfg, ego_cfg, progress)
+    logger.info(
+        "bank_data bank=%d train=%d test=%d fraud_eval=%d fraud=%d seconds=%.1f",
+        bank, len(data.train), len(data.test), len(data.fraud_eval), int(data.fraud_labels.sum()),
+        time.perf_counter() - start,
+    )
+    if cache is not None:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".pt", dir=cache.parent)
+        with os.fdopen(fd, "wb") as fh:
+            torch.save(data, fh)
+        os.replace(tmp, cache)  # atomic: a concurrent reader sees the old file or the new one
+    return data

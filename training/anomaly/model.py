@@ -1,0 +1,219 @@
+"""Anomaly model of thesis §4.4: GNN + hierarchical pooling encoder and the transition discriminator.
+
+Encoder (one graph G_t → q_t):
+
+1. ``X = L' + M[merchant]`` (noised location plus the learned merchant table);
+2. ``H0 = X + Σ_j tanh(X_j + T'_ij)`` (:class:`TemporalMessage`);
+3. ``L`` times: ``H ← dropout(ReLU(GCN(H, A)))``, then pooling keeps ⌈ratio·n⌉
+   nodes (or clusters) and coarsens ``A``. GCN layers run on the symmetrised
+   adjacency (a transition j→k relates both merchants); direction and time are
+   already in ``H0``;
+4. readout: ``q_t = Σ_l [mean_l ‖ max_l]`` over the pooled graph of every level
+   (the hierarchical readout of the SAGPool/ASAP papers). With ratio 0.5 the
+   last level of a ≤32-node graph is a single node, so the last term is the
+   thesis's single-cluster embedding; the earlier terms keep a direct path
+   from shallow levels, which trains far more reliably. ``dim(q) = 2·hidden``.
+
+Discriminator: ``f(q_{t-1}, q_t) = σ(W2 ReLU(W1 [q_{t-1} ‖ q_t ‖ q_t − q_{t-1}]))``,
+two dense layers, trained with BCE, target 1 for a real transition and 0 for
+a perturbed one. **Anomaly score = 1 − f** (high = unusual).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch_geometric.data import Batch, Data
+from torch_geometric.nn import GCNConv, global_max_pool, global_mean_pool
+from torch_geometric.utils import to_undirected
+
+from feature_store.config import EncoderConfig
+from feature_store.encoders import MerchantEmbedding
+from training.anomaly.config import AnomalyConfig
+from training.anomaly.pool import GraphPooling, resolve_pooling
+from training.anomaly.temporal import TemporalMessage
+
+__all__ = [
+    "AnomalyModel",
+    "Discriminator",
+    "EncoderOutput",
+    "GraphEncoder",
+    "embed_graphs",
+    "pick_device",
+    "score_embeddings",
+    "score_pairs",
+]
+
+
+@dataclass(frozen=True)
+class EncoderOutput:
+    """Graph embeddings of a batch and the pooling operators' auxiliary loss."""
+
+    q: Tensor
+    aux_loss: Tensor
+
+    def __post_init__(self) -> None:
+        if self.q.dim() != 2:
+            raise ValueError(f"EncoderOutput.q must be [graphs, dim], got {tuple(self.q.shape)}")
+        if not torch.isfinite(self.q).all():
+            raise ValueError("EncoderOutput.q has non-finite values")
+
+
+class GraphEncoder(nn.Module):
+    """G_t → q_t: merchant table, temporal input layer, L × (GCN → pooling), hierarchical readout."""
+
+    def __init__(self, cfg: AnomalyConfig, encoder_cfg: EncoderConfig, max_nodes: int) -> None:
+        super().__init__()
+        self.merchant = MerchantEmbedding.from_config(encoder_cfg)
+        self.temporal = TemporalMessage()
+        self.dropout = nn.Dropout(cfg.dropout)
+        self.convs = nn.ModuleList()
+        self.pools = nn.ModuleList()
+        size, width = max_nodes, encoder_cfg.dim
+        for _ in range(cfg.layers):
+            self.convs.append(GCNConv(width, cfg.hidden))
+            self.pools.append(resolve_pooling(cfg.pooling, cfg.hidden, cfg.ratio, size))
+            width = cfg.hidden
+            size = max(1, math.ceil(size * cfg.ratio))
+        self.out_dim = 2 * cfg.hidden
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Xavier (Glorot) weights, zero biases, N(0, 0.1) merchant table."""
+        self.merchant.reset_parameters()
+        for conv in self.convs:
+            conv.reset_parameters()
+            nn.init.xavier_uniform_(conv.lin.weight)
+        pool: GraphPooling
+        for pool in self.pools:
+            pool.reset_parameters()
+
+    def forward(self, batch: Batch | Data) -> EncoderOutput:
+        # sparse gradient: a step touches a few hundred of the table's rows (see engine.train_model)
+        x = batch.x + F.embedding(batch.merchant, self.merchant.weight, sparse=True)
+        x = self.temporal(x, batch.edge_index, batch.edge_attr)
+        vector = getattr(batch, "batch", None)
+        if vector is None:
+            vector = torch.zeros(x.shape[0], dtype=torch.long, device=x.device)
+        graphs = int(batch.num_graphs) if hasattr(batch, "num_graphs") else 1
+        edge_index, edge_weight = to_undirected(
+            batch.edge_index, torch.ones(batch.edge_index.shape[1], device=x.device), num_nodes=x.shape[0]
+        )
+        q = x.new_zeros(graphs, self.out_dim)
+        aux = x.new_zeros(())
+        for conv, pool in zip(self.convs, self.pools, strict=True):
+            x = self.dropout(torch.relu(conv(x, edge_index, edge_weight)))
+            out = pool(x, edge_index, edge_weight, vector)
+            x, edge_index, edge_weight, vector = out.x, out.edge_index, out.edge_weight, out.batch
+            aux = aux + out.aux_loss
+            q = q + torch.cat(
+                [global_mean_pool(x, vector, graphs), global_max_pool(x, vector, graphs)], dim=1
+            )
+        return EncoderOutput(q, aux)
+
+
+class Discriminator(nn.Module):
+    """f(q_{t-1}, q_t) → logit of "a real transition"; two dense layers."""
+
+    def __init__(self, q_dim: int, hidden: int, dropout: float) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(3 * q_dim, hidden)
+        self.fc2 = nn.Linear(hidden, 1)
+        self.dropout = nn.Dropout(dropout)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        for fc in (self.fc1, self.fc2):
+            nn.init.xavier_uniform_(fc.weight)
+            nn.init.zeros_(fc.bias)
+
+    def forward(self, q_prev: Tensor, q_cur: Tensor) -> Tensor:
+        if q_prev.shape != q_cur.shape:
+            raise ValueError(f"q_prev {tuple(q_prev.shape)} and q_cur {tuple(q_cur.shape)} differ")
+        h = torch.cat([q_prev, q_cur, q_cur - q_prev], dim=-1)
+        return self.fc2(self.dropout(torch.relu(self.fc1(h)))).squeeze(-1)
+
+
+class AnomalyModel(nn.Module):
+    """Encoder + discriminator; the whole state_dict is what the federation averages."""
+
+    def __init__(self, cfg: AnomalyConfig, encoder_cfg: EncoderConfig, max_nodes: int) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.encoder_cfg = encoder_cfg
+        self.max_nodes = max_nodes
+        self.encoder = GraphEncoder(cfg, encoder_cfg, max_nodes)
+        self.discriminator = Discriminator(self.encoder.out_dim, cfg.disc_hidden, cfg.dropout)
+
+    def embed(self, batch: Batch | Data) -> EncoderOutput:
+        """q for every graph of a batch."""
+        return self.encoder(batch)
+
+    def logits(self, q_prev: Tensor, q_cur: Tensor) -> Tensor:
+        """Logit of f(q_{t-1}, q_t); f = sigmoid(logit)."""
+        return self.discriminator(q_prev, q_cur)
+
+    @staticmethod
+    def anomaly_score(logits: Tensor) -> Tensor:
+        """1 − f(q_{t-1}, q_t) in [0, 1]; high = unusual."""
+        return torch.sigmoid(-logits)
+
+    def __repr__(self) -> str:
+        return f"{self.__class__.__name__}(pooling={self.cfg.pooling}, layers={self.cfg.layers}, q_dim={self.encoder.out_dim})"
+
+
+def pick_device(name: str = "auto") -> torch.device:
+    """``auto``: CUDA when available, else CPU."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+@torch.no_grad()
+def embed_graphs(model: AnomalyModel, graphs: Sequence[Data], batch_size: int = 256) -> Tensor:
+    """q for each graph, ``[len(graphs), q_dim]`` on the model's device; eval mode, batched."""
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    try:
+        out = [
+            model.embed(Batch.from_data_list(list(graphs[i : i + batch_size])).to(device)).q
+            for i in range(0, len(graphs), batch_size)
+        ]
+    finally:
+        model.train(was_training)
+    if not out:
+        return torch.zeros(0, model.encoder.out_dim, device=device)
+    return torch.cat(out)
+
+
+@torch.no_grad()
+def score_embeddings(model: AnomalyModel, q_prev: Tensor, q_cur: Tensor) -> np.ndarray:
+    """Anomaly score 1 − f(q_{t-1}, q_t) per row, float64 numpy."""
+    was_training = model.training
+    model.eval()
+    try:
+        return model.anomaly_score(model.logits(q_prev, q_cur)).double().cpu().numpy()
+    finally:
+        model.train(was_training)
+
+
+def score_pairs(model: AnomalyModel, previous: Sequence[Data], current: Sequence[Data], batch_size: int = 256) -> np.ndarray:
+    """Anomaly scores of aligned (G_{t-1}, G_t) lists; a graph object shared by two pairs is embedded once."""
+    unique: dict[int, int] = {}
+    graphs: list[Data] = []
+    for g in (*previous, *current):
+        if id(g) not in unique:
+            unique[id(g)] = len(graphs)
+            graphs.append(g)
+    q = embed_graphs(model, graphs, batch_size)
+    prev_idx = torch.tensor([unique[id(g)] for g in previous], dtype=torch.long, device=q.device)
+    cur_idx = torch.tensor([unique[id(g)] for g in current], dtype=torch.long, device=q.device)
+    return score_embeddings(model, q[prev_idx], q[cur_idx])

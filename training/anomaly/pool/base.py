@@ -1,0 +1,88 @@
+"""The contract every pooling operator meets: sparse graphs in, a checked :class:`PoolResult` out."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+__all__ = ["GraphPooling", "PoolResult"]
+
+
+@dataclass(frozen=True)
+class PoolResult:
+    """A coarsened batch of graphs: what one pooling step hands to the next GCN layer.
+
+    Attributes:
+        x: ``[n', d]`` node features of the coarsened graphs.
+        edge_index: ``[2, e']`` long, indices into ``x``.
+        edge_weight: ``[e']`` float edge weights (coarsened adjacency).
+        batch: ``[n']`` long, graph of each node; every input graph keeps at least one node.
+        aux_loss: scalar auxiliary loss (DiffPool's link + entropy terms; 0 otherwise).
+    """
+
+    x: Tensor
+    edge_index: Tensor
+    edge_weight: Tensor
+    batch: Tensor
+    aux_loss: Tensor
+
+    def __post_init__(self) -> None:
+        n = self.x.shape[0]
+        if self.x.dim() != 2:
+            raise ValueError(f"PoolResult.x must be [n, d], got {tuple(self.x.shape)}")
+        if self.edge_index.dim() != 2 or self.edge_index.shape[0] != 2:
+            raise ValueError(f"PoolResult.edge_index must be [2, e], got {tuple(self.edge_index.shape)}")
+        if self.edge_weight.shape != (self.edge_index.shape[1],):
+            raise ValueError("PoolResult.edge_weight must have one entry per edge")
+        if self.batch.shape != (n,):
+            raise ValueError("PoolResult.batch must have one entry per node")
+        if self.aux_loss.dim() != 0:
+            raise ValueError("PoolResult.aux_loss must be a scalar")
+        if self.edge_index.numel() and int(self.edge_index.max()) >= n:
+            raise ValueError("PoolResult.edge_index refers to a missing node")
+
+
+class GraphPooling(nn.Module, ABC):
+    """Base of all pooling operators: one signature, so the encoder can swap them by name.
+
+    Args:
+        in_channels: node feature size (unchanged by pooling).
+        ratio: fraction of nodes (or clusters) kept.
+        max_nodes: upper bound of the input graphs' size at this level (dense operators size on it).
+    """
+
+    def __init__(self, in_channels: int, ratio: float, max_nodes: int) -> None:
+        super().__init__()
+        if not 0.0 < ratio <= 1.0:
+            raise ValueError(f"ratio must be in (0, 1], got {ratio}")
+        self.in_channels = in_channels
+        self.ratio = ratio
+        self.max_nodes = max_nodes
+
+    @abstractmethod
+    def forward(
+        self, x: Tensor, edge_index: Tensor, edge_weight: Tensor | None = None, batch: Tensor | None = None
+    ) -> PoolResult:
+        """Coarsen a batch of graphs."""
+
+    def reset_parameters(self) -> None:
+        """Re-initialise learned parameters (none by default)."""
+
+    def __repr__(self) -> str:
+        return f"{self.__class__.__name__}({self.in_channels}, ratio={self.ratio})"
+
+    @staticmethod
+    def _defaults(x: Tensor, edge_index: Tensor, edge_weight: Tensor | None, batch: Tensor | None) -> tuple[Tensor, Tensor]:
+        """Fill in unit edge weights and a single-graph batch vector."""
+        if edge_weight is None:
+            edge_weight = torch.ones(edge_index.shape[1], dtype=x.dtype, device=x.device)
+        if batch is None:
+            batch = torch.zeros(x.shape[0], dtype=torch.long, device=x.device)
+        return edge_weight, batch
+
+    @staticmethod
+    def _zero(x: Tensor) -> Tensor:
+        return x.new_zeros(())

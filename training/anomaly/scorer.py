@@ -1,0 +1,141 @@
+"""Publishing the anomaly model to the registry and the scorer serving calls per micro-batch.
+
+Anomaly score convention: ``score = 1 − f(q_{t-1}, q_t)`` in [0, 1], where f
+is the discriminator's probability that G_{t-1} → G_t is a real transition of
+this cardholder. High means unusual.
+
+Serving keeps each cardholder's last embedding, so a transaction costs one
+graph embedding, not two::
+
+    scorer = AnomalyScorer.from_registry(ModelRegistry("artifacts"))
+    q_cur = scorer.embed(current_graphs)          # [n, q_dim], batched
+    scores = scorer.score(q_prev_cached, q_cur)   # np.ndarray [n]
+    # cache q_cur as the cardholders' new q_prev
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+from torch import Tensor
+from torch_geometric.data import Data
+
+from feature_store.config import EgoGraphConfig, EncoderConfig
+from feature_store.egograph import FeatureSource, iter_snapshot_pairs
+from training.anomaly.config import AnomalyConfig
+from training.anomaly.model import AnomalyModel, embed_graphs, pick_device, score_embeddings, score_pairs
+from training.registry import ModelRegistry, ModelVersion
+
+__all__ = ["KIND", "MODEL_FILE", "AnomalyScorer", "publish_anomaly_model"]
+
+logger = logging.getLogger(__name__)
+
+KIND = "anomaly"
+MODEL_FILE = "model.pt"
+SPEC_FILE = "model.json"
+
+
+def publish_anomaly_model(
+    registry: ModelRegistry,
+    state_dict: dict[str, Tensor],
+    *,
+    anomaly_cfg: AnomalyConfig,
+    encoder_cfg: EncoderConfig,
+    ego_cfg: EgoGraphConfig,
+    config: dict[str, Any],
+    metrics: dict[str, Any],
+    privacy: dict[str, Any],
+    card: str,
+) -> ModelVersion:
+    """Write weights + the spec needed to rebuild the model into a new ``anomaly`` registry version."""
+    spec = {"anomaly": anomaly_cfg.model_dump(), "encoder": encoder_cfg.model_dump(), "egograph": ego_cfg.model_dump()}
+    with registry.publish(KIND, config=config, metrics=metrics, privacy=privacy, card=card) as stage:
+        torch.save({k: v.detach().cpu() for k, v in state_dict.items()}, stage / MODEL_FILE)
+        (stage / SPEC_FILE).write_text(json.dumps(spec, indent=2, sort_keys=True), encoding="utf-8")
+    return registry.get(KIND, "latest")
+
+
+class AnomalyScorer:
+    """A loaded anomaly model in eval mode: embeds ego graphs and scores transitions (CUDA if available)."""
+
+    def __init__(self, model: AnomalyModel, ego_cfg: EgoGraphConfig, tag: str = "unregistered",
+                 batch_size: int = 256) -> None:
+        self.model = model.eval()
+        self.ego_cfg = ego_cfg
+        self.tag = tag
+        self.batch_size = batch_size
+
+    @classmethod
+    def from_registry(
+        cls, registry: ModelRegistry | Path | str, version: int | str = "latest", device: str = "auto"
+    ) -> AnomalyScorer:
+        """Load an ``anomaly`` version (``"latest"``, ``3`` or ``"v3"``) onto ``device``."""
+        reg = registry if isinstance(registry, ModelRegistry) else ModelRegistry(registry)
+        found = reg.get(KIND, version)
+        spec = json.loads(found.file(SPEC_FILE).read_text(encoding="utf-8"))
+        encoder_cfg = EncoderConfig.model_validate(spec["encoder"])
+        ego_cfg = EgoGraphConfig.model_validate(spec["egograph"])
+        model = AnomalyModel(AnomalyConfig.model_validate(spec["anomaly"]), encoder_cfg, ego_cfg.max_nodes)
+        state = torch.load(found.file(MODEL_FILE), map_location="cpu", weights_only=True)
+        model.load_state_dict(state)
+        model.to(pick_device(device))
+        logger.info("anomaly_scorer loaded=%s pooling=%s device=%s", found.tag, model.cfg.pooling, pick_device(device))
+        return cls(model, ego_cfg, found.tag)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @property
+    def q_dim(self) -> int:
+        """Size of a graph embedding q."""
+        return self.model.encoder.out_dim
+
+    @property
+    def encoder_cfg(self) -> EncoderConfig:
+        """The encoder config the model was trained with (featurizers must use the same one)."""
+        return self.model.encoder_cfg
+
+    def __repr__(self) -> str:
+        return f"{self.__class__.__name__}({self.tag}, pooling={self.model.cfg.pooling}, device={self.device})"
+
+    def embed(self, graphs: Sequence[Data]) -> Tensor:
+        """q_t of each graph, ``[n, q_dim]`` float32 on CPU (cache it as the next q_{t-1})."""
+        return embed_graphs(self.model, graphs, self.batch_size).float().cpu()
+
+    def score(self, q_prev: Tensor, q_cur: Tensor) -> np.ndarray:
+        """Anomaly scores ``1 − f(q_{t-1}, q_t)`` for aligned rows, float64 ``[n]``."""
+        return score_embeddings(self.model, q_prev.to(self.device), q_cur.to(self.device))
+
+    def score_graphs(self, previous: Sequence[Data], current: Sequence[Data]) -> np.ndarray:
+        """Scores of aligned (G_{t-1}, G_t) lists when no cached q_{t-1} exists."""
+        return score_pairs(self.model, previous, current, self.batch_size)
+
+    def score_frame(self, frame: pd.DataFrame, featurizer: FeatureSource, chunk: int = 2048) -> np.ndarray:
+        """Score every row of a bank's canonical frame by replaying its ego graphs; NaN where there is no
+        transition (a cardholder's first transaction, a redelivery). Used to stack AS into the fraud model."""
+        out = pd.Series(np.nan, index=frame["transaction_id"].astype(str).to_numpy())
+        ids: list[str] = []
+        prev: list[Data] = []
+        cur: list[Data] = []
+
+        def flush() -> None:
+            if ids:
+                out.loc[ids] = self.score_graphs(prev, cur)
+                ids.clear(), prev.clear(), cur.clear()
+
+        for pair in iter_snapshot_pairs(frame, featurizer, self.ego_cfg, min_transactions_per_month=0.0):  # type: ignore[arg-type]
+            ids.append(pair.transaction_id)
+            prev.append(pair.previous)
+            cur.append(pair.current)
+            if len(ids) >= chunk:
+                flush()
+        flush()
+        return out.to_numpy(dtype=np.float64)

@@ -1,0 +1,74 @@
+"""Flower ClientApp of the anomaly federation: one bank per SuperNode (``partition-id`` in the node config).
+
+The bank builds its private features and ego graphs from its own parquet
+inside this process. What leaves it: the model's ``state_dict`` tensors
+(ArrayRecord) and scalar metrics (MetricRecord) — losses, test metrics,
+counts and the bank's μ-GDP. No features, graphs, ids, coordinates or
+timestamps.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import torch
+from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+
+from training.federated.task import RunSettings, bank_data, build_model, device_for_client, local_test, local_train
+
+__all__ = ["app"]
+
+logger = logging.getLogger(__name__)
+
+app = ClientApp()
+
+
+def _setup(msg: Message, context: Context) -> tuple[RunSettings, int, torch.nn.Module, torch.device]:
+    config = dict(msg.content["config"])
+    settings = RunSettings.from_flat({k: v for k, v in config.items() if k in RunSettings.defaults()})
+    partition = int(context.node_config.get("partition-id", 0))
+    torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
+    model = build_model(settings)
+    model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
+    device = device_for_client()
+    return settings, partition, model.to(device), device
+
+
+@app.train()
+def train(msg: Message, context: Context) -> Message:
+    """Local FedProx training on this bank's transitions; returns the new weights and train metrics."""
+    settings, partition, model, _ = _setup(msg, context)
+    config = msg.content["config"]
+    bank = bank_data(settings, partition)
+    mu = float(config.get("proximal-mu", settings.federated.proximal_mu))
+    stats = local_train(model, bank, settings, int(config.get("global-round", config.get("server-round", 1))), mu)  # type: ignore[arg-type]
+    p = bank.privacy
+    metrics = MetricRecord({
+        "num-examples": len(bank.train),
+        "partition-id": partition,
+        "train-loss": stats.loss_last,
+        "train-loss-first": stats.loss_first,
+        "train-steps": stats.steps,
+        "train-seconds": stats.seconds,
+        "cardholders": p.cardholders,
+        "mu-gdp": p.mu_gdp,
+        "epsilon-min": p.epsilon_min,
+        "epsilon-mean": p.epsilon_mean,
+        "epsilon-max": p.epsilon_max,
+        "delta": p.delta,
+    })
+    state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    return Message(RecordDict({"arrays": ArrayRecord(state), "metrics": metrics}), reply_to=msg)
+
+
+@app.evaluate()
+def evaluate(msg: Message, context: Context) -> Message:
+    """Test metrics of the received global model on this bank's test cardholders."""
+    settings, partition, model, _ = _setup(msg, context)
+    bank = bank_data(settings, partition)
+    metrics = local_test(model, bank, bool(msg.content["config"].get("fraud-eval", False)))
+    record = MetricRecord({"num-examples": len(bank.test), "partition-id": partition,
+                           **{k.replace("_", "-"): float(v) for k, v in metrics.items()}})
+    return Message(RecordDict({"metrics": record}), reply_to=msg)

@@ -1,0 +1,179 @@
+"""Flower task of the federated anomaly model: settings, model, per-bank data and the train/test functions.
+
+Settings travel as one flat dict of kebab-case keys (what
+``[tool.flwr.app.config]`` and ``context.run_config`` hold): the fields of
+``AnomalyConfig`` and ``FederatedConfig`` under their own names
+(``local-epochs``, ``proximal-mu``, ...), the fields of the privacy, encoder
+and ego-graph sections prefixed (``privacy-epsilon-max``, ``encoder-dim``,
+``egograph-max-nodes``) and the run keys ``data-dir``, ``out-dir``,
+``resume``, ``num-banks``, ``publish``. The ServerApp forwards them to the
+clients in every train/evaluate message, so a client needs no other source.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from pydantic import BaseModel, ValidationError
+
+from fedfraud.errors import ConfigError
+from feature_store.config import EgoGraphConfig, EncoderConfig, PrivacyConfig
+from training.anomaly.config import AnomalyConfig
+from training.anomaly.data import BankData, load_bank_data
+from training.anomaly.engine import TrainStats, evaluate_fraud, evaluate_task, sources_of, train_model
+from training.anomaly.model import AnomalyModel, pick_device
+from training.anomaly.run import checkpoint_dir
+from training.federated.config import FederatedConfig
+
+__all__ = ["MODEL_KEYS", "RunSettings", "bank_data", "build_model", "local_test", "local_train"]
+
+logger = logging.getLogger(__name__)
+
+_SECTIONS: dict[str, tuple[str, type[BaseModel]]] = {
+    "anomaly": ("", AnomalyConfig),
+    "federated": ("", FederatedConfig),
+    "privacy": ("privacy-", PrivacyConfig),
+    "encoder": ("encoder-", EncoderConfig),
+    "egograph": ("egograph-", EgoGraphConfig),
+}
+_RUN_DEFAULTS: dict[str, Any] = {"data-dir": "data/demo", "out-dir": "artifacts", "resume": False, "num-banks": 0,
+                                 "publish": True}
+#: Settings a resumed run must share with its checkpoint (they shape the model or its data).
+MODEL_KEYS: tuple[str, ...] = ("pooling", "layers", "hidden", "ratio", "disc-hidden", "data-dir", "encoder-dim",
+                               "encoder-merchant-buckets", "egograph-max-nodes", "privacy-epsilon-max",
+                               "privacy-epsilon-min")
+
+
+def _kebab(name: str) -> str:
+    return name.replace("_", "-")
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """All settings of one anomaly training run, typed."""
+
+    anomaly: AnomalyConfig
+    federated: FederatedConfig
+    privacy: PrivacyConfig
+    encoder: EncoderConfig
+    egograph: EgoGraphConfig
+    data_dir: Path
+    out_dir: Path
+    resume: bool = False
+    num_banks: int = 0
+    publish: bool = True
+
+    @staticmethod
+    def defaults() -> dict[str, Any]:
+        """Every key with its default value (the pydantic defaults; pyproject's app config must agree)."""
+        flat: dict[str, Any] = {}
+        for prefix, model in _SECTIONS.values():
+            for name, info in model.model_fields.items():
+                flat[prefix + _kebab(name)] = info.get_default(call_default_factory=True)
+        return {**flat, **_RUN_DEFAULTS}
+
+    @classmethod
+    def from_flat(cls, flat: dict[str, Any]) -> RunSettings:
+        """Parse a flat kebab-case dict (missing keys take defaults); unknown keys or bad values → ConfigError."""
+        merged = {**cls.defaults(), **dict(flat)}
+        known = set(cls.defaults())
+        extra = sorted(k for k in merged if k not in known and k not in ("proximal-mu", "server-round",
+                                                                         "fraud-eval", "global-round"))
+        if extra:
+            raise ConfigError(f"unknown anomaly run setting {extra[0]!r}")
+        sections: dict[str, BaseModel] = {}
+        for section, (prefix, model) in _SECTIONS.items():
+            values = {name: merged[prefix + _kebab(name)] for name in model.model_fields}
+            try:
+                sections[section] = model.model_validate(values)
+            except ValidationError as err:
+                first = err.errors()[0]
+                where = prefix + _kebab(str(first["loc"][0])) if first["loc"] else section
+                raise ConfigError(f"invalid setting {where}: {first['msg']}") from None
+        return cls(
+            data_dir=Path(str(merged["data-dir"])),
+            out_dir=Path(str(merged["out-dir"])),
+            resume=bool(merged["resume"]),
+            num_banks=int(merged["num-banks"]),
+            publish=bool(merged["publish"]),
+            **sections,  # type: ignore[arg-type]
+        )
+
+    def to_flat(self) -> dict[str, Any]:
+        """The flat kebab-case dict (values are ConfigRecord-compatible scalars)."""
+        flat: dict[str, Any] = {}
+        for section, (prefix, _) in _SECTIONS.items():
+            for name, value in getattr(self, section).model_dump().items():
+                flat[prefix + _kebab(name)] = value
+        flat.update({"data-dir": str(self.data_dir), "out-dir": str(self.out_dir), "resume": self.resume,
+                     "num-banks": self.num_banks, "publish": self.publish})
+        return flat
+
+    def config_dump(self) -> dict[str, Any]:
+        """Nested config for the registry (full, by section)."""
+        return {s: getattr(self, s).model_dump() for s in _SECTIONS} | {"data_dir": str(self.data_dir)}
+
+    @property
+    def cache_dir(self) -> Path:
+        """Bank-internal cache of built ego-graph pairs (private features only)."""
+        return checkpoint_dir(self.out_dir, "cache")
+
+
+def build_model(settings: RunSettings) -> AnomalyModel:
+    """The anomaly model, initialised from ``anomaly.seed`` (every process builds the same initial weights)."""
+    torch.manual_seed(settings.anomaly.seed)
+    return AnomalyModel(settings.anomaly, settings.encoder, settings.egograph.max_nodes)
+
+
+_BANKS: OrderedDict[tuple[Any, ...], BankData] = OrderedDict()
+_MAX_CACHED = 5
+
+
+def bank_data(settings: RunSettings, bank: int) -> BankData:
+    """This bank's data, kept in the (client) process across rounds and cached on disk across processes."""
+    key = (str(settings.data_dir), bank, settings.anomaly.model_dump_json(), settings.encoder.model_dump_json(),
+           settings.privacy.model_dump_json(), settings.egograph.model_dump_json())
+    if key in _BANKS:
+        _BANKS.move_to_end(key)
+        return _BANKS[key]
+    data = load_bank_data(settings.data_dir, bank, settings.anomaly, settings.encoder, settings.privacy,
+                          settings.egograph, cache_dir=settings.cache_dir)
+    _BANKS[key] = data
+    while len(_BANKS) > _MAX_CACHED:
+        _BANKS.popitem(last=False)
+    return data
+
+
+def local_train(model: AnomalyModel, bank: BankData, settings: RunSettings, round_: int, proximal_mu: float) -> TrainStats:
+    """E local epochs of ``samples_per_epoch`` pairs with the FedProx term, seeded by (seed, bank, round)."""
+    cfg = settings.anomaly
+    stats, _ = train_model(
+        model,
+        sources_of([bank], cfg.perturb_min, cfg.perturb_max, settings.egograph.max_nodes),
+        epochs=cfg.local_epochs,
+        samples_per_epoch=cfg.samples_per_epoch,
+        batch_size=cfg.batch_size,
+        lr=cfg.lr,
+        seed=[cfg.seed, bank.bank, round_],
+        proximal_mu=proximal_mu,
+        aux_weight=cfg.aux_weight,
+    )
+    return stats
+
+
+def local_test(model: AnomalyModel, bank: BankData, with_fraud: bool) -> dict[str, float]:
+    """Negative-sampling test metrics, plus real-label fraud metrics when ``with_fraud``."""
+    metrics = evaluate_task(model, bank)
+    if with_fraud:
+        metrics.update(evaluate_fraud(model, bank))
+    return metrics
+
+
+def device_for_client() -> torch.device:
+    """CUDA when the client was given a GPU (Ray sets CUDA_VISIBLE_DEVICES), else CPU."""
+    return pick_device("auto")

@@ -1,0 +1,67 @@
+"""Typed configuration of the central fraud model (``fraud:`` section of ``fedfraud.yaml``)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+__all__ = ["FraudConfig"]
+
+
+class FraudConfig(BaseModel):
+    """Fraud features, XGBoost training, federated rounds and the decision-threshold rule."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # -- features (one incremental state per cardholder, see training.fraud.features)
+    velocity_windows_s: tuple[int, ...] = Field(
+        (3600, 86_400, 604_800), min_length=1, description="rolling windows (seconds) for count and amount velocity"
+    )
+    max_history: int = Field(512, ge=8, le=65535, description="most recent transactions kept for velocity")
+    max_merchants: int = Field(1024, ge=8, le=65535, description="most recently visited merchant buckets remembered")
+
+    # -- XGBoost
+    num_boost_round: int = Field(200, ge=1, description="trees of the local and centralized models")
+    max_depth: int = Field(4, ge=1, le=16)
+    eta: float = Field(0.1, gt=0, le=1)
+    subsample: float = Field(0.8, gt=0, le=1)
+    colsample_bytree: float = Field(0.8, gt=0, le=1)
+    min_child_weight: float = Field(1.0, ge=0)
+    max_scale_pos_weight: float = Field(
+        200.0, ge=1, description="cap on neg/pos weighting so a bank with 3 frauds does not get weight 10,000"
+    )
+    nthread: int = Field(2, ge=1, description="XGBoost threads; the dev machine has 2 cores")
+    seed: int = 7
+
+    # -- federated (Flower FedXgbBagging)
+    federated_rounds: int = Field(60, ge=1, description="server rounds; each bank adds one tree per round")
+    federated_eta_scaling: bool = Field(
+        True,
+        description=(
+            "divide eta by the number of banks: bagging sums one tree per bank per round, so unscaled it takes "
+            "a step #banks times larger than centralized boosting would"
+        ),
+    )
+
+    # -- evaluation and threshold
+    validation_fraction: float = Field(
+        0.2, gt=0, lt=1, description="share of *training* cardholders held out to choose the decision threshold"
+    )
+    threshold_bins: int = Field(
+        2000, ge=10, description="score histogram bins banks send so the server picks a federated threshold"
+    )
+    fpr_target: float = Field(0.01, gt=0, lt=1, description="report recall at this false-positive rate")
+    top_reasons: int = Field(3, ge=1, le=32, description="features listed as the reasons of a decision")
+
+    # -- what `fedfraud train fraud` publishes
+    variant: Literal["local", "federated", "centralized"] = "federated"
+    use_anomaly_score: bool = True
+
+    @model_validator(mode="after")
+    def _windows(self) -> FraudConfig:
+        if any(w <= 0 for w in self.velocity_windows_s) or list(self.velocity_windows_s) != sorted(
+            set(self.velocity_windows_s)
+        ):
+            raise ValueError("velocity_windows_s must be positive, distinct and increasing")
+        return self

@@ -1,0 +1,162 @@
+"""One bank's fraud-model inputs: private features, anomaly scores, feature rows and the split.
+
+Split by cardholder, never by row, so no cardholder's history leaks between
+fitting and evaluation: ``test`` is the project-wide 25 % test split
+(:func:`training.data.layout.split_of`, the same cardholders the anomaly model
+never trained on); of the remaining cardholders ``validation_fraction`` go to
+``valid`` (where the decision threshold is chosen) by an independent hash.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import tempfile
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+import pandas as pd
+from tqdm.auto import tqdm
+
+from fedfraud.errors import UserError
+from feature_store.config import EncoderConfig, PrivacyConfig
+from feature_store.privacy import PrivateFeaturizer
+from training.data.config import IngestConfig
+from training.data.layout import list_banks, read_bank, split_of
+from training.fraud.config import FraudConfig
+from training.fraud.features import FraudFeatures, build_features
+
+__all__ = [
+    "AnomalyScorerLike",
+    "anomaly_scores_for",
+    "bank_features",
+    "dataset_features",
+    "fraud_split",
+    "load_anomaly_scorer",
+    "materialize",
+]
+
+logger = logging.getLogger(__name__)
+
+_VALID_SALT = "fedfraud-fraud-valid"
+
+
+def fraud_split(cardholder_ids: Iterable[str], validation_fraction: float) -> np.ndarray:
+    """``train`` / ``valid`` / ``test`` per cardholder id (object array), deterministic."""
+    ids = [str(c) for c in cardholder_ids]
+    unique = sorted(set(ids))
+    out: dict[str, str] = {}
+    for cid in unique:
+        if split_of(cid) == "test":
+            out[cid] = "test"
+            continue
+        digest = hashlib.blake2b(f"{_VALID_SALT}:{cid}".encode(), digest_size=8).digest()
+        out[cid] = "valid" if int.from_bytes(digest, "big") / 2**64 < validation_fraction else "train"
+    return np.asarray([out[c] for c in ids], dtype=object)
+
+
+class AnomalyScorerLike(Protocol):
+    """What the fraud model needs from the anomaly model: AS for every transaction of a frame."""
+
+    def score_frame(self, frame: pd.DataFrame, featurizer: PrivateFeaturizer) -> np.ndarray: ...
+
+
+def anomaly_scores_for(frame: pd.DataFrame, featurizer: PrivateFeaturizer,
+                       scorer: AnomalyScorerLike | None) -> np.ndarray:
+    """AS per row of ``frame`` (float64, NaN where the anomaly model has no transition, e.g. a first visit)."""
+    if scorer is None:
+        return np.full(len(frame), np.nan)
+    scores = np.asarray(scorer.score_frame(frame, featurizer), dtype=np.float64)
+    if scores.shape != (len(frame),):
+        raise ValueError(f"anomaly scorer returned shape {scores.shape} for {len(frame)} rows")
+    return scores
+
+
+def load_anomaly_scorer(registry: Path, version: str = "latest") -> tuple[AnomalyScorerLike, str]:
+    """The published anomaly model (``training.anomaly.scorer.AnomalyScorer``) and its tag, or a one-line error."""
+    from training.anomaly.scorer import KIND, AnomalyScorer
+    from training.registry import ModelRegistry, RegistryError
+
+    reg = ModelRegistry(registry)
+    try:
+        found = reg.get(KIND, version)
+    except RegistryError:
+        raise UserError(
+            f"no anomaly model {version!r} in registry {registry}; the anomaly score (AS) comes from it: "
+            f"run `fedfraud train anomaly --data DIR --out {registry}` first"
+        ) from None
+    scorer = AnomalyScorer.from_registry(reg, found.version)
+    return scorer, found.tag
+
+
+def bank_features(
+    root: Path,
+    bank: int,
+    fraud_cfg: FraudConfig,
+    encoder_cfg: EncoderConfig,
+    privacy_cfg: PrivacyConfig,
+    scorer: AnomalyScorerLike | None = None,
+    progress: bool = False,
+) -> FraudFeatures:
+    """Feature rows of every transaction of ``bank`` (with AS when a scorer is given), in file order."""
+    frame = read_bank(root, bank)
+    # the anomaly model fixes the embedding layout it was trained on; the fraud features use the same L'/T'
+    encoder_cfg = getattr(scorer, "encoder_cfg", encoder_cfg)
+    featurizer = PrivateFeaturizer.for_bank(encoder_cfg, privacy_cfg, bank)
+    private = featurizer.transform(frame)
+    scores = anomaly_scores_for(frame, featurizer, scorer)
+    split = fraud_split(frame["cardholder_id"], fraud_cfg.validation_fraction)
+    feats = build_features(frame, private, fraud_cfg, scores, split, progress=progress)
+    logger.info("bank_features bank=%d rows=%d labelled=%s fraud=%d as_coverage=%.3f", bank, len(feats),
+                feats.has_labels, int(np.nansum(feats.label)), float(np.mean(np.isfinite(scores))) if len(scores)
+                else 0.0)
+    return feats
+
+
+
+@contextmanager
+def materialize(data: Path, ingest_cfg: IngestConfig) -> Iterator[Path]:
+    """A dataset directory for ``data``: itself if it is one, else a CSV ingested into a temporary directory."""
+    from training.data.ingest import ingest_csv
+
+    data = Path(data)
+    if data.is_dir():
+        yield data
+        return
+    if not data.is_file():
+        raise UserError(f"{data}: no such dataset directory or CSV file")
+    with tempfile.TemporaryDirectory(prefix="fedfraud-ingest-") as tmp:
+        report = ingest_csv(data, Path(tmp), ingest_cfg, progress=False)
+        if report.accepted == 0:
+            raise UserError(f"{data}: no valid transactions (rejected {report.rejected})")
+        logger.info("ingested csv=%s format=%s accepted=%d rejected=%d", data, report.format, report.accepted,
+                    report.rejected)
+        yield Path(tmp)
+
+
+def dataset_features(
+    root: Path,
+    fraud_cfg: FraudConfig,
+    encoder_cfg: EncoderConfig,
+    privacy_cfg: PrivacyConfig,
+    scorer: AnomalyScorerLike | None,
+    require_labels: bool,
+    progress: bool = True,
+) -> dict[int, FraudFeatures]:
+    """:func:`bank_features` of every bank under ``root``; with ``require_labels`` a one-line error if any lack them."""
+    ids = list_banks(root)
+    if require_labels:  # fail in a second, before any anomaly scoring
+        for bank in ids:
+            labels = read_bank(root, bank, columns=["is_fraud"])["is_fraud"]
+            if labels.isna().any():
+                raise UserError(
+                    f"evaluation needs labels: {int(labels.isna().sum())} transactions of bank {bank} have no "
+                    "is_fraud (scoring works without labels; training and evaluation do not)"
+                )
+    return {
+        bank: bank_features(root, bank, fraud_cfg, encoder_cfg, privacy_cfg, scorer)
+        for bank in tqdm(ids, desc="banks", disable=not progress)
+    }

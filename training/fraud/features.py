@@ -1,0 +1,445 @@
+"""Fraud features from what a bank holds after the privacy mechanism, one code path offline and online.
+
+A bank keeps, per cardholder, a small serialisable :class:`FraudFeatureState`
+and calls :meth:`FraudFeatureState.update` once per transaction: it returns
+the feature row of that transaction (computed from the history *before* it)
+and folds the transaction into the state. Serving calls it per message;
+training (:func:`build_features`) replays each cardholder's history through
+the very same method, so offline and online features cannot drift.
+
+Inputs are only what the bank has after :mod:`feature_store.privacy`: the
+bank's own amount, MCC and timestamp, the merchant bucket, the noised
+location L' and time T' embeddings, and the federated anomaly score. Raw
+coordinates never enter a feature; distances are computed between noised
+embeddings.
+
+Features (``score >= threshold`` means fraud; NaN means "no history yet",
+which XGBoost routes with its learned default direction):
+
+==========================  ====================================================
+amount, log_amount          the charge
+mcc_code                    stable hash of the MCC / Sparkov category
+hour_utc                    hour of day (UTC; the bank's clock)
+n_prior                     transactions seen before this one
+log_gap_s                   log1p(seconds since the previous transaction)
+tx_count_<w>, amount_<w>    count and sum of amounts in the rolling window w,
+                            including this transaction (1h / 24h / 7d default)
+amount_log_z                z-score of log1p(amount) against the cardholder
+amount_to_mean              amount / (mean past amount + 1)
+loc_dist_mean               cosine distance of L' to the cardholder's mean L'
+loc_dist_prev               cosine distance of L' to the previous L'
+time_novelty                cosine distance of T' to the cardholder's mean T'
+merchant_new                1 if the merchant bucket was not visited before
+merchant_visits             earlier visits to this merchant bucket
+anomaly_score               federated AS = 1 − f(q_{t−1}, q_t); NaN if unknown
+==========================  ====================================================
+
+Order: the state applies transactions in arrival order. Training replays
+each cardholder in (timestamp, transaction_id) order, which is what serving
+sees when events arrive in order; a late event is still handled
+deterministically (its gap is 0 and the clock does not go back).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import struct
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pandas as pd
+from tqdm.auto import tqdm
+
+from training.fraud.config import FraudConfig
+
+if TYPE_CHECKING:  # feature_store.encoders imports torch; simulation workers only need the state
+    from feature_store.privacy import PrivateFeatures
+
+__all__ = [
+    "ANOMALY_FEATURE",
+    "CorruptFraudStateError",
+    "FraudFeatureState",
+    "FraudFeatures",
+    "FraudInput",
+    "build_features",
+    "feature_names",
+    "fraud_inputs",
+    "mcc_code",
+]
+
+logger = logging.getLogger(__name__)
+
+#: Name of the stacked anomaly-score column.
+ANOMALY_FEATURE = "anomaly_score"
+
+_US_PER_S = 1_000_000
+_US_PER_HOUR = 3600 * _US_PER_S
+_MAGIC = b"FFFS"
+_VERSION = 1
+# magic, version, dim, count, last_ts_us, amount_sum, log_mean, log_m2, n_velocity, n_merchants
+_HEADER = struct.Struct("<4sBHIqdddHH")
+_CRC = struct.Struct("<I")
+
+
+class CorruptFraudStateError(ValueError):
+    """A serialised :class:`FraudFeatureState` is truncated, has a bad checksum or the wrong dimension."""
+
+
+def _window_name(seconds: int) -> str:
+    if seconds % 86_400 == 0 and seconds >= 7 * 86_400 and (seconds // 86_400) % 7 == 0:
+        return f"{seconds // 86_400}d"
+    if seconds % 3600 == 0:
+        return f"{seconds // 3600}h"
+    return f"{seconds}s"
+
+
+def feature_names(cfg: FraudConfig) -> tuple[str, ...]:
+    """Column names of a feature row, in order; the anomaly score is last."""
+    velocity = []
+    for w in cfg.velocity_windows_s:
+        velocity += [f"tx_count_{_window_name(w)}", f"amount_{_window_name(w)}"]
+    return (
+        "amount", "log_amount", "mcc_code", "hour_utc", "n_prior", "log_gap_s", *velocity,
+        "amount_log_z", "amount_to_mean", "loc_dist_mean", "loc_dist_prev", "time_novelty",
+        "merchant_new", "merchant_visits", ANOMALY_FEATURE,
+    )
+
+
+@lru_cache(maxsize=4096)
+def mcc_code(mcc: str) -> float:
+    """A stable number for an MCC string (CRC-32 mod 65521), identical in every bank and process."""
+    return float(zlib.crc32(str(mcc).encode("utf-8")) % 65521)
+
+
+def _cosine_distance(a: np.ndarray, b: np.ndarray) -> float:
+    na = float(np.sqrt(np.dot(a, a)))
+    nb = float(np.sqrt(np.dot(b, b)))
+    if na == 0.0 or nb == 0.0:
+        return 1.0
+    return 1.0 - float(np.dot(a, b)) / (na * nb)
+
+
+@dataclass(frozen=True)
+class FraudInput:
+    """One transaction as the fraud features see it (private features only).
+
+    ``location``/``time`` are the rows of L'/T' (:class:`~feature_store.privacy.PrivateFeatures`);
+    ``anomaly_score`` is NaN when no anomaly score exists (first transaction, no model).
+    """
+
+    ts_us: int
+    amount: float
+    mcc: str
+    merchant: int
+    location: np.ndarray
+    time: np.ndarray
+    anomaly_score: float = math.nan
+
+    def __post_init__(self) -> None:
+        if self.location.ndim != 1 or self.location.shape != self.time.shape:
+            raise ValueError("location and time must be 1-d rows of equal size")
+        if not math.isfinite(self.amount):
+            raise ValueError("amount must be finite")
+
+
+class FraudFeatureState:
+    """Everything the fraud features remember about one cardholder (a few KB, bounded).
+
+    Args:
+        cfg: window sizes and bounds.
+        dim: embedding size d of L'/T'.
+    """
+
+    __slots__ = ("cfg", "dim", "count", "last_ts_us", "amount_sum", "log_mean", "log_m2", "loc_sum",
+                 "time_sum", "prev_loc", "vel_ts", "vel_amount", "merchants")
+
+    def __init__(self, cfg: FraudConfig, dim: int) -> None:
+        if dim < 1:
+            raise ValueError("dim must be >= 1")
+        self.cfg = cfg
+        self.dim = dim
+        self.count = 0
+        self.last_ts_us = 0
+        self.amount_sum = 0.0
+        self.log_mean = 0.0
+        self.log_m2 = 0.0
+        self.loc_sum = np.zeros(dim, dtype=np.float64)
+        self.time_sum = np.zeros(dim, dtype=np.float64)
+        self.prev_loc = np.zeros(dim, dtype=np.float32)
+        self.vel_ts: list[int] = []
+        self.vel_amount: list[float] = []
+        self.merchants: dict[int, int] = {}
+
+    def __repr__(self) -> str:
+        return f"{self.__class__.__name__}(count={self.count}, merchants={len(self.merchants)}, dim={self.dim})"
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, FraudFeatureState):
+            return NotImplemented
+        return self.to_bytes() == other.to_bytes()
+
+    def update(self, tx: FraudInput) -> np.ndarray:
+        """Feature row of ``tx`` (float32, :func:`feature_names` order), then fold ``tx`` into the state."""
+        if tx.location.shape[0] != self.dim:
+            raise ValueError(f"expected embeddings of size {self.dim}, got {tx.location.shape[0]}")
+        ts = int(tx.ts_us)
+        amount = float(tx.amount)
+        log_amount = math.log1p(max(amount, 0.0))
+        loc = tx.location.astype(np.float64)
+        tim = tx.time.astype(np.float64)
+        n = self.count
+        nan = math.nan
+
+        # velocity, including this transaction
+        self._trim(max(ts, self.last_ts_us))
+        velocity: list[float] = []
+        for w in self.cfg.velocity_windows_s:
+            lo = ts - w * _US_PER_S
+            count, total = 1, amount
+            for t_e, a_e in zip(self.vel_ts, self.vel_amount, strict=True):
+                if t_e > lo:
+                    count += 1
+                    total += a_e
+            velocity += [float(count), total]
+
+        if n:
+            std = math.sqrt(self.log_m2 / n) if n > 1 else 0.0
+            amount_log_z = (log_amount - self.log_mean) / max(std, 0.1) if n > 1 else nan
+            amount_to_mean = amount / (self.amount_sum / n + 1.0)
+            gap = math.log1p(max(ts - self.last_ts_us, 0) / _US_PER_S)
+            loc_dist_mean = _cosine_distance(loc, self.loc_sum / n)
+            loc_dist_prev = _cosine_distance(loc, self.prev_loc.astype(np.float64))
+            time_novelty = _cosine_distance(tim, self.time_sum / n)
+        else:
+            amount_log_z = amount_to_mean = gap = loc_dist_mean = loc_dist_prev = time_novelty = nan
+        visits = self.merchants.get(int(tx.merchant), 0)
+        row = np.array(
+            [amount, log_amount, mcc_code(tx.mcc), float((ts // _US_PER_HOUR) % 24), float(n), gap, *velocity,
+             amount_log_z, amount_to_mean, loc_dist_mean, loc_dist_prev, time_novelty,
+             1.0 if visits == 0 else 0.0, float(visits), float(tx.anomaly_score)],
+            dtype=np.float32,
+        )
+
+        # fold in
+        self.count = n + 1
+        delta = log_amount - self.log_mean
+        self.log_mean += delta / self.count
+        self.log_m2 += delta * (log_amount - self.log_mean)
+        self.amount_sum += amount
+        self.loc_sum += loc
+        self.time_sum += tim
+        self.prev_loc = tx.location.astype(np.float32, copy=True)
+        self.last_ts_us = max(ts, self.last_ts_us) if n else ts
+        self.vel_ts.append(ts)
+        self.vel_amount.append(amount)
+        if len(self.vel_ts) > self.cfg.max_history:
+            del self.vel_ts[0], self.vel_amount[0]
+        m = int(tx.merchant)
+        self.merchants.pop(m, None)
+        self.merchants[m] = visits + 1  # most recently visited last
+        if len(self.merchants) > self.cfg.max_merchants:
+            del self.merchants[next(iter(self.merchants))]
+        return row
+
+    def _trim(self, now_us: int) -> None:
+        """Forget velocity entries older than the longest window."""
+        lo = now_us - self.cfg.velocity_windows_s[-1] * _US_PER_S
+        k = 0
+        while k < len(self.vel_ts) and self.vel_ts[k] <= lo:
+            k += 1
+        if k:
+            del self.vel_ts[:k], self.vel_amount[:k]
+
+    # ------------------------------------------------------------------ serialisation
+    def to_bytes(self) -> bytes:
+        """Compact little-endian encoding with a CRC-32, for the online store."""
+        header = _HEADER.pack(_MAGIC, _VERSION, self.dim, self.count, self.last_ts_us, self.amount_sum,
+                              self.log_mean, self.log_m2, len(self.vel_ts), len(self.merchants))
+        body = b"".join([
+            self.loc_sum.astype("<f8").tobytes(), self.time_sum.astype("<f8").tobytes(),
+            self.prev_loc.astype("<f4").tobytes(), np.asarray(self.vel_ts, dtype="<i8").tobytes(),
+            np.asarray(self.vel_amount, dtype="<f8").tobytes(),
+            np.fromiter(self.merchants.keys(), dtype="<i8", count=len(self.merchants)).tobytes(),
+            np.fromiter(self.merchants.values(), dtype="<u4", count=len(self.merchants)).tobytes(),
+        ])
+        payload = header + body
+        return payload + _CRC.pack(zlib.crc32(payload))
+
+    @classmethod
+    def from_bytes(cls, blob: bytes, cfg: FraudConfig, dim: int | None = None) -> FraudFeatureState:
+        """Inverse of :meth:`to_bytes`; raises :class:`CorruptFraudStateError` on any inconsistency."""
+        if len(blob) < _HEADER.size + _CRC.size:
+            raise CorruptFraudStateError("fraud state is truncated")
+        payload, (crc,) = blob[: -_CRC.size], _CRC.unpack(blob[-_CRC.size :])
+        if zlib.crc32(payload) != crc:
+            raise CorruptFraudStateError("fraud state checksum mismatch")
+        magic, version, d, count, last_ts, amount_sum, log_mean, log_m2, n_vel, n_m = _HEADER.unpack_from(payload)
+        if magic != _MAGIC or version != _VERSION:
+            raise CorruptFraudStateError(f"not a fraud state (magic={magic!r}, version={version})")
+        if dim is not None and d != dim:
+            raise CorruptFraudStateError(f"fraud state has dim {d}, expected {dim}")
+        expected = _HEADER.size + d * (8 + 8 + 4) + n_vel * 16 + n_m * 12
+        if len(payload) != expected:
+            raise CorruptFraudStateError(f"fraud state has {len(payload)} bytes, expected {expected}")
+        state = cls(cfg, d)
+        state.count, state.last_ts_us = count, last_ts
+        state.amount_sum, state.log_mean, state.log_m2 = amount_sum, log_mean, log_m2
+        off = _HEADER.size
+
+        def take(dtype: str, k: int) -> np.ndarray:
+            nonlocal off
+            arr = np.frombuffer(payload, dtype=dtype, count=k, offset=off)
+            off += arr.nbytes
+            return arr
+
+        state.loc_sum = take("<f8", d).astype(np.float64)
+        state.time_sum = take("<f8", d).astype(np.float64)
+        state.prev_loc = take("<f4", d).astype(np.float32)
+        state.vel_ts = take("<i8", n_vel).tolist()
+        state.vel_amount = take("<f8", n_vel).tolist()
+        keys, visits = take("<i8", n_m).tolist(), take("<u4", n_m).tolist()
+        state.merchants = dict(zip(keys, visits, strict=True))
+        return state
+
+
+# ---------------------------------------------------------------------- batch path
+@dataclass(frozen=True)
+class FraudFeatures:
+    """Feature rows of n transactions of one bank (or several, concatenated), in input order.
+
+    Attributes:
+        X: float32 ``[n, F]`` in ``names`` order.
+        names: feature names (:func:`feature_names`).
+        transaction_id: object ``[n]``.
+        cardholder: object ``[n]`` keyed pseudonyms.
+        label: float32 ``[n]``, 1 fraud / 0 legit / NaN unknown.
+        split: object ``[n]`` in {"train", "valid", "test"} (see :mod:`training.fraud.dataset`).
+    """
+
+    X: np.ndarray
+    names: tuple[str, ...]
+    transaction_id: np.ndarray
+    cardholder: np.ndarray
+    label: np.ndarray
+    split: np.ndarray
+
+    def __post_init__(self) -> None:
+        n = self.X.shape[0]
+        if self.X.ndim != 2 or self.X.dtype != np.float32 or self.X.shape[1] != len(self.names):
+            raise ValueError(f"X must be float32 [n, {len(self.names)}], got {self.X.dtype} {self.X.shape}")
+        for name in ("transaction_id", "cardholder", "label", "split"):
+            if getattr(self, name).shape != (n,):
+                raise ValueError(f"FraudFeatures.{name} must have shape ({n},)")
+        bad = set(np.unique(self.split).tolist()) - {"train", "valid", "test"}
+        if bad:
+            raise ValueError(f"unknown split values {sorted(bad)}")
+
+    def __len__(self) -> int:
+        return int(self.X.shape[0])
+
+    @property
+    def has_labels(self) -> bool:
+        """True when every row carries a fraud label (evaluation needs them)."""
+        return len(self) > 0 and bool(np.all(np.isfinite(self.label)))
+
+    def subset(self, mask: np.ndarray) -> FraudFeatures:
+        """Rows where ``mask`` is true."""
+        return FraudFeatures(self.X[mask], self.names, self.transaction_id[mask], self.cardholder[mask],
+                             self.label[mask], self.split[mask])
+
+    def of_split(self, *splits: str) -> FraudFeatures:
+        return self.subset(np.isin(self.split, splits))
+
+    @staticmethod
+    def concat(parts: list[FraudFeatures]) -> FraudFeatures:
+        if not parts:
+            raise ValueError("nothing to concatenate")
+        if len({p.names for p in parts}) != 1:
+            raise ValueError("parts have different feature names")
+        return FraudFeatures(
+            np.concatenate([p.X for p in parts]), parts[0].names,
+            np.concatenate([p.transaction_id for p in parts]), np.concatenate([p.cardholder for p in parts]),
+            np.concatenate([p.label for p in parts]), np.concatenate([p.split for p in parts]),
+        )
+
+    def save(self, path: str) -> None:
+        """Write to one ``.npz`` (what a simulated bank's ClientApp loads)."""
+        np.savez(path, X=self.X, names=np.asarray(self.names), transaction_id=self.transaction_id.astype(str),
+                 cardholder=self.cardholder.astype(str), label=self.label, split=self.split.astype(str))
+
+    @classmethod
+    def load(cls, path: str) -> FraudFeatures:
+        with np.load(path, allow_pickle=False) as z:
+            return cls(z["X"], tuple(z["names"].tolist()), z["transaction_id"].astype(object),
+                       z["cardholder"].astype(object), z["label"], z["split"].astype(object))
+
+
+def fraud_inputs(frame: pd.DataFrame, private: PrivateFeatures,
+                 anomaly_scores: np.ndarray | None = None) -> Iterator[FraudInput]:
+    """:class:`FraudInput` of every row of a canonical frame, in order (serving uses it on a micro-batch)."""
+    from feature_store.encoders import timestamps_us
+
+    if len(frame) != len(private):
+        raise ValueError(f"frame has {len(frame)} rows, private features {len(private)}")
+    scores = np.full(len(frame), np.nan) if anomaly_scores is None else np.asarray(anomaly_scores, dtype=np.float64)
+    if scores.shape != (len(frame),):
+        raise ValueError(f"need one anomaly score per row, got shape {scores.shape}")
+    ts = timestamps_us(frame["timestamp"]).tolist()
+    amounts = frame["amount"].to_numpy(dtype=np.float64).tolist()
+    mccs = frame["mcc"].astype(str).tolist()
+    merchants = private.merchant.tolist()
+    for i in range(len(frame)):
+        yield FraudInput(ts[i], amounts[i], mccs[i], merchants[i], private.location[i], private.time[i],
+                         float(scores[i]))
+
+
+def build_features(
+    frame: pd.DataFrame,
+    private: PrivateFeatures,
+    cfg: FraudConfig,
+    anomaly_scores: np.ndarray | None = None,
+    split: np.ndarray | None = None,
+    states: dict[str, FraudFeatureState] | None = None,
+    progress: bool = False,
+) -> FraudFeatures:
+    """Fold each cardholder's history through :meth:`FraudFeatureState.update`; rows come back in frame order.
+
+    Args:
+        frame: canonical rows (``timestamp``, ``amount``, ``mcc``, ``transaction_id``, optional ``is_fraud``).
+        cfg: windows and bounds of the per-cardholder state.
+        private: ``PrivateFeaturizer.transform(frame)`` (same row order).
+        anomaly_scores: AS per row (NaN where none); ``None`` leaves the column NaN.
+        split: per-row split labels; default all ``"train"``.
+        states: per-pseudonym states to continue from; updated in place (this is how serving is warmed).
+        progress: show a progress bar.
+    """
+    from feature_store.encoders import timestamps_us
+
+    n = len(frame)
+    names = feature_names(cfg)
+    states = {} if states is None else states
+    holders = np.asarray(private.cardholder, dtype=object)
+    order = np.lexsort((frame["transaction_id"].astype(str).to_numpy(), timestamps_us(frame["timestamp"]),
+                        holders.astype(str))) if n else np.zeros(0, dtype=np.int64)
+    inputs = list(fraud_inputs(frame, private, anomaly_scores))
+    X = np.empty((n, len(names)), dtype=np.float32)
+    dim = private.location.shape[1]
+    for i in tqdm(order.tolist(), disable=not progress, desc="fraud features", mininterval=2.0):
+        key = holders[i]
+        state = states.get(key)
+        if state is None:
+            state = states[key] = FraudFeatureState(cfg, dim)
+        X[i] = state.update(inputs[i])
+    if "is_fraud" in frame:
+        label = frame["is_fraud"].astype("float32").to_numpy(dtype=np.float32, na_value=np.nan)
+    else:
+        label = np.full(n, np.nan, dtype=np.float32)
+    split_arr = np.full(n, "train", dtype=object) if split is None else np.asarray(split, dtype=object)
+    logger.debug("fraud_features rows=%d cardholders=%d", n, len(states))
+    return FraudFeatures(X, names, frame["transaction_id"].astype(str).to_numpy(dtype=object), holders, label,
+                         split_arr)

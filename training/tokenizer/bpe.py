@@ -1,0 +1,417 @@
+"""FedByteBPE core (paper Algorithms 4-5) in plain Python: client counting and server aggregation.
+
+The Flower app (``server_app.py`` / ``client_app.py``) only moves the values
+these functions produce; all merge logic lives here so it is testable without
+Ray. Token ids are global and deterministic: ``0..255`` are the bytes, and each
+accepted merge whose byte string is new gets the next id, so a client that
+applied the same merge list holds the same ids as the server.
+
+One round = single-token phase (K sampled clients release noisy unigram counts;
+the server keeps ids whose sum is > theta) + pair phase (K sampled clients
+release noisy counts of pairs whose left token was kept; the server keeps pairs
+whose sum is > theta and picks the merge). ``mode="single"`` is the paper's one
+merge per round; ``mode="batched"`` takes up to ``merges_per_round`` pairs in
+rank order that cannot overlap in any word (no chosen pair's right token is
+another's left token), so applying them in sequence is the same as applying
+them at once and none changes another's count.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import time
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+
+from training.tokenizer.pretokenize import unicode_to_bytes
+
+__all__ = [
+    "Merge",
+    "Release",
+    "ReleaseParams",
+    "ClientState",
+    "Vocabulary",
+    "FedBPEServer",
+    "FedBPEResult",
+    "aggregate",
+    "select_merges",
+    "amplified_privacy",
+    "sample_clients",
+    "reference_bpe",
+    "train_in_process",
+    "words_to_bytes",
+]
+
+log = logging.getLogger(__name__)
+
+Pair = tuple[int, int]
+Key = int | Pair
+
+
+@dataclass(frozen=True)
+class Merge:
+    """One broadcast merge: ``left + right`` becomes token ``new_id``."""
+
+    left: int
+    right: int
+    new_id: int
+
+
+@dataclass(frozen=True)
+class ReleaseParams:
+    """What a client does before releasing counts: subsample (p), add Laplace(delta/epsilon), keep top_n."""
+
+    p: float = 1.0
+    epsilon: float | None = None
+    delta: float = 1.0
+    top_n: int | None = None
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.p <= 1.0:
+            raise ValueError(f"p must be in (0, 1], got {self.p}")
+        if self.epsilon is not None and self.epsilon <= 0:
+            raise ValueError(f"epsilon must be > 0 or None, got {self.epsilon}")
+
+
+@dataclass
+class Release:
+    """What one client sends in one phase: keys and noisy counts (``nvl``: no vocabulary left)."""
+
+    keys: list[Key]
+    values: list[float]
+    nvl: bool = False
+
+    def __post_init__(self) -> None:
+        if len(self.keys) != len(self.values):
+            raise ValueError("keys and values differ in length")
+
+    def as_dict(self) -> dict[Key, float]:
+        return dict(zip(self.keys, self.values, strict=True))
+
+
+def words_to_bytes(word_counts: Mapping[str, int]) -> dict[bytes, int]:
+    """Byte-level words (``ByteLevel`` alphabet) -> raw byte strings."""
+    table = unicode_to_bytes()
+    out: dict[bytes, int] = {}
+    for word, count in word_counts.items():
+        key = bytes(table[c] for c in word)
+        out[key] = out.get(key, 0) + count
+    return out
+
+
+class Vocabulary:
+    """Token id <-> byte string, shared by construction between server and clients."""
+
+    def __init__(self) -> None:
+        self.tokens: list[bytes] = [bytes([b]) for b in range(256)]
+        self.ids: dict[bytes, int] = {t: i for i, t in enumerate(self.tokens)}
+        self.merges: list[Merge] = []
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def add_merge(self, left: int, right: int) -> Merge:
+        """Record a merge; a byte string seen before keeps its id (as HF ``BpeTrainer`` does)."""
+        joined = self.tokens[left] + self.tokens[right]
+        new_id = self.ids.get(joined)
+        if new_id is None:
+            new_id = len(self.tokens)
+            self.tokens.append(joined)
+            self.ids[joined] = new_id
+        merge = Merge(left, right, new_id)
+        self.merges.append(merge)
+        return merge
+
+    def merge_bytes(self) -> list[tuple[bytes, bytes]]:
+        return [(self.tokens[m.left], self.tokens[m.right]) for m in self.merges]
+
+
+class ClientState:
+    """One client's words as token-id sequences, with incrementally maintained unigram and pair counts."""
+
+    def __init__(self, word_counts: Mapping[bytes, int]) -> None:
+        items = [(w, c) for w, c in word_counts.items() if w and c > 0]
+        self.words: list[list[int]] = [list(w) for w, _ in items]
+        self.freqs = np.array([c for _, c in items], dtype=np.int64)
+        self.applied = 0  # number of global merges applied so far
+        self.unigrams: Counter[int] = Counter()
+        self.pairs: Counter[Pair] = Counter()
+        self.where: dict[Pair, set[int]] = defaultdict(set)
+        for i, word in enumerate(self.words):
+            self._add(i, word, int(self.freqs[i]))
+
+    @property
+    def empty(self) -> bool:
+        return not self.words
+
+    def _add(self, i: int, word: list[int], f: int, sign: int = 1) -> None:
+        for t in word:
+            self.unigrams[t] += sign * f
+        for pair in zip(word, word[1:], strict=False):
+            self.pairs[pair] += sign * f
+            if sign > 0:
+                self.where[pair].add(i)
+
+    def apply(self, merges: Sequence[Merge]) -> None:
+        """ClientUpdateDataset: replace each ``left right`` by ``new_id`` in every word, in merge order."""
+        for m in merges:
+            pair = (m.left, m.right)
+            for i in list(self.where.get(pair, ())):
+                word = self.words[i]
+                f = int(self.freqs[i])
+                self._add(i, word, f, sign=-1)
+                out, j = [], 0
+                while j < len(word):
+                    if j + 1 < len(word) and word[j] == m.left and word[j + 1] == m.right:
+                        out.append(m.new_id)
+                        j += 2
+                    else:
+                        out.append(word[j])
+                        j += 1
+                self.words[i] = out
+                self._add(i, out, f)
+            self.where.pop(pair, None)
+            self.applied += 1
+        for c in (self.unigrams, self.pairs):
+            for k in [k for k, v in c.items() if v <= 0]:
+                del c[k]
+
+    def _subsampled(self, rng: np.random.Generator, p: float) -> tuple[Counter[int], Counter[Pair]]:
+        """Counts over a fresh Binomial(f, p) sample of the word occurrences (RandomSampler(D_i, p))."""
+        kept = rng.binomial(self.freqs, p)
+        uni: Counter[int] = Counter()
+        pairs: Counter[Pair] = Counter()
+        for i in np.flatnonzero(kept):
+            f = int(kept[i])
+            word = self.words[i]
+            for t in word:
+                uni[t] += f
+            for pair in zip(word, word[1:], strict=False):
+                pairs[pair] += f
+        return uni, pairs
+
+    def release(
+        self, phase: Literal["single", "pair"], params: ReleaseParams, rng: np.random.Generator,
+        allowed_left: Iterable[int] | None = None,
+    ) -> Release:
+        """ClientSendTuples: subsample, count, add Laplace noise, sort, keep the top ``top_n``."""
+        if self.empty:
+            return Release([], [], nvl=True)
+        if params.p < 1.0:
+            uni, pairs = self._subsampled(rng, params.p)
+        else:
+            uni, pairs = self.unigrams, self.pairs
+        if phase == "single":
+            counts: Mapping[Key, int] = uni
+        else:
+            allowed = set(allowed_left or ())
+            counts = {k: v for k, v in pairs.items() if k[0] in allowed}
+        if not counts:
+            return Release([], [], nvl=True)
+        keys = list(counts)
+        values = np.fromiter((counts[k] for k in keys), dtype=np.float64, count=len(keys))
+        if params.epsilon is not None:
+            values = values + rng.laplace(0.0, params.delta / params.epsilon, size=len(keys))
+        order = np.argsort(-values, kind="stable")
+        if params.top_n is not None:
+            order = order[: params.top_n]
+        return Release([keys[i] for i in order], [float(values[i]) for i in order])
+
+
+def aggregate(releases: Iterable[Release], theta: float) -> dict[Key, float]:
+    """ServerAggregateTuples: sum the noisy counts per key and keep keys whose sum is > theta."""
+    total: dict[Key, float] = defaultdict(float)
+    for rel in releases:
+        for k, v in zip(rel.keys, rel.values, strict=True):
+            total[k] += v
+    return {k: v for k, v in total.items() if v > theta}
+
+
+def select_merges(
+    pair_totals: Mapping[Pair, float], vocab: Vocabulary, limit: int, mode: Literal["single", "batched"]
+) -> list[Pair]:
+    """Rank pairs by total (ties: smaller left bytes, then right bytes) and pick one, or a disjoint batch."""
+    ranked = sorted(pair_totals.items(), key=lambda kv: (-kv[1], vocab.tokens[kv[0][0]], vocab.tokens[kv[0][1]]))
+    if mode == "single" or limit <= 1:
+        return [ranked[0][0]] if ranked else []
+    chosen: list[Pair] = []
+    lefts: set[int] = set()
+    rights: set[int] = set()
+    for (a, b), _ in ranked:
+        # (a, b) and (c, d) can overlap in a word only if b == c or d == a; a pair whose right token is the
+        # left of a chosen pair would also have its count changed by that merge. Skip such pairs this round.
+        if a in rights or b in lefts or (a == b and (a in lefts or a in rights)):
+            continue
+        chosen.append((a, b))
+        lefts.add(a)
+        rights.add(b)
+        if len(chosen) >= limit:
+            break
+    return chosen
+
+
+def amplified_privacy(epsilon: float | None, delta: float, p: float) -> dict[str, float | None]:
+    """Paper §4.3 (Balle et al. Thm 9): eps' = ln(1 + p(e^eps - 1)), delta' = p * delta, per release."""
+    if epsilon is None:
+        return {"epsilon": None, "delta": delta, "p": p, "epsilon_prime": None, "delta_prime": None}
+    return {
+        "epsilon": epsilon,
+        "delta": delta,
+        "p": p,
+        "epsilon_prime": math.log1p(p * math.expm1(epsilon)),
+        "delta_prime": p * delta,
+    }
+
+
+def sample_clients(ids: Sequence[str | int], fraction: float, rng: random.Random) -> list:
+    """RandomSampler(C, K): ``max(1, round(K*N))`` clients uniformly without replacement."""
+    n = max(1, round(fraction * len(ids)))
+    return sorted(rng.sample(list(ids), n)) if n < len(ids) else list(ids)
+
+
+@dataclass
+class FedBPEResult:
+    """Outcome of a federated run: merges in order, rounds used, why it stopped, privacy spent."""
+
+    merges: list[tuple[bytes, bytes]]
+    vocab_size: int
+    rounds: int
+    halted: bool
+    stop_reason: str
+    privacy: dict[str, object]
+    history: list[dict[str, float]] = field(default_factory=list)
+
+
+class FedBPEServer:
+    """Server state of Algorithm 4: the vocabulary, the round loop's decisions and the privacy ledger."""
+
+    def __init__(
+        self,
+        target_tokens: int,
+        *,
+        theta: float,
+        mode: Literal["single", "batched"] = "single",
+        merges_per_round: int = 1,
+        k_fraction: float = 1.0,
+        release: ReleaseParams | None = None,
+        seed: int = 0,
+    ) -> None:
+        if target_tokens < 256:
+            raise ValueError(f"target vocabulary must be >= 256 tokens, got {target_tokens}")
+        self.target_tokens = target_tokens
+        self.theta = theta
+        self.mode = mode
+        self.merges_per_round = merges_per_round if mode == "batched" else 1
+        self.k_fraction = k_fraction
+        self.release = release or ReleaseParams()
+        self.vocab = Vocabulary()
+        self.rng = random.Random(seed)
+        self.rounds = 0
+        self.releases_per_client: Counter[str] = Counter()
+        self.history: list[dict[str, float]] = []
+        self.stop_reason = ""
+
+    @property
+    def done(self) -> bool:
+        return len(self.vocab) >= self.target_tokens or bool(self.stop_reason)
+
+    def sample(self, clients: Sequence[str]) -> list[str]:
+        picked = sample_clients(clients, self.k_fraction, self.rng)
+        self.releases_per_client.update(picked)
+        return picked
+
+    def single_phase(self, releases: Iterable[Release]) -> list[int]:
+        """Token ids U whose aggregated noisy unigram count is > theta."""
+        kept = aggregate(releases, self.theta)
+        return sorted(int(k) for k in kept)  # type: ignore[arg-type]
+
+    def pair_phase(self, releases: Iterable[Release]) -> list[Merge]:
+        """Pick this round's merge(s) and extend the vocabulary; an empty list halts (no vocabulary left)."""
+        rels = list(releases)
+        totals = aggregate(rels, self.theta)
+        budget = self.target_tokens - len(self.vocab)
+        pairs = select_merges(totals, self.vocab, min(self.merges_per_round, budget), self.mode)  # type: ignore[arg-type]
+        self.rounds += 1
+        if not pairs:
+            self.stop_reason = "no vocabulary left"
+            return []
+        merges = [self.vocab.add_merge(a, b) for a, b in pairs]
+        self.history.append(
+            {"round": self.rounds, "merges": len(merges), "vocab": len(self.vocab), "time": time.perf_counter()}
+        )
+        return merges
+
+    def privacy(self) -> dict[str, object]:
+        """Per-release (eps', delta') from the paper plus how many releases each client made."""
+        out: dict[str, object] = dict(amplified_privacy(self.release.epsilon, self.release.delta, self.release.p))
+        out["theta"] = self.theta
+        out["k_fraction"] = self.k_fraction
+        out["max_releases_per_client"] = max(self.releases_per_client.values(), default=0)
+        return out
+
+    def result(self) -> FedBPEResult:
+        halted = bool(self.stop_reason)
+        return FedBPEResult(
+            merges=self.vocab.merge_bytes(),
+            vocab_size=len(self.vocab),
+            rounds=self.rounds,
+            halted=halted,
+            stop_reason=self.stop_reason or "target vocabulary reached",
+            privacy=self.privacy(),
+            history=self.history,
+        )
+
+
+def train_in_process(
+    clients: Mapping[str, ClientState], server: FedBPEServer, *, seed: int = 0, max_rounds: int = 1_000_000
+) -> FedBPEResult:
+    """Algorithm 4 with direct calls instead of messages (tests, and the reference for the Flower app)."""
+    names = sorted(clients)
+    rngs = {name: np.random.default_rng([seed, i]) for i, name in enumerate(names)}
+    pending: list[Merge] = []
+    while not server.done and server.rounds < max_rounds:
+        for name in names:  # ClientUpdateDataset for all clients (done lazily before they count)
+            clients[name].apply(server.vocab.merges[clients[name].applied :])
+        singles = [clients[c].release("single", server.release, rngs[c]) for c in server.sample(names)]
+        kept = server.single_phase(singles)
+        pairs = [clients[c].release("pair", server.release, rngs[c], kept) for c in server.sample(names)]
+        pending = server.pair_phase(pairs)
+        if not pending:
+            break
+    return server.result()
+
+
+def reference_bpe(word_counts: Mapping[bytes, int], n_merges: int) -> list[tuple[bytes, bytes]]:
+    """Deliberately naive centralized byte-level BPE (recounts every pair each step): the test oracle.
+
+    Tie-break: highest count, then smallest left bytes, then smallest right bytes.
+    """
+    words = [[bytes([b]) for b in w] for w in word_counts]
+    freqs = list(word_counts.values())
+    merges: list[tuple[bytes, bytes]] = []
+    for _ in range(n_merges):
+        counts: Counter[tuple[bytes, bytes]] = Counter()
+        for w, f in zip(words, freqs, strict=True):
+            for pair in zip(w, w[1:], strict=False):
+                counts[pair] += f
+        if not counts:
+            break
+        best = min(counts.items(), key=lambda kv: (-kv[1], kv[0][0], kv[0][1]))[0]
+        merges.append(best)
+        for i, w in enumerate(words):
+            out, j = [], 0
+            while j < len(w):
+                if j + 1 < len(w) and (w[j], w[j + 1]) == best:
+                    out.append(w[j] + w[j + 1])
+                    j += 2
+                else:
+                    out.append(w[j])
+                    j += 1
+            words[i] = out
+    return merges

@@ -1,0 +1,50 @@
+"""Typed configuration of the federated byte-level BPE tokenizer (``fedfraud tokenizer ...``)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+__all__ = ["TokenizerConfig", "MIN_VOCAB_SIZE"]
+
+MIN_VOCAB_SIZE = 256  # the byte alphabet; a byte-level BPE cannot be smaller
+
+
+class TokenizerConfig(BaseModel):
+    """Every knob of the privacy-aware corpus pipeline and of FedByteBPE (paper Algorithms 4-5)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    vocab_size: int = Field(8000, description="256 bytes + merges + special tokens; the paper uses 50,257")
+    special_tokens: list[str] = Field(default_factory=lambda: ["<|endoftext|>"])
+    mode: Literal["single", "batched"] = Field(
+        "batched", description="single: the paper's one merge per round; batched: several non-conflicting merges"
+    )
+    merges_per_round: int = Field(128, ge=1, description="upper bound on merges per round in batched mode")
+    theta: float = Field(8.0, ge=0.0, description="server threshold: keep keys whose aggregated count is > theta")
+    epsilon: float | None = Field(1.0, gt=0.0, description="Laplace budget per release; None switches noise off")
+    delta: float = Field(1.0, gt=0.0, description="sensitivity of a count (Laplace scale is delta/epsilon)")
+    p: float = Field(1.0, gt=0.0, le=1.0, description="fraction of local words each client samples per phase")
+    k_fraction: float = Field(1.0, gt=0.0, le=1.0, description="fraction K of clients sampled per phase")
+    top_n: int | None = Field(
+        None, ge=1, description="keys each client sends per phase (the paper sends its top 1); None sends all"
+    )
+    clients: int = Field(30, ge=1, description="institutions in the generated corpus")
+    docs_per_client: int = Field(150, ge=1, description="generated documents per institution")
+    pii_rate: float = Field(0.6, ge=0.0, le=1.0, description="share of generated documents with seeded PII")
+    ner: bool = Field(False, description="also use the optional Presidio/spaCy NER recognizer (extra: pii-ner)")
+    max_rounds: int = Field(100_000, ge=1, description="safety stop for the federated loop")
+    seed: int = 7
+
+    @field_validator("vocab_size")
+    @classmethod
+    def _at_least_bytes(cls, value: int) -> int:
+        if value < MIN_VOCAB_SIZE:
+            raise ValueError(f"vocab_size must be >= {MIN_VOCAB_SIZE} (the byte alphabet), got {value}")
+        return value
+
+    @property
+    def target_merges(self) -> int:
+        """Merges needed so that bytes + merges + specials equals ``vocab_size``."""
+        return max(0, self.vocab_size - MIN_VOCAB_SIZE - len(self.special_tokens))

@@ -1,0 +1,152 @@
+r"""Pre-tokenization, byte-level mapping and per-client word counting (pipeline stages 3-4).
+
+The pre-tokenizer is a ``tokenizers`` object, so the words clients count and
+the words the exported ``tokenizer.json`` splits text into come from the same
+code. The GPT-2 regex is changed in one place: ``\p{N}`` matches a single
+digit, so every digit is its own segment (numbers never become tokens, which
+also keeps card, account and phone numbers out of the vocabulary).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+from tokenizers import Regex, decoders, pre_tokenizers
+
+__all__ = [
+    "PRETOKENIZE_PATTERN",
+    "bytes_to_unicode",
+    "unicode_to_bytes",
+    "build_pre_tokenizer",
+    "pretokenize",
+    "CorpusReport",
+    "CorpusPipeline",
+]
+
+log = logging.getLogger(__name__)
+
+# GPT-2's pattern with single digits; punctuation runs stay one segment.
+PRETOKENIZE_PATTERN = r" ?\p{L}+| ?\p{N}| ?[^\s\p{L}\p{N}]+|\r\n|\s+(?!\S)|\s+"
+
+
+@lru_cache(maxsize=1)
+def bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's reversible byte -> printable character table (what ``ByteLevel`` uses)."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {b: chr(c) for b, c in zip(bs, cs, strict=True)}
+
+
+@lru_cache(maxsize=1)
+def unicode_to_bytes() -> dict[str, int]:
+    """Inverse of :func:`bytes_to_unicode`."""
+    return {c: b for b, c in bytes_to_unicode().items()}
+
+
+def build_pre_tokenizer() -> pre_tokenizers.PreTokenizer:
+    """Regex split (digits and punctuation runs isolated) followed by the byte-level mapping."""
+    return pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(PRETOKENIZE_PATTERN), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+
+
+def build_decoder() -> decoders.Decoder:
+    """Byte-level decoder: the exact inverse of the byte-level mapping."""
+    return decoders.ByteLevel()
+
+
+@lru_cache(maxsize=1)
+def _shared_pre_tokenizer() -> pre_tokenizers.PreTokenizer:
+    return build_pre_tokenizer()
+
+
+def pretokenize(text: str) -> list[str]:
+    """Byte-level words of ``text`` (each character stands for one byte)."""
+    return [w for w, _ in _shared_pre_tokenizer().pre_tokenize_str(text)]
+
+
+@dataclass
+class CorpusReport:
+    """What the pipeline did to one client's documents: kept, skipped (with reason), PII wiped."""
+
+    documents: int = 0
+    kept: int = 0
+    skipped: dict[str, int] = field(default_factory=dict)
+    pii_chars_wiped: int = 0
+    words: int = 0
+
+    def skip(self, reason: str) -> None:
+        self.skipped[reason] = self.skipped.get(reason, 0) + 1
+
+
+Masker = Callable[[str], str]
+
+
+class CorpusPipeline:
+    """Documents -> PII-wiped text -> byte-level words -> word frequencies (the paper's Fig. 1).
+
+    Each stage is a plain callable so it can be swapped: ``masker`` (default:
+    the rule-based :class:`~training.tokenizer.pii.PIIDetector`) and
+    ``pretokenizer`` (default: :func:`pretokenize`).
+    """
+
+    def __init__(self, masker: Masker | None = None, pretokenizer: Callable[[str], list[str]] | None = None) -> None:
+        if masker is None:
+            from training.tokenizer.pii import PIIDetector
+
+            masker = PIIDetector()
+        self.masker = masker
+        self.pretokenizer = pretokenizer or pretokenize
+
+    def clean(self, doc: str | bytes, report: CorpusReport) -> str | None:
+        """Decode, validate and wipe one document; ``None`` (and a counted reason) if it is skipped."""
+        report.documents += 1
+        if isinstance(doc, bytes):
+            try:
+                doc = doc.decode("utf-8")
+            except UnicodeDecodeError:
+                report.skip("not-utf8")
+                return None
+        if not isinstance(doc, str):
+            report.skip("not-text")
+            return None
+        if not doc.strip():
+            report.skip("empty")
+            return None
+        masked = self.masker(doc)
+        report.pii_chars_wiped += len(doc) - len(masked)
+        if not masked.strip():
+            report.skip("empty-after-masking")
+            return None
+        report.kept += 1
+        return masked
+
+    def masked_texts(self, docs: Iterable[str | bytes], report: CorpusReport | None = None) -> list[str]:
+        """The wiped texts of the kept documents (used for centralized/local baselines and evaluation)."""
+        report = report if report is not None else CorpusReport()
+        return [t for t in (self.clean(d, report) for d in docs) if t is not None]
+
+    def count_words(self, docs: Iterable[str | bytes]) -> tuple[Counter[str], CorpusReport]:
+        """Per-client word frequencies over wiped, pre-tokenized, byte-level text."""
+        report = CorpusReport()
+        counts: Counter[str] = Counter()
+        for text in self.masked_texts(docs, report):
+            words = self.pretokenizer(text)
+            report.words += len(words)
+            counts.update(words)
+        if report.skipped:
+            log.info("corpus skipped %s of %d documents", report.skipped, report.documents)
+        return counts, report

@@ -1,0 +1,204 @@
+"""FedByteBPE ServerApp (Algorithm 4): sample clients, aggregate their releases, broadcast merges.
+
+Settings are kebab-case keys (``vocab-size``, ``theta``, ``epsilon``, ...) read
+from ``context.run_config`` on top of the values given to
+:func:`build_server_app`. The result (merges, rounds, privacy) is written as
+JSON to ``result-path``; with ``audit-path`` every release the server receives
+is also logged, decoded to bytes, so the privacy tests inspect exactly what
+reached the server.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from flwr.app import ConfigRecord, Context, Message, RecordDict
+from flwr.serverapp import Grid, ServerApp
+
+from training.tokenizer.bpe import FedBPEServer, Release, ReleaseParams
+
+__all__ = ["build_server_app", "run_fedbpe", "DEFAULTS"]
+
+log = logging.getLogger(__name__)
+
+DEFAULTS: dict[str, Any] = {
+    "vocab-size": 8000,
+    "special-tokens": 1,
+    "theta": 8.0,
+    "epsilon": 1.0,  # <= 0 switches noise off
+    "delta": 1.0,
+    "p": 1.0,
+    "k-fraction": 1.0,
+    "top-n": 0,  # 0: send all keys
+    "mode": "batched",
+    "merges-per-round": 128,
+    "max-rounds": 100_000,
+    "seed": 7,
+    "ner": False,
+    "num-supernodes": 0,  # wait for this many nodes (0: take what is connected)
+    "corpus-path": "",
+    "result-path": "",
+    "audit-path": "",
+}
+
+
+class _Audit:
+    """Append-only JSONL of every release received (token bytes, not ids)."""
+
+    def __init__(self, path: str, server: FedBPEServer) -> None:
+        self.fh = open(path, "a", encoding="utf-8") if path else None  # noqa: SIM115 - closed in close()
+        self.server = server
+
+    def record(self, node: int, phase: str, rel: Release) -> None:
+        if self.fh is None:
+            return
+        tokens = self.server.vocab.tokens
+        keys = [
+            tokens[k].decode("utf-8", "backslashreplace")
+            if isinstance(k, int)
+            else [tokens[k[0]].decode("utf-8", "backslashreplace"), tokens[k[1]].decode("utf-8", "backslashreplace")]
+            for k in rel.keys
+        ]
+        self.fh.write(json.dumps({"node": node, "phase": phase, "keys": keys, "values": rel.values}) + "\n")
+
+    def close(self) -> None:
+        if self.fh is not None:
+            self.fh.close()
+
+
+def _release_of(content: RecordDict, phase: str) -> Release:
+    rec = content["release"]
+    if "keys-left" not in rec:
+        return Release([], [], nvl=bool(rec.get("nvl", False)))
+    lefts = [int(x) for x in rec["keys-left"]]
+    keys: list = lefts if phase == "single" else list(zip(lefts, [int(x) for x in rec["keys-right"]], strict=True))
+    return Release(keys, [float(v) for v in rec["values"]], nvl=bool(rec.get("nvl", False)))
+
+
+def _exchange(
+    grid: Grid, server: FedBPEServer, nodes: list[int], phase: str, settings: dict[str, Any],
+    known: dict[int, int], allowed: list[int], audit: _Audit,
+) -> list[Release]:
+    """One phase round trip; a node whose process lost its state gets the missing merges in a second trip."""
+    releases: list[Release] = []
+    todo = list(nodes)
+    for _attempt in range(3):
+        if not todo:
+            break
+        messages = []
+        for node in todo:
+            base = known.get(node, 0)
+            cfg = ConfigRecord(
+                {
+                    "phase": phase,
+                    "round": server.rounds,
+                    "merge-base": base,
+                    "corpus-path": str(settings["corpus-path"]),
+                    "p": float(settings["p"]),
+                    "epsilon": float(settings["epsilon"] or 0.0),
+                    "delta": float(settings["delta"]),
+                    "top-n": int(settings["top-n"] or 0),
+                    "seed": int(settings["seed"]),
+                    "ner": bool(settings["ner"]),
+                }
+            )
+            delta = server.vocab.merges[base:]
+            if delta:
+                cfg["merge-left"] = [m.left for m in delta]
+                cfg["merge-right"] = [m.right for m in delta]
+                cfg["merge-new"] = [m.new_id for m in delta]
+            if phase == "pair" and allowed:
+                cfg["allowed"] = allowed
+            messages.append(Message(RecordDict({"config": cfg}), dst_node_id=node, message_type="query"))
+        todo = []
+        for reply in grid.send_and_receive(messages):
+            node = reply.metadata.src_node_id
+            if reply.has_error():
+                log.warning("node=%d phase=%s left the round: %s", node, phase, reply.error.reason)
+                continue
+            rec = reply.content["release"]
+            known[node] = int(rec["applied"])
+            if rec.get("resync", False):
+                todo.append(node)
+                continue
+            rel = _release_of(reply.content, phase)
+            audit.record(node, phase, rel)
+            releases.append(rel)
+    return releases
+
+
+def _wait_for_nodes(grid: Grid, wanted: int, timeout: float = 60.0) -> list[int]:
+    deadline = time.monotonic() + timeout
+    nodes = sorted(grid.get_node_ids())
+    while wanted and len(nodes) < wanted and time.monotonic() < deadline:
+        time.sleep(0.2)
+        nodes = sorted(grid.get_node_ids())
+    return nodes
+
+
+def run_fedbpe(grid: Grid, settings: dict[str, Any]) -> dict[str, Any]:
+    """The Algorithm 4 loop over a Flower grid; returns (and optionally writes) the result."""
+    eps = float(settings["epsilon"] or 0.0)
+    server = FedBPEServer(
+        int(settings["vocab-size"]) - int(settings["special-tokens"]),
+        theta=float(settings["theta"]),
+        mode=str(settings["mode"]),  # type: ignore[arg-type]
+        merges_per_round=int(settings["merges-per-round"]),
+        k_fraction=float(settings["k-fraction"]),
+        release=ReleaseParams(
+            p=float(settings["p"]), epsilon=eps if eps > 0 else None, delta=float(settings["delta"]),
+            top_n=int(settings["top-n"] or 0) or None,
+        ),
+        seed=int(settings["seed"]),
+    )
+    nodes = _wait_for_nodes(grid, int(settings["num-supernodes"]))
+    known: dict[int, int] = {}
+    audit = _Audit(str(settings["audit-path"]), server)
+    start = time.perf_counter()
+    try:
+        while not server.done and server.rounds < int(settings["max-rounds"]):
+            singles = _exchange(grid, server, server.sample(nodes), "single", settings, known, [], audit)
+            kept = server.single_phase(singles)
+            pairs = _exchange(grid, server, server.sample(nodes), "pair", settings, known, kept, audit)
+            merges = server.pair_phase(pairs)
+            log.info("round=%d merges=%d vocab=%d kept_singles=%d", server.rounds, len(merges), len(server.vocab),
+                     len(kept))
+            if not merges:
+                break
+    finally:
+        audit.close()
+    result = server.result()
+    out = {
+        "merges": [[a.hex(), b.hex()] for a, b in result.merges],
+        "vocab_size": result.vocab_size,
+        "rounds": result.rounds,
+        "halted": result.halted,
+        "stop_reason": result.stop_reason,
+        "privacy": result.privacy,
+        "train_seconds": time.perf_counter() - start,
+        # vocabulary size after each round and seconds since the loop started (first round includes client set-up)
+        "history": [[h["vocab"], h["time"] - start] for h in result.history],
+    }
+    if settings.get("result-path"):
+        Path(settings["result-path"]).write_text(json.dumps(out), encoding="utf-8")
+    log.info("fedbpe done rounds=%d vocab=%d reason=%s", result.rounds, result.vocab_size, result.stop_reason)
+    return out
+
+
+def build_server_app(settings: dict[str, Any] | None = None) -> ServerApp:
+    """A ServerApp whose settings are ``DEFAULTS`` < ``settings`` < the run config."""
+    base = {**DEFAULTS, **(settings or {})}
+    app = ServerApp()
+
+    @app.main()
+    def main(grid: Grid, context: Context) -> None:
+        run_fedbpe(grid, {**base, **dict(context.run_config)})
+
+    return app
+
+
+app = build_server_app()

@@ -1,0 +1,173 @@
+"""Train tokenizers: federated (Flower simulation on Ray, or in-process), centralized and local baselines.
+
+This is the glue the CLI and the benchmark call; the algorithm lives in
+``bpe.py`` and the Flower app in ``server_app.py`` / ``client_app.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tokenizers import Tokenizer, models, trainers
+
+from training.tokenizer.bpe import ClientState, FedBPEServer, ReleaseParams, train_in_process, words_to_bytes
+from training.tokenizer.config import TokenizerConfig
+from training.tokenizer.export import build_tokenizer, save_tokenizer
+from training.tokenizer.pretokenize import CorpusPipeline, build_decoder, build_pre_tokenizer, bytes_to_unicode
+
+__all__ = [
+    "FederatedRun",
+    "server_settings",
+    "train_federated_flower",
+    "train_federated_inprocess",
+    "train_centralized",
+    "publish_tokenizer",
+]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class FederatedRun:
+    """A finished federated training: the tokenizer plus what the server reported."""
+
+    tokenizer: Tokenizer
+    merges: list[tuple[bytes, bytes]]
+    rounds: int
+    stop_reason: str
+    privacy: dict[str, Any]
+    wall_seconds: float
+    train_seconds: float
+    history: list[tuple[int, float]] = field(default_factory=list)  # (vocab size, seconds since loop start)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.tokenizer.get_vocab_size()
+
+
+def server_settings(cfg: TokenizerConfig, corpus_path: Path, **extra: Any) -> dict[str, Any]:
+    """The ServerApp's kebab-case settings for a config."""
+    return {
+        "vocab-size": cfg.vocab_size,
+        "special-tokens": len(cfg.special_tokens),
+        "theta": cfg.theta,
+        "epsilon": cfg.epsilon or 0.0,
+        "delta": cfg.delta,
+        "p": cfg.p,
+        "k-fraction": cfg.k_fraction,
+        "top-n": cfg.top_n or 0,
+        "mode": cfg.mode,
+        "merges-per-round": cfg.merges_per_round,
+        "max-rounds": cfg.max_rounds,
+        "seed": cfg.seed,
+        "ner": cfg.ner,
+        "corpus-path": str(corpus_path),
+        **extra,
+    }
+
+
+def train_federated_flower(
+    cfg: TokenizerConfig, corpus_path: Path, *, num_supernodes: int, audit_path: Path | None = None,
+    num_cpus: int = 2,
+) -> FederatedRun:
+    """FedByteBPE as a Flower app in simulation on the Ray backend (one SuperNode per institution)."""
+    from flwr.simulation import run_simulation
+
+    from training.tokenizer.client_app import app as client_app
+    from training.tokenizer.server_app import build_server_app
+
+    with tempfile.TemporaryDirectory(prefix="fedbpe-") as tmp:
+        result_path = Path(tmp) / "result.json"
+        settings = server_settings(
+            cfg, corpus_path, **{"result-path": str(result_path), "audit-path": str(audit_path or ""),
+                                 "num-supernodes": num_supernodes}
+        )
+        start = time.perf_counter()
+        run_simulation(
+            server_app=build_server_app(settings),
+            client_app=client_app,
+            num_supernodes=num_supernodes,
+            backend_config={
+                "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
+                "init_args": {"num_cpus": num_cpus, "include_dashboard": False, "logging_level": "ERROR"},
+            },
+        )
+        wall = time.perf_counter() - start
+        if not result_path.exists():
+            raise RuntimeError("the Flower ServerApp did not produce a result (see the log above)")
+        out = json.loads(result_path.read_text(encoding="utf-8"))
+    merges = [(bytes.fromhex(a), bytes.fromhex(b)) for a, b in out["merges"]]
+    return FederatedRun(
+        tokenizer=build_tokenizer(merges, cfg.special_tokens),
+        merges=merges,
+        rounds=out["rounds"],
+        stop_reason=out["stop_reason"],
+        privacy=out["privacy"],
+        wall_seconds=wall,
+        train_seconds=out["train_seconds"],
+        history=[(int(v), float(t)) for v, t in out["history"]],
+    )
+
+
+def train_federated_inprocess(cfg: TokenizerConfig, clients: dict[str, Sequence[str]]) -> FederatedRun:
+    """The same algorithm with direct calls (no messages): for tests and quick comparisons."""
+    start = time.perf_counter()
+    pipe = CorpusPipeline()
+    states = {name: ClientState(words_to_bytes(pipe.count_words(docs)[0])) for name, docs in clients.items()}
+    server = FedBPEServer(
+        cfg.vocab_size - len(cfg.special_tokens),
+        theta=cfg.theta,
+        mode=cfg.mode,
+        merges_per_round=cfg.merges_per_round,
+        k_fraction=cfg.k_fraction,
+        release=ReleaseParams(p=cfg.p, epsilon=cfg.epsilon, delta=cfg.delta, top_n=cfg.top_n),
+        seed=cfg.seed,
+    )
+    t0 = time.perf_counter()
+    result = train_in_process(states, server, seed=cfg.seed, max_rounds=cfg.max_rounds)
+    train = time.perf_counter() - t0
+    return FederatedRun(
+        tokenizer=build_tokenizer(result.merges, cfg.special_tokens),
+        merges=result.merges,
+        rounds=result.rounds,
+        stop_reason=result.stop_reason,
+        privacy=result.privacy,
+        wall_seconds=time.perf_counter() - start,
+        train_seconds=train,
+    )
+
+
+def train_centralized(texts: Sequence[str], vocab_size: int, special_tokens: Sequence[str] = ()) -> Tokenizer:
+    """HF ``BpeTrainer`` on pooled (already wiped) text with the same pre-tokenizer and byte alphabet."""
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = build_pre_tokenizer()
+    tok.decoder = build_decoder()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=0,
+        special_tokens=list(special_tokens),
+        initial_alphabet=list(bytes_to_unicode().values()),
+        show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer=trainer)
+    return tok
+
+
+def publish_tokenizer(
+    registry_root: Path, tok: Tokenizer, cfg: TokenizerConfig, *, metrics: dict[str, Any], privacy: dict[str, Any],
+    card: str,
+) -> Any:
+    """Write ``tokenizer.json`` into a new registry version (atomic publish) and return that version."""
+    from training.registry import ModelRegistry
+
+    registry = ModelRegistry(registry_root)
+    with registry.publish("tokenizer", config=cfg.model_dump(), metrics=metrics, privacy=privacy, card=card) as stage:
+        save_tokenizer(tok, stage)
+    return registry.latest("tokenizer")
