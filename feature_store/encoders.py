@@ -26,15 +26,17 @@ Reading of the thesis formulas (documented choices):
   real one. Location: the 3-D unit vector ``u`` of (φ, λ) is projected on the
   six axes of an icosahedron (a tight frame, so small displacements map to the
   embedding isotropically and direction is kept) and each projection is
-  encoded as ``[sin(ω_s a·u), cos(ω_s a·u)]`` at geometric frequencies ``ω_s``
-  whose wavelengths run from about the Earth's radius down to a few km. Fixed
-  constants, not fitted to any bank's data, so it stays "unbounded" in the
-  thesis's sense. Time: each calendar component (second of minute, minute of
-  hour, hour of day, day of month, month of year) is a *continuous* phase in
-  [0, 1) encoded with its own harmonics ``[sin(2πh·f_c), cos(2πh·f_c)]``,
-  concatenated rather than summed, which covers periods from seconds to a
-  year. Values are sin/cos, already in [-1, 1], so no ``tanh``. The
-  embedding is periodic in the year, like the thesis's.
+  encoded as ``[sin(ω_s a·u), cos(ω_s a·u)]`` at geometric frequencies whose
+  wavelengths run from the Earth's circumference down to 10 km, finer scales
+  with smaller amplitudes (``_LOCATION_DECAY``). Fixed constants, not fitted
+  to any bank's data, so it stays "unbounded" in the thesis's sense. Time:
+  each calendar component (second of minute, minute of hour, hour of day, day
+  of month, month of year) is a *continuous* phase ``f_c`` in [0, 1) encoded
+  with its own harmonics ``[sin(2πh·f_c), cos(2πh·f_c)]``, concatenated rather
+  than summed, covering periods from seconds to a year; harmonics faster than
+  hourly are down-weighted (``_TIME_DECAY``). Values are sin/cos times
+  amplitudes ≤ 1, already in [-1, 1], so no ``tanh``. Like the thesis's, the
+  time embedding is periodic in the year.
 * Merchant: ids are hashed (unkeyed blake2b, so every bank maps the same id to
   the same row without a shared vocabulary) into ``merchant_buckets`` rows of a
   learned table initialised ``N(0, 0.1)``.
@@ -90,7 +92,16 @@ _ICOSAHEDRON_AXES = np.array(
 ) / np.sqrt(1.0 + _GOLDEN**2)  # fmt: skip
 #: Longest and shortest wavelength (km along the surface) of the multiscale location encoder: the
 #: lowest frequency varies monotonically across the globe, the highest resolves a few km.
-_LOCATION_WAVELENGTH_KM = (40_000.0, 4.0)
+_LOCATION_WAVELENGTH_KM = (40_000.0, 10.0)
+#: Amplitude of a multiscale location pair is ``(ω / ω_min) ** -0.5``: finer scales weigh less, so the squared
+#: embedding distance grows about linearly with distance instead of saturating after a few km, and saturated fine
+#: scales do not scramble direction (measured: 0 gives geodesic Pearson ≈ 0.5, 1 drowns ≤ 500 km pairs in noise).
+_LOCATION_DECAY = 0.5
+#: Periods (s) of the multiscale time phases, in the order of ``_calendar_phases`` (month and year on average).
+_PHASE_PERIODS_S = np.array([60.0, 3600.0, 86_400.0, 30.436875 * 86_400, 365.2425 * 86_400])
+#: Time harmonics faster than one per hour get amplitude ``(f · 1 h) ** -0.3``, so the many saturated
+#: second/minute harmonics do not swamp the hour-to-day ones while sub-minute changes stay above the noise.
+_TIME_DECAY_REF_S, _TIME_DECAY = 3600.0, 0.3
 _EARTH_RADIUS_KM = 6371.0088
 
 
@@ -114,7 +125,8 @@ def _location_multiscale(phi: np.ndarray, lam: np.ndarray, dim: int) -> np.ndarr
     u = (cos_phi * np.cos(lam), cos_phi * np.sin(lam), np.sin(phi))
     # elementwise rather than a matmul, so a row gives the same bits alone or in a batch
     angle = (u[0] * axes[:, 0] + u[1] * axes[:, 1] + u[2] * axes[:, 2]) * omega
-    return np.concatenate([np.sin(angle), np.cos(angle)], axis=1)
+    amplitude = (omega / omega[0]) ** -_LOCATION_DECAY
+    return np.concatenate([np.sin(angle) * amplitude, np.cos(angle) * amplitude], axis=1)
 
 
 def encode_location(lat_deg: np.ndarray, lon_deg: np.ndarray, cfg: EncoderConfig) -> np.ndarray:
@@ -211,7 +223,8 @@ def _time_multiscale(secs: np.ndarray, dim: int) -> np.ndarray:
     component = np.arange(pairs) % phases.shape[1]
     harmonic = (np.arange(pairs) // phases.shape[1] + 1).astype(np.float64)
     angle = 2.0 * np.pi * phases[:, component] * harmonic
-    return np.concatenate([np.sin(angle), np.cos(angle)], axis=1)
+    amplitude = np.maximum(harmonic * _TIME_DECAY_REF_S / _PHASE_PERIODS_S[component], 1.0) ** -_TIME_DECAY
+    return np.concatenate([np.sin(angle) * amplitude, np.cos(angle) * amplitude], axis=1)
 
 
 def encode_time(epoch_secs: np.ndarray, cfg: EncoderConfig) -> np.ndarray:

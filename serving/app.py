@@ -334,7 +334,14 @@ class Gateway:
         delay = 0.2
         while True:
             try:
-                return submit().result(timeout_s=self.serving.stage_timeout_s)
+                response = submit()
+                deadline = time.monotonic() + self.serving.stage_timeout_s
+                while True:  # wait in slices so a shutdown is not held up by a dead stage
+                    try:
+                        return response.result(timeout_s=1.0)
+                    except TimeoutError:
+                        if self._stop.is_set() or time.monotonic() > deadline:
+                            raise
             except Exception as exc:
                 if self._stop.is_set():
                     raise

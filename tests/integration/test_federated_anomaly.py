@@ -24,7 +24,7 @@ from training.registry import ModelRegistry
 pytestmark = pytest.mark.integration
 
 SMALL = {"pooling": "sag", "hidden": 32, "disc-hidden": 16, "encoder-dim": 32, "encoder-merchant-buckets": 512,
-         "local-epochs": 3, "samples-per-epoch": 48, "batch-size": 24, "max-train-pairs": 200, "max-test-pairs": 40,
+         "local-epochs": 2, "samples-per-epoch": 48, "batch-size": 24, "max-train-pairs": 200, "max-test-pairs": 40,
          "max-eval-normal": 60, "lr": 0.003, "client-cpus": 1.0, "ray-cpus": 2}
 
 
@@ -32,7 +32,7 @@ SMALL = {"pooling": "sag", "hidden": 32, "disc-hidden": 16, "encoder-dim": 32, "
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("fed")
     data, out = root / "data", root / "artifacts"
-    generate_dataset(data, GeneratorConfig(banks=2, cardholders=16, days=21, fraud_rate=0.03, seed=5),
+    generate_dataset(data, GeneratorConfig(banks=2, cardholders=16, days=21, fraud_rate=0.03, seed=6),
                      raw_csv=False, progress=False)
     seen: dict[str, list] = {"first": [], "resumed": []}
     flat = {**SMALL, "data-dir": str(data), "out-dir": str(out)}

@@ -55,7 +55,8 @@ def runtime(tmp_path_factory, frame, ray_session, kafka_broker):
 
     tmp = tmp_path_factory.mktemp("serving")
     cfg = load_config(overrides=[f"features.repo_dir={tmp / 'repo'}", f"serving.registry_root={tmp / 'registry'}",
-                                 "serving.registry_poll_s=0.5", "serving.consumer.max_poll_records=200"])
+                                 "serving.registry_poll_s=0.5", "serving.consumer.max_poll_records=200",
+                                 f"serving.http_port={_free_port()}"])
     registry = ModelRegistry(tmp / "registry")
     fcfg = FraudConfig(num_boost_round=20, nthread=1)
     train = frame.head(1000)
@@ -68,6 +69,12 @@ def runtime(tmp_path_factory, frame, ray_session, kafka_broker):
     rt.registry = registry
     yield rt
     rt.stop()
+
+
+def _free_port() -> int:
+    from serving.broker import free_port
+
+    return free_port()
 
 
 def _slice(frame, start, stop):

@@ -49,7 +49,7 @@ def _ray_started() -> bool:
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     root = tmp_path_factory.mktemp("tiny")
-    generate_dataset(root, GeneratorConfig(banks=2, cardholders=8, days=10, seed=3), raw_csv=False, progress=False)
+    generate_dataset(root, GeneratorConfig(banks=2, cardholders=16, days=21, seed=6), raw_csv=False, progress=False)
     return root
 
 

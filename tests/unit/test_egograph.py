@@ -5,11 +5,13 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from torch_geometric.data import Batch, Data
 
 from feature_store.config import EgoGraphConfig, EncoderConfig, PrivacyConfig
 from feature_store.egograph import (
     CorruptStateError,
     EgoGraphState,
+    _graph,
     active_cardholders,
     build_snapshot_pairs,
 )
@@ -163,10 +165,15 @@ def test_active_cardholders_filter():
     assert set(active_cardholders(_stream_frame(), 3.0)) == {"card0", "card1", "card2"}
 
 
-def test_batch_equals_incremental_with_round_trips():
+@pytest.mark.parametrize(
+    "feat",
+    [FEAT, PrivateFeaturizer(EncoderConfig(variant="multiscale"), PRIV, b"bank-test-secret")],
+    ids=["thesis", "multiscale"],
+)
+def test_batch_equals_incremental_with_round_trips(feat):
     cfg = EgoGraphConfig(max_nodes=4, max_edges=6)
     frame = _stream_frame()
-    pairs = build_snapshot_pairs(frame, FEAT, cfg)
+    pairs = build_snapshot_pairs(frame, feat, cfg)
     assert len(pairs) == 3 * 24  # first transaction of each cardholder has no G_{t-1}
     by_tx = {p.transaction_id: p for p in pairs}
     assert sum(bool(p.is_fraud) for p in pairs) == 3
@@ -175,14 +182,14 @@ def test_batch_equals_incremental_with_round_trips():
         if holder == "card-inactive":
             continue
         rows = rows.sort_values(["timestamp", "transaction_id"])
-        eps = float(FEAT.epsilon([holder])[0])
+        eps = float(feat.epsilon([holder])[0])
         blob = EgoGraphState(cfg).to_bytes()
         previous = None
         for tx in frame_to_transactions(rows):
             state = EgoGraphState.from_bytes(blob, cfg)  # serving: load, apply, store
-            assert state.apply(tx, FEAT)
+            assert state.apply(tx, feat)
             blob = state.to_bytes()
-            current = EgoGraphState.from_bytes(blob, cfg).to_data(FEAT, eps)
+            current = EgoGraphState.from_bytes(blob, cfg).to_data(feat, eps)
             if previous is not None:
                 pair = by_tx[tx.transaction_id]
                 assert pair.split in ("train", "test") and pair.cardholder != holder
@@ -190,7 +197,25 @@ def test_batch_equals_incremental_with_round_trips():
                     assert torch.equal(pair.current[key], current[key]), key
                     assert torch.equal(pair.previous[key], previous[key]), key
             previous = current
-            assert not state.apply(tx, FEAT)  # redelivery
+            assert not state.apply(tx, feat)  # redelivery
+
+
+    # consecutive pairs share G_t as the next G_{t-1} (same object, not a rebuild)
+    ordered = [p for p in pairs if p.cardholder == pairs[0].cardholder]
+    assert all(a.current is b.previous for a, b in zip(ordered, ordered[1:], strict=False))
+
+
+def test_fast_graph_matches_keyword_constructor():
+    x, ei = torch.rand(3, 8), torch.tensor([[0, 1], [1, 2]])
+    ea, m = torch.rand(2, 8), torch.tensor([5, 6, 7])
+    fast, slow = _graph(x, ei, ea, m), Data(x=x, edge_index=ei, edge_attr=ea, merchant=m)
+    assert type(fast) is Data and fast.keys() == slow.keys() and fast.num_nodes == slow.num_nodes == 3
+    assert all(fast[k] is slow[k] for k in GRAPH_KEYS)
+    fast.validate(raise_on_error=True)
+    empty = _graph(torch.zeros(0, 8), torch.zeros(2, 0, dtype=torch.long), torch.zeros(0, 8), torch.zeros(0).long())
+    assert empty.num_nodes == 0
+    batch = Batch.from_data_list([fast, slow])
+    assert batch.num_nodes == 6 and batch.edge_index.shape == (2, 4)
 
 
 def test_graph_carries_no_raw_values():

@@ -45,8 +45,9 @@ def _frame(n=50, seed=0):
     )
 
 
-def test_offline_and_online_features_bit_identical():
-    feat = PrivateFeaturizer(ENC, PRIV, SECRET)
+@pytest.mark.parametrize("enc", [ENC, EncoderConfig(variant="multiscale")], ids=["thesis", "multiscale"])
+def test_offline_and_online_features_bit_identical(enc):
+    feat = PrivateFeaturizer(enc, PRIV, SECRET)
     frame = _frame()
     offline = feat.transform(frame)
     i = 17
@@ -58,8 +59,12 @@ def test_offline_and_online_features_bit_identical():
     assert np.array_equal(offline.location[i : i + 1], online_loc)
     assert np.array_equal(offline.time[i : i + 1], online_time)
     # a second featurizer (e.g. another process) with the same secret agrees too
-    again = PrivateFeaturizer(ENC, PRIV, SECRET).transform(frame.iloc[::-1].reset_index(drop=True))
+    again = PrivateFeaturizer(enc, PRIV, SECRET).transform(frame.iloc[::-1].reset_index(drop=True))
     assert np.array_equal(again.location[::-1], offline.location)
+    assert np.array_equal(again.time[::-1], offline.time)
+    # POSIX seconds (serving) and the tz-aware column (offline) give the same T'
+    secs = frame["timestamp"].astype("int64").to_numpy() // 10**6
+    assert np.array_equal(feat.time(secs, offline.keys, offline.epsilon), offline.time)
 
 
 def test_different_transaction_or_secret_gives_different_noise():

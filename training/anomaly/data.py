@@ -40,7 +40,7 @@ from feature_store.egograph import active_cardholders, iter_snapshot_pairs
 from feature_store.privacy import PrivateFeaturizer, mu_gdp
 from training.anomaly.config import AnomalyConfig
 from training.anomaly.negatives import FeaturePool, NegativeSampler
-from training.data.layout import TRANSACTIONS_FILE, bank_dir, list_banks, read_bank
+from training.data.layout import TRANSACTIONS_FILE, bank_dir, list_banks, read_bank, split_of
 
 __all__ = ["BankData", "BankPrivacy", "PairSet", "check_dataset", "load_bank_data"]
 
@@ -133,9 +133,14 @@ def check_dataset(data_dir: Path, min_transactions_per_month: float = 0.0) -> li
             raise UserError(f"bank {bank} ({path}) has no transactions")
         frame = read_bank(data_dir, bank, columns=["cardholder_id", "timestamp"])
         active = active_cardholders(frame, min_transactions_per_month)
-        counts = frame["cardholder_id"].value_counts()
-        if not (counts.reindex(active).fillna(0) >= 2).any():
-            raise UserError(f"bank {bank} ({path}) has no cardholder active enough to form a transition")
+        counts = frame["cardholder_id"].value_counts().reindex(active).fillna(0)
+        splits = {split_of(str(c)) for c in counts.index[counts >= 2]}
+        for split in ("train", "test"):
+            if split not in splits:
+                raise UserError(
+                    f"bank {bank} ({path}) has no active {split} cardholder with a transition "
+                    f"({len(active)} active cardholders; the split is 75/25 by cardholder)"
+                )
     return banks
 
 

@@ -46,6 +46,7 @@ __all__ = [
     "reference_bpe",
     "train_in_process",
     "words_to_bytes",
+    "pair_code",
 ]
 
 log = logging.getLogger(__name__)
@@ -79,20 +80,55 @@ class ReleaseParams:
             raise ValueError(f"epsilon must be > 0 or None, got {self.epsilon}")
 
 
+_SHIFT = 32  # a pair (a, b) is packed as the int64 code a << 32 | b
+_LOW = (1 << _SHIFT) - 1
+
+
+def pair_code(left: int, right: int) -> int:
+    """One int per pair, so counts live in int-keyed dicts and travel as one int64 array."""
+    return left << _SHIFT | right
+
+
 @dataclass
 class Release:
-    """What one client sends in one phase: keys and noisy counts (``nvl``: no vocabulary left)."""
+    """What one client sends in one phase: token ids (``right`` only for pairs) and noisy counts.
 
-    keys: list[Key]
-    values: list[float]
+    Arrays, not Python lists: they are what travels (an ``ArrayRecord``) and what the server sums with numpy.
+    ``nvl``: no vocabulary left.
+    """
+
+    left: np.ndarray
+    values: np.ndarray
+    right: np.ndarray | None = None
     nvl: bool = False
 
     def __post_init__(self) -> None:
-        if len(self.keys) != len(self.values):
+        self.left = np.asarray(self.left, dtype=np.int64)
+        self.values = np.asarray(self.values, dtype=np.float64)
+        if self.right is not None:
+            self.right = np.asarray(self.right, dtype=np.int64)
+        if len(self.left) != len(self.values) or (self.right is not None and len(self.right) != len(self.left)):
             raise ValueError("keys and values differ in length")
 
+    @classmethod
+    def nothing(cls, nvl: bool = True) -> Release:
+        """An empty release (a client with no data, or nothing that passed the filter)."""
+        return cls(np.zeros(0, np.int64), np.zeros(0, np.float64), None, nvl)
+
+    @property
+    def codes(self) -> np.ndarray:
+        """Single ids, or pairs packed by :func:`pair_code`."""
+        return self.left if self.right is None else (self.left << _SHIFT) | self.right
+
+    @property
+    def keys(self) -> list[Key]:
+        """Keys as Python values: ids, or ``(left, right)`` pairs (for the audit log and tests)."""
+        if self.right is None:
+            return [int(k) for k in self.left]
+        return list(zip(self.left.tolist(), self.right.tolist(), strict=True))
+
     def as_dict(self) -> dict[Key, float]:
-        return dict(zip(self.keys, self.values, strict=True))
+        return dict(zip(self.keys, self.values.tolist(), strict=True))
 
 
 def words_to_bytes(word_counts: Mapping[str, int]) -> dict[bytes, int]:
@@ -141,8 +177,8 @@ class ClientState:
         self.freqs = np.array([c for _, c in items], dtype=np.int64)
         self.applied = 0  # number of global merges applied so far
         self.unigrams: Counter[int] = Counter()
-        self.pairs: Counter[Pair] = Counter()
-        self.where: dict[Pair, set[int]] = defaultdict(set)
+        self.pairs: Counter[int] = Counter()  # keyed by pair_code
+        self.where: dict[int, set[int]] = defaultdict(set)
         for i, word in enumerate(self.words):
             self._add(i, word, int(self.freqs[i]))
 
@@ -153,15 +189,16 @@ class ClientState:
     def _add(self, i: int, word: list[int], f: int, sign: int = 1) -> None:
         for t in word:
             self.unigrams[t] += sign * f
-        for pair in zip(word, word[1:], strict=False):
-            self.pairs[pair] += sign * f
+        for a, b in zip(word, word[1:], strict=False):
+            code = a << _SHIFT | b
+            self.pairs[code] += sign * f
             if sign > 0:
-                self.where[pair].add(i)
+                self.where[code].add(i)
 
     def apply(self, merges: Sequence[Merge]) -> None:
         """ClientUpdateDataset: replace each ``left right`` by ``new_id`` in every word, in merge order."""
         for m in merges:
-            pair = (m.left, m.right)
+            pair = pair_code(m.left, m.right)
             for i in list(self.where.get(pair, ())):
                 word = self.words[i]
                 f = int(self.freqs[i])
@@ -182,18 +219,18 @@ class ClientState:
             for k in [k for k, v in c.items() if v <= 0]:
                 del c[k]
 
-    def _subsampled(self, rng: np.random.Generator, p: float) -> tuple[Counter[int], Counter[Pair]]:
+    def _subsampled(self, rng: np.random.Generator, p: float) -> tuple[Counter[int], Counter[int]]:
         """Counts over a fresh Binomial(f, p) sample of the word occurrences (RandomSampler(D_i, p))."""
         kept = rng.binomial(self.freqs, p)
         uni: Counter[int] = Counter()
-        pairs: Counter[Pair] = Counter()
+        pairs: Counter[int] = Counter()
         for i in np.flatnonzero(kept):
             f = int(kept[i])
             word = self.words[i]
             for t in word:
                 uni[t] += f
-            for pair in zip(word, word[1:], strict=False):
-                pairs[pair] += f
+            for a, b in zip(word, word[1:], strict=False):
+                pairs[a << _SHIFT | b] += f
         return uni, pairs
 
     def release(
@@ -202,35 +239,45 @@ class ClientState:
     ) -> Release:
         """ClientSendTuples: subsample, count, add Laplace noise, sort, keep the top ``top_n``."""
         if self.empty:
-            return Release([], [], nvl=True)
+            return Release.nothing()
         if params.p < 1.0:
             uni, pairs = self._subsampled(rng, params.p)
         else:
             uni, pairs = self.unigrams, self.pairs
-        if phase == "single":
-            counts: Mapping[Key, int] = uni
-        else:
-            allowed = set(allowed_left or ())
-            counts = {k: v for k, v in pairs.items() if k[0] in allowed}
-        if not counts:
-            return Release([], [], nvl=True)
-        keys = list(counts)
-        values = np.fromiter((counts[k] for k in keys), dtype=np.float64, count=len(keys))
+        counts = uni if phase == "single" else pairs
+        keys = np.fromiter(counts.keys(), dtype=np.int64, count=len(counts))
+        values = np.fromiter(counts.values(), dtype=np.float64, count=len(counts))
+        if phase == "pair":
+            allowed = np.fromiter(() if allowed_left is None else allowed_left, dtype=np.int64)
+            mask = np.isin(keys >> _SHIFT, allowed)
+            keys, values = keys[mask], values[mask]
+        if not len(keys):
+            return Release.nothing()
         if params.epsilon is not None:
             values = values + rng.laplace(0.0, params.delta / params.epsilon, size=len(keys))
         order = np.argsort(-values, kind="stable")
         if params.top_n is not None:
             order = order[: params.top_n]
-        return Release([keys[i] for i in order], [float(values[i]) for i in order])
+        keys, values = keys[order], values[order]
+        if phase == "single":
+            return Release(keys, values)
+        return Release(keys >> _SHIFT, values, keys & _LOW)
 
 
 def aggregate(releases: Iterable[Release], theta: float) -> dict[Key, float]:
     """ServerAggregateTuples: sum the noisy counts per key and keep keys whose sum is > theta."""
-    total: dict[Key, float] = defaultdict(float)
-    for rel in releases:
-        for k, v in zip(rel.keys, rel.values, strict=True):
-            total[k] += v
-    return {k: v for k, v in total.items() if v > theta}
+    rels = [r for r in releases if len(r.left)]
+    if not rels:
+        return {}
+    codes = np.concatenate([r.codes for r in rels])
+    values = np.concatenate([r.values for r in rels])
+    uniq, inverse = np.unique(codes, return_inverse=True)
+    totals = np.bincount(inverse, weights=values, minlength=len(uniq))  # sums in arrival order, as a loop would
+    keep = totals > theta
+    kept_codes, kept_totals = uniq[keep].tolist(), totals[keep].tolist()
+    if rels[0].right is None:
+        return dict(zip(kept_codes, kept_totals, strict=True))
+    return {(c >> _SHIFT, c & _LOW): v for c, v in zip(kept_codes, kept_totals, strict=True)}
 
 
 def select_merges(
@@ -298,6 +345,7 @@ class FedBPEServer:
         theta: float,
         mode: Literal["single", "batched"] = "single",
         merges_per_round: int = 1,
+        merges_growth: float = 0.0,
         k_fraction: float = 1.0,
         release: ReleaseParams | None = None,
         seed: int = 0,
@@ -308,6 +356,7 @@ class FedBPEServer:
         self.theta = theta
         self.mode = mode
         self.merges_per_round = merges_per_round if mode == "batched" else 1
+        self.merges_growth = merges_growth if mode == "batched" else 0.0
         self.k_fraction = k_fraction
         self.release = release or ReleaseParams()
         self.vocab = Vocabulary()
@@ -320,6 +369,15 @@ class FedBPEServer:
     @property
     def done(self) -> bool:
         return len(self.vocab) >= self.target_tokens or bool(self.stop_reason)
+
+    @property
+    def round_limit(self) -> int:
+        """Merges allowed this round: ``merges_per_round``, or ``merges_growth × |vocab|`` once that is larger.
+
+        Later merges have smaller and flatter counts, so letting the batch grow with the vocabulary costs little
+        quality while the number of rounds grows with log(vocab) instead of linearly.
+        """
+        return max(self.merges_per_round, int(self.merges_growth * len(self.vocab)))
 
     def sample(self, clients: Sequence[str]) -> list[str]:
         picked = sample_clients(clients, self.k_fraction, self.rng)
@@ -336,7 +394,7 @@ class FedBPEServer:
         rels = list(releases)
         totals = aggregate(rels, self.theta)
         budget = self.target_tokens - len(self.vocab)
-        pairs = select_merges(totals, self.vocab, min(self.merges_per_round, budget), self.mode)  # type: ignore[arg-type]
+        pairs = select_merges(totals, self.vocab, min(self.round_limit, budget), self.mode)  # type: ignore[arg-type]
         self.rounds += 1
         if not pairs:
             self.stop_reason = "no vocabulary left"

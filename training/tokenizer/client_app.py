@@ -1,7 +1,9 @@
 """FedByteBPE ClientApp: answers the server's single-token and pair queries (ClientSendTuples).
 
 Only counts leave the client: token ids (of merges the server broadcast) with
-Laplace-noised frequencies, never words or text.
+Laplace-noised frequencies, never words or text. They travel as int/float
+arrays in an ``ArrayRecord`` (compact, and no per-element validation as in a
+``ConfigRecord`` list).
 """
 
 from __future__ import annotations
@@ -9,7 +11,7 @@ from __future__ import annotations
 import logging
 
 import numpy as np
-from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from training.tokenizer.bpe import Merge, ReleaseParams
@@ -27,16 +29,16 @@ def query(msg: Message, context: Context) -> Message:
     """Apply the broadcast merges, then release noisy counts for the requested phase."""
     cfg = msg.content["config"]
     partition = int(context.node_config.get("partition-id", 0))
-    state, report = client_state(str(cfg["corpus-path"]), partition, bool(cfg.get("ner", False)))
+    state, report = client_state(str(cfg["corpus-path"]), partition, bool(cfg.get("ner", False)), context.state)
     base = int(cfg["merge-base"])
     reply = ConfigRecord({"applied": state.applied})
     if state.applied < base:  # this process never saw earlier merges: ask the server to re-send them
         reply["resync"] = True
         return Message(RecordDict({"release": reply}), reply_to=msg)
-    if "merge-left" in cfg:
-        lefts, rights, news = cfg["merge-left"], cfg["merge-right"], cfg["merge-new"]
-        merges = [Merge(int(a), int(b), int(c)) for a, b, c in zip(lefts, rights, news, strict=True)]
-        state.apply(merges[state.applied - base :])
+    sent = msg.content["broadcast"] if "broadcast" in msg.content else ArrayRecord()
+    if "merges" in sent:
+        rows = sent["merges"].numpy().tolist()  # (n, 3): left, right, new id
+        state.apply([Merge(a, b, c) for a, b, c in rows[state.applied - base :]])
     eps = float(cfg["epsilon"])
     params = ReleaseParams(
         p=float(cfg["p"]),
@@ -45,16 +47,15 @@ def query(msg: Message, context: Context) -> Message:
         top_n=int(cfg["top-n"]) or None,
     )
     rng = np.random.default_rng([int(cfg["seed"]), partition, int(cfg["round"]), 0 if cfg["phase"] == "single" else 1])
-    allowed = [int(x) for x in cfg["allowed"]] if "allowed" in cfg else []
+    allowed = sent["allowed"].numpy() if "allowed" in sent else np.zeros(0, np.int64)
     rel = state.release(str(cfg["phase"]), params, rng, allowed)  # type: ignore[arg-type]
     reply["applied"] = state.applied
     reply["nvl"] = rel.nvl
-    if rel.keys:
-        if cfg["phase"] == "single":
-            reply["keys-left"] = [int(k) for k in rel.keys]  # type: ignore[arg-type]
-        else:
-            reply["keys-left"] = [int(k[0]) for k in rel.keys]  # type: ignore[index]
-            reply["keys-right"] = [int(k[1]) for k in rel.keys]  # type: ignore[index]
-        reply["values"] = [float(v) for v in rel.values]
-    metrics = MetricRecord({"kept-docs": report.kept, "skipped-docs": sum(report.skipped.values())})
-    return Message(RecordDict({"release": reply, "metrics": metrics}), reply_to=msg)
+    content = RecordDict({"release": reply})
+    if len(rel.left):
+        counts = {"left": Array(rel.left), "values": Array(rel.values)}
+        if rel.right is not None:
+            counts["right"] = Array(rel.right)
+        content["counts"] = ArrayRecord(counts)
+    content["metrics"] = MetricRecord({"kept-docs": report.kept, "skipped-docs": sum(report.skipped.values())})
+    return Message(content, reply_to=msg)

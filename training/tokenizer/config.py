@@ -22,6 +22,11 @@ class TokenizerConfig(BaseModel):
         "batched", description="single: the paper's one merge per round; batched: several non-conflicting merges"
     )
     merges_per_round: int = Field(128, ge=1, description="upper bound on merges per round in batched mode")
+    merges_growth: float = Field(
+        0.0, ge=0.0, le=0.25,
+        description="batched mode: allow up to merges_growth × current vocabulary merges per round when that "
+        "exceeds merges_per_round (0: fixed batch)",
+    )
     theta: float = Field(8.0, ge=0.0, description="server threshold: keep keys whose aggregated count is > theta")
     epsilon: float | None = Field(1.0, gt=0.0, description="Laplace budget per release; None switches noise off")
     delta: float = Field(1.0, gt=0.0, description="sensitivity of a count (Laplace scale is delta/epsilon)")

@@ -13,7 +13,7 @@ import logging
 import random
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from fedfraud.errors import UserError
@@ -190,6 +190,14 @@ PII_SENTENCES = {
 }  # fmt: skip
 
 
+# Faker locales whose lorem word lists give the corpus vocabulary variety (about 20k distinct words in many
+# scripts, where English lorem alone has ~1k); each institution's customers also write in one or two of them.
+LANGUAGES = (
+    "de_DE", "fr_FR", "es_ES", "it_IT", "nl_NL", "pl_PL", "cs_CZ", "da_DK", "ru_RU", "uk_UA", "el_GR", "ar_AA",
+    "fa_IR", "he_IL", "hy_AM", "th_TH", "zh_CN", "ja_JP", "fil_PH", "bn_BD",
+)  # fmt: skip
+
+
 @dataclass(frozen=True)
 class _Style:
     """Writing habits of one institution's customers."""
@@ -200,16 +208,18 @@ class _Style:
     abbrev: float
     filler: float
     sentences: tuple[int, int]
+    languages: tuple[str, ...] = ()
+    foreign: float = 0.0  # share of filler sentences written in one of ``languages``
 
 
 _ABBREV = {"account": "acct", "because": "bc", "without": "w/o", "number": "no.", "please": "pls", "you": "u"}
 
 
-def _style(rng: random.Random) -> _Style:
+def _style(rng: random.Random, multilingual: bool) -> _Style:
     names = list(PRODUCTS)
     weights = [rng.random() ** 2 for _ in names]
     products = rng.choices(names, weights=weights, k=3)
-    return _Style(
+    style = _Style(
         products=products,
         formal=rng.random(),
         caps=rng.random() * 0.15,
@@ -217,6 +227,10 @@ def _style(rng: random.Random) -> _Style:
         filler=0.2 + rng.random() * 0.6,
         sentences=(rng.randint(3, 6), rng.randint(7, 14)),
     )
+    if not multilingual:  # drawn after the fields above so the English-only corpus of a seed is unchanged
+        return style
+    languages = tuple(rng.sample(LANGUAGES, rng.randint(1, 3)))
+    return replace(style, languages=languages, foreign=0.3 + rng.random() * 0.5)
 
 
 def _pii_value(label: str, fake, rng: random.Random) -> str:  # noqa: ANN001 - Faker instance
@@ -263,13 +277,18 @@ def _mutate(sentence: str, style: _Style, rng: random.Random) -> str:
 
 
 def generate_corpus(
-    clients: int = 30, docs_per_client: int = 150, *, pii_rate: float = 0.6, seed: int = 7
+    clients: int = 30, docs_per_client: int = 150, *, pii_rate: float = 0.6, seed: int = 7,
+    multilingual: bool = False,
 ) -> list[Document]:
     """Seeded complaint-style corpus: each institution has its own product mix and writing habits.
 
     About ``pii_rate`` of the documents carry one to three seeded PII values
     (names, emails, phones, IBAN/BIC, contract and card numbers, SSNs,
     addresses, zip codes) whose exact spans are returned with the text.
+    ``multilingual``: each institution's customers also write part of their
+    filler sentences in one to three other languages (:data:`LANGUAGES`), so
+    the vocabulary is large enough for BPE vocabularies of tens of thousands
+    (English templates + English lorem saturate below 8k tokens).
     """
     try:
         from faker import Faker
@@ -282,17 +301,23 @@ def generate_corpus(
     rng = random.Random(seed)
     fake = Faker("en_US")
     fake.seed_instance(seed)
+    foreign = None  # a separate generator, so every other value (PII included) stays en_US
+    if multilingual:
+        foreign = Faker(list(LANGUAGES))
+        foreign.seed_instance(seed)
     docs: list[Document] = []
     for name in names:
-        style = _style(rng)
+        style = _style(rng, multilingual)
         n_docs = max(1, int(docs_per_client * rng.uniform(0.5, 1.5)))
         for _ in range(n_docs):
-            docs.append(_document(name, style, fake, rng, pii_rate))
+            docs.append(_document(name, style, fake, rng, pii_rate, foreign))
     log.info("generated corpus clients=%d docs=%d seed=%d", len(names), len(docs), seed)
     return docs
 
 
-def _document(client: str, style: _Style, fake, rng: random.Random, pii_rate: float) -> Document:  # noqa: ANN001
+def _document(  # noqa: ANN001 - Faker instances
+    client: str, style: _Style, fake, rng: random.Random, pii_rate: float, foreign=None
+) -> Document:
     product = PRODUCTS[rng.choice(style.products)]
     slots = {
         "company": client,
@@ -304,7 +329,10 @@ def _document(client: str, style: _Style, fake, rng: random.Random, pii_rate: fl
     for _ in range(n_sent):
         r = rng.random()
         if r < style.filler * 0.5:
-            parts.append((fake.sentence(nb_words=rng.randint(6, 14)), None))
+            writer = fake
+            if foreign is not None and rng.random() < style.foreign:
+                writer = foreign[rng.choice(style.languages)]
+            parts.append((writer.sentence(nb_words=rng.randint(6, 14)), None))
         elif r < style.filler * 0.6:
             parts.append((f"The {fake.job().lower()} told me to {fake.bs()}.", None))
         else:

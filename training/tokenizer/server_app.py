@@ -16,7 +16,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from flwr.app import ConfigRecord, Context, Message, RecordDict
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from flwr.serverapp import Grid, ServerApp
 
 from training.tokenizer.bpe import FedBPEServer, Release, ReleaseParams
@@ -36,6 +37,7 @@ DEFAULTS: dict[str, Any] = {
     "top-n": 0,  # 0: send all keys
     "mode": "batched",
     "merges-per-round": 128,
+    "merges-growth": 0.0,
     "max-rounds": 100_000,
     "seed": 7,
     "ner": False,
@@ -63,28 +65,33 @@ class _Audit:
             else [tokens[k[0]].decode("utf-8", "backslashreplace"), tokens[k[1]].decode("utf-8", "backslashreplace")]
             for k in rel.keys
         ]
-        self.fh.write(json.dumps({"node": node, "phase": phase, "keys": keys, "values": rel.values}) + "\n")
+        self.fh.write(json.dumps({"node": node, "phase": phase, "keys": keys, "values": rel.values.tolist()}) + "\n")
 
     def close(self) -> None:
         if self.fh is not None:
             self.fh.close()
 
 
-def _release_of(content: RecordDict, phase: str) -> Release:
-    rec = content["release"]
-    if "keys-left" not in rec:
-        return Release([], [], nvl=bool(rec.get("nvl", False)))
-    lefts = [int(x) for x in rec["keys-left"]]
-    keys: list = lefts if phase == "single" else list(zip(lefts, [int(x) for x in rec["keys-right"]], strict=True))
-    return Release(keys, [float(v) for v in rec["values"]], nvl=bool(rec.get("nvl", False)))
+def _release_of(content: RecordDict) -> Release:
+    nvl = bool(content["release"].get("nvl", False))
+    if "counts" not in content:
+        return Release.nothing(nvl)
+    arrays = content["counts"]
+    right = arrays["right"].numpy() if "right" in arrays else None
+    return Release(arrays["left"].numpy(), arrays["values"].numpy(), right, nvl)
 
 
 def _exchange(
     grid: Grid, server: FedBPEServer, nodes: list[int], phase: str, settings: dict[str, Any],
     known: dict[int, int], allowed: list[int], audit: _Audit,
 ) -> list[Release]:
-    """One phase round trip; a node whose process lost its state gets the missing merges in a second trip."""
+    """One phase round trip; a node whose process lost its state gets the missing merges in a second trip.
+
+    Merges and the allowed left ids go in an ``ArrayRecord`` (int64 arrays); each node gets only the merges
+    after the last one it confirmed.
+    """
     releases: list[Release] = []
+    allowed_arr = Array(np.asarray(allowed, dtype=np.int64)) if phase == "pair" and allowed else None
     todo = list(nodes)
     for _attempt in range(3):
         if not todo:
@@ -106,14 +113,14 @@ def _exchange(
                     "ner": bool(settings["ner"]),
                 }
             )
+            broadcast = ArrayRecord()
             delta = server.vocab.merges[base:]
             if delta:
-                cfg["merge-left"] = [m.left for m in delta]
-                cfg["merge-right"] = [m.right for m in delta]
-                cfg["merge-new"] = [m.new_id for m in delta]
-            if phase == "pair" and allowed:
-                cfg["allowed"] = allowed
-            messages.append(Message(RecordDict({"config": cfg}), dst_node_id=node, message_type="query"))
+                broadcast["merges"] = Array(np.array([(m.left, m.right, m.new_id) for m in delta], dtype=np.int64))
+            if allowed_arr is not None:
+                broadcast["allowed"] = allowed_arr
+            content = RecordDict({"config": cfg, "broadcast": broadcast})
+            messages.append(Message(content, dst_node_id=node, message_type="query"))
         todo = []
         for reply in grid.send_and_receive(messages):
             node = reply.metadata.src_node_id
@@ -125,7 +132,7 @@ def _exchange(
             if rec.get("resync", False):
                 todo.append(node)
                 continue
-            rel = _release_of(reply.content, phase)
+            rel = _release_of(reply.content)
             audit.record(node, phase, rel)
             releases.append(rel)
     return releases
@@ -148,6 +155,7 @@ def run_fedbpe(grid: Grid, settings: dict[str, Any]) -> dict[str, Any]:
         theta=float(settings["theta"]),
         mode=str(settings["mode"]),  # type: ignore[arg-type]
         merges_per_round=int(settings["merges-per-round"]),
+        merges_growth=float(settings["merges-growth"]),
         k_fraction=float(settings["k-fraction"]),
         release=ReleaseParams(
             p=float(settings["p"]), epsilon=eps if eps > 0 else None, delta=float(settings["delta"]),
