@@ -4,10 +4,11 @@
 ``docs/benchmarks.md``:
 
 * training time: FedByteBPE as a Flower app on the Ray simulation backend
-  (batched merges) vs HF ``BpeTrainer`` on the pooled text, at vocab 8,000 and
-  50,257. One Flower run aims at 50,257; the 8k time is read from its per-round
-  history (the 8k tokenizer is the prefix of its merges). If the vocabulary runs
-  out first, the size reached is reported;
+  (batched merges) vs HF ``BpeTrainer`` on the pooled text, at vocab 8,000,
+  16,000 and 50,257. One Flower run aims at 50,257; smaller sizes are read from
+  its per-round history (a smaller tokenizer is a prefix of its merges). If the
+  vocabulary runs out first, the size reached is reported and BpeTrainer is
+  timed at that same size; the federated seconds per 1k merges give the trend;
 * quality: psi and Pi (vocabulary and document level, mean ± std over clients)
   for federated, centralized, local (each client alone) and a public tokenizer;
 * batched vs one-merge-per-round quality, both with the in-process driver (the
@@ -33,6 +34,19 @@ __all__ = ["TokenizerBench", "run_tokenizer_bench"]
 log = logging.getLogger(__name__)
 
 PAPER_VOCAB = 50_257
+MODE_DOCS = 150
+
+
+def _trend(history: list[tuple[int, float]], first_round: float) -> str:
+    """Seconds per 1k merges of the federated loop (after the first round), overall and over its last half."""
+    if len(history) < 3:
+        return "too few rounds to extrapolate"
+    (v0, t0), (v1, t1) = history[0], history[-1]
+    mid_v, mid_t = history[len(history) // 2]
+    overall = (t1 - t0) / max(1, v1 - v0) * 1000
+    late = (t1 - mid_t) / max(1, v1 - mid_v) * 1000
+    return (f"{overall:.1f} s per 1k merges after the first round ({first_round:.1f} s), {late:.1f} s per 1k over "
+            f"the last half of the rounds (vocab {mid_v:,} → {v1:,})")
 
 
 @dataclass
@@ -54,11 +68,11 @@ class TokenizerBench:
         lines = [
             "### Tokenizer (FedByteBPE)",
             "",
-            f"Corpus: generated, {c['clients']} institutions, {c['docs']:,} complaints, {c['mb']:.1f} MB, seed "
-            f"{c['seed']}; PII wiped with the rule-based recognizers. Config: {c['config']}.",
+            f"Corpus: generated ({c['kind']}), {c['clients']} institutions, {c['docs']:,} complaints, {c['mb']:.1f} MB,"
+            f" seed {c['seed']}; PII wiped with the rule-based recognizers. Config: {c['config']}.",
             "",
             "| target vocab | federated reached | federated wall (s) | federated rounds-only (s) | rounds |"
-            " centralized BpeTrainer (s) | ratio wall | ratio rounds-only |",
+            " centralized BpeTrainer at that size (s) | ratio wall | ratio rounds-only |",
             "|---:|---:|---:|---:|---:|---:|---:|---:|",
         ]
         for t in self.timing:
@@ -66,6 +80,7 @@ class TokenizerBench:
                 f"| {t['target']:,} | {t['reached']:,} | {t['fed_wall']:.1f} | {t['fed_rounds']:.1f} | {t['rounds']} |"
                 f" {t['central']:.2f} | {t['ratio_wall']:.1f}× | {t['ratio_rounds']:.1f}× |"
             )
+        lines += ["", f"Federated trend: {self.corpus['trend']}."]
         lines += ["", "Quality per client (mean ± std over clients, lower is better):", "", self.table, ""]
         lines += ["One merge per round vs batched (in-process driver, same core):", "", self.modes, ""]
         s = self.service
@@ -159,9 +174,9 @@ def run_tokenizer_bench(cfg: TokenizerConfig, *, quick: bool = False) -> Tokeniz
     from training.tokenizer.trainer import train_federated_flower, train_federated_inprocess
 
     clients_n = 6 if quick else cfg.clients
-    docs_n = 30 if quick else cfg.docs_per_client
-    targets = [2_000, 4_000] if quick else [cfg.vocab_size, PAPER_VOCAB]
-    docs = generate_corpus(clients_n, docs_n, pii_rate=cfg.pii_rate, seed=cfg.seed)
+    docs_n = 30 if quick else cfg.bench_docs_per_client
+    targets = [2_000, 4_000] if quick else sorted({cfg.vocab_size, 2 * cfg.vocab_size, PAPER_VOCAB})
+    docs = generate_corpus(clients_n, docs_n, pii_rate=cfg.pii_rate, seed=cfg.seed, multilingual=True)
     raw = group_by_client(docs)
     pipe = CorpusPipeline()
     masked = {c: pipe.masked_texts(t) for c, t in raw.items()}
@@ -169,8 +184,9 @@ def run_tokenizer_bench(cfg: TokenizerConfig, *, quick: bool = False) -> Tokeniz
     notes: list[str] = []
     corpus = {
         "clients": len(raw), "docs": len(docs), "mb": sum(len(t.encode()) for t in pooled) / 1e6, "seed": cfg.seed,
-        "config": f"mode={cfg.mode}, merges/round={cfg.merges_per_round}, θ={cfg.theta}, ε={cfg.epsilon}, "
-        f"δ={cfg.delta}, p={cfg.p}, K={cfg.k_fraction}",
+        "kind": "multilingual", "config": f"mode={cfg.mode}, merges/round={cfg.merges_per_round}, "
+        f"growth={cfg.merges_growth}, top_n={cfg.top_n}, θ={cfg.theta}, ε={cfg.epsilon}, δ={cfg.delta}, p={cfg.p}, "
+        f"K={cfg.k_fraction}",
     }
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -195,7 +211,7 @@ def run_tokenizer_bench(cfg: TokenizerConfig, *, quick: bool = False) -> Tokeniz
             merges = run.merges[: target - 256 - len(cfg.special_tokens)]
         fed_tok = build_tokenizer(merges, cfg.special_tokens)
         fed_tokens[target] = fed_tok
-        t_central, _ = _central_time(pooled, target, list(cfg.special_tokens))
+        t_central, _ = _central_time(pooled, fed_tok.get_vocab_size(), list(cfg.special_tokens))
         startup = run.wall_seconds - run.train_seconds
         timing.append({
             "target": target, "reached": fed_tok.get_vocab_size(), "fed_wall": startup + t_fed,
@@ -203,13 +219,14 @@ def run_tokenizer_bench(cfg: TokenizerConfig, *, quick: bool = False) -> Tokeniz
             "central": t_central, "ratio_wall": (startup + t_fed) / t_central,
             "ratio_rounds": (t_fed - first_round) / t_central,
         })
+    corpus["trend"] = _trend(run.history, first_round)
     notes.append(
         f"'wall' includes Ray/Flower start-up ({run.wall_seconds - run.train_seconds:.1f} s) and the first round "
         f"({first_round:.1f} s: clients load, wipe PII and count); 'rounds-only' is the merge loop after that."
     )
 
-    size = targets[0]
-    fed = fed_tokens[size]
+    fed = fed_tokens[targets[0]]
+    size = fed.get_vocab_size()  # every baseline at the size the federated run reached
     _, central = _central_time(pooled, size, list(cfg.special_tokens))
     locals_ = {c: _central_time(t, size, list(cfg.special_tokens))[1] for c, t in masked.items()}
     names = list(masked)
@@ -228,9 +245,9 @@ def run_tokenizer_bench(cfg: TokenizerConfig, *, quick: bool = False) -> Tokeniz
     rows = compare(masked, rows_in)
     row_means = {r.name: {k: v[0] for k, v in r.mean().items()} for r in rows}
 
-    # single vs batched at a vocabulary small enough for one merge per round, same corpus subset
-    sub_clients = dict(list(raw.items())[: min(10, len(raw))])
-    sub_masked = {c: masked[c] for c in sub_clients}
+    # single vs batched at a vocabulary small enough for one merge per round: 10 institutions, their first
+    # MODE_DOCS documents (one merge per round in-process costs a full pass per merge)
+    sub_masked = {c: masked[c][:MODE_DOCS] for c in list(raw)[: min(10, len(raw))]}
     mode_vocab = 1_000 if quick else 2_000
     mode_runs = {}
     for mode in ("single", "batched"):

@@ -91,19 +91,24 @@ def serving(
 @bench_app.command("anomaly")
 def anomaly(
     ctx: typer.Context,
-    quick: Annotated[bool, typer.Option("--quick", help="2 poolings, 200 cardholders, 2 rounds (~10 min on 2 cores)")] = False,
+    quick: Annotated[bool, typer.Option("--quick", help="2 poolings, 200 cardholders, 2 rounds")] = False,
     data: Annotated[Path | None, typer.Option("--data", help="dataset dir (default: generate one)")] = None,
-    eval_data: Annotated[Path | None, typer.Option("--eval-data", help="Sparkov CSV to score against its labels")] = None,
-    work: Annotated[Path, typer.Option("--work", help="where runs, registries and data go")] = Path("out/bench-anomaly"),
+    eval_data: Annotated[Path | None, typer.Option("--eval-data", help="Sparkov CSV scored against its labels")] = None,
+    work: Annotated[Path, typer.Option("--work", help="runs, registries and data go here")] = Path("out/bench-anomaly"),
     pooling: Annotated[list[str] | None, typer.Option("--pooling", help="restrict the table to these poolings")] = None,
     rounds: Annotated[int | None, typer.Option("--rounds", min=1, help="rounds per run (default 5; quick 2)")] = None,
+    cardholders: Annotated[int | None, typer.Option("--cardholders", min=20, help="generated table data size")] = None,
+    local_epochs: Annotated[int | None, typer.Option("--local-epochs", min=1, help="table runs' local epochs")] = None,
+    demo: Annotated[bool, typer.Option("--demo/--no-demo", help="time the 5x5 demo-sized federation")] = True,
     out: OutOption = None,
 ) -> None:
     """Federated anomaly GNN: Table 4.1 / Fig 4.3 equivalents, real-label AUCs, round and demo timing."""
     from fedfraud.bench.anomaly import run_anomaly_bench
 
     config_of(ctx)
-    result = run_anomaly_bench(work, quick=quick, data=data, eval_data=eval_data, poolings=pooling, rounds=rounds)
+    overrides = {"local-epochs": local_epochs} if local_epochs else {}
+    result = run_anomaly_bench(work, quick=quick, data=data, eval_data=eval_data, poolings=pooling, rounds=rounds,
+                               demo=demo, cardholders=cardholders, overrides=overrides)
     emit(result.to_markdown(), out)
 
 

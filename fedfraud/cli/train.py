@@ -16,26 +16,33 @@ from fedfraud.config import update_section
 
 __all__ = ["register", "train_app"]
 
-train_app = typer.Typer(name="train", help="Train models (federated on Flower/Ray, or centralized).",
-                        no_args_is_help=True)
+train_app = typer.Typer(
+    name="train", help="Train models (federated on Flower/Ray, or centralized).", no_args_is_help=True
+)
 
 
 @train_app.command("anomaly")
 def anomaly(
     ctx: typer.Context,
     data: Annotated[Path, typer.Option("--data", help="dataset directory with bank_<k>/transactions.parquet")],
-    out: Annotated[Path, typer.Option("--out", help="artifacts dir: registry root; checkpoints under checkpoints/")] = Path(
-        "artifacts"
-    ),
-    pooling: Annotated[str | None, typer.Option("--pooling", help="topk, sag, asap, diffpool, {kmeans,agglo,spectral}-{max,avg}")] = None,
+    out: Annotated[
+        Path, typer.Option("--out", help="artifacts dir: registry root; checkpoints under checkpoints/")
+    ] = Path("artifacts"),
+    pooling: Annotated[
+        str | None, typer.Option("--pooling", help="topk, sag, asap, diffpool, {kmeans,agglo,spectral}-{max,avg}")
+    ] = None,
     rounds: Annotated[int | None, typer.Option("--rounds", min=1, help="federated rounds")] = None,
     local_epochs: Annotated[int | None, typer.Option("--local-epochs", min=1, help="local epochs per round")] = None,
     samples_per_epoch: Annotated[
         int | None, typer.Option("--samples-per-epoch", min=1, help="real pairs per local epoch (CPU budget knob)")
     ] = None,
     proximal_mu: Annotated[float | None, typer.Option("--proximal-mu", min=0.0, help="FedProx μ")] = None,
-    epsilon_max: Annotated[float | None, typer.Option("--epsilon-max", help="ε_max of the cardholders' U(ε_min, ε_max)")] = None,
-    centralized: Annotated[bool, typer.Option("--centralized", help="train on all banks in one process (upper bound)")] = False,
+    epsilon_max: Annotated[
+        float | None, typer.Option("--epsilon-max", help="ε_max of the cardholders' U(ε_min, ε_max)")
+    ] = None,
+    centralized: Annotated[
+        bool, typer.Option("--centralized", help="train on all banks in one process (upper bound)")
+    ] = False,
     resume: Annotated[bool, typer.Option("--resume", help="continue from the last checkpoint under --out")] = False,
     banks_cpus: Annotated[float | None, typer.Option("--banks-cpus", help="CPUs Ray reserves per bank client")] = None,
     banks_gpus: Annotated[float | None, typer.Option("--banks-gpus", help="GPUs per bank client (-1: auto)")] = None,
@@ -46,13 +53,29 @@ def anomaly(
 
     cfg = config_of(ctx)
     existing_dir(data, "data directory")
-    cfg = update_section(cfg, "anomaly", pooling=pooling, local_epochs=local_epochs,
-                         samples_per_epoch=samples_per_epoch)
-    cfg = update_section(cfg, "federated", rounds=rounds, proximal_mu=proximal_mu, client_cpus=banks_cpus,
-                         client_gpus=banks_gpus, ray_cpus=ray_cpus)
+    cfg = update_section(
+        cfg, "anomaly", pooling=pooling, local_epochs=local_epochs, samples_per_epoch=samples_per_epoch
+    )
+    cfg = update_section(
+        cfg,
+        "federated",
+        rounds=rounds,
+        proximal_mu=proximal_mu,
+        client_cpus=banks_cpus,
+        client_gpus=banks_gpus,
+        ray_cpus=ray_cpus,
+    )
     cfg = update_section(cfg, "privacy", epsilon_max=epsilon_max)
-    settings = RunSettings(anomaly=cfg.anomaly, federated=cfg.federated, privacy=cfg.privacy, encoder=cfg.encoder,
-                           egograph=cfg.egograph, data_dir=data, out_dir=out, resume=resume)
+    settings = RunSettings(
+        anomaly=cfg.anomaly,
+        federated=cfg.federated,
+        privacy=cfg.privacy,
+        encoder=cfg.encoder,
+        egograph=cfg.egograph,
+        data_dir=data,
+        out_dir=out,
+        resume=resume,
+    )
     if centralized:
         from training.federated.centralized import run_centralized
 
@@ -70,7 +93,6 @@ def anomaly(
     )
 
 
-
 @train_app.command("fraud")
 def fraud(
     ctx: typer.Context,
@@ -86,11 +108,19 @@ def fraud(
     """Train the XGBoost fraud model on fraud features + the federated anomaly score and publish it (kind fraud)."""
     from training.fraud.pipeline import train_and_publish
 
-    cfg = update_section(config_of(ctx), "fraud", variant=variant, federated_rounds=rounds,
-                         use_anomaly_score=False if no_anomaly_score else None)
+    cfg = update_section(
+        config_of(ctx),
+        "fraud",
+        variant=variant,
+        federated_rounds=rounds,
+        use_anomaly_score=False if no_anomaly_score else None,
+    )
     version, metrics = train_and_publish(cfg, data, out, bank=bank)
-    typer.echo(f"published {version.tag} variant={cfg.fraud.variant} anomaly_score={cfg.fraud.use_anomaly_score} "
-               + " ".join(f"{k}={v:.4f}" for k, v in metrics.items() if isinstance(v, float)))
+    typer.echo(
+        f"published {version.tag} variant={cfg.fraud.variant} anomaly_score={cfg.fraud.use_anomaly_score} "
+        + " ".join(f"{k}={v:.4f}" for k, v in metrics.items() if isinstance(v, float))
+    )
+
 
 def register(app: typer.Typer) -> None:
     """Attach the ``train`` group to the root CLI."""

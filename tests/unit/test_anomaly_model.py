@@ -21,15 +21,24 @@ from training.registry import ModelRegistry
 
 ENC = EncoderConfig(dim=32, merchant_buckets=512)
 EGO = EgoGraphConfig()
-CFG = AnomalyConfig(pooling="topk", hidden=32, disc_hidden=16, max_train_pairs=300, max_test_pairs=60,
-                    max_eval_normal=80, batch_size=32, samples_per_epoch=64)
+CFG = AnomalyConfig(
+    pooling="topk",
+    hidden=32,
+    disc_hidden=16,
+    max_train_pairs=300,
+    max_test_pairs=60,
+    max_eval_normal=80,
+    batch_size=32,
+    samples_per_epoch=64,
+)
 
 
 @pytest.fixture(scope="module")
 def bank(tmp_path_factory):
     root = tmp_path_factory.mktemp("anomaly-data")
-    generate_dataset(root, GeneratorConfig(banks=1, cardholders=24, days=21, fraud_rate=0.03, seed=11),
-                     raw_csv=False, progress=False)
+    generate_dataset(
+        root, GeneratorConfig(banks=1, cardholders=24, days=21, fraud_rate=0.03, seed=11), raw_csv=False, progress=False
+    )
     return root, load_bank_data(root, 0, CFG, ENC, PrivacyConfig(), EGO, cache_dir=root / "cache")
 
 
@@ -49,8 +58,9 @@ def test_training_lowers_the_loss_and_produces_metrics(bank):
     torch.manual_seed(0)
     model = AnomalyModel(CFG, ENC, EGO.max_nodes)
     sources = sources_of([data], CFG.perturb_min, CFG.perturb_max, EGO.max_nodes)
-    stats, _ = train_model(model, sources, epochs=8, samples_per_epoch=64, batch_size=32, lr=3e-3, seed=0,
-                           proximal_mu=0.01)
+    stats, _ = train_model(
+        model, sources, epochs=8, samples_per_epoch=64, batch_size=32, lr=3e-3, seed=0, proximal_mu=0.01
+    )
     assert stats.loss_last < stats.loss_first
     assert stats.steps == 16 and stats.examples == 8 * 64
     metrics = evaluate_task(model, data)
@@ -69,7 +79,7 @@ def test_fedprox_term_keeps_weights_closer(bank):
         model = AnomalyModel(CFG, ENC, EGO.max_nodes)
         start = [p.detach().clone() for p in model.parameters()]
         train_model(model, sources, epochs=2, samples_per_epoch=64, batch_size=32, lr=3e-3, seed=0, proximal_mu=mu)
-        dist[mu] = sum(float(((p.detach() - s) ** 2).sum()) for p, s in zip(model.parameters(), start))
+        dist[mu] = sum(float(((p.detach() - s) ** 2).sum()) for p, s in zip(model.parameters(), start, strict=True))
     assert dist[10.0] < dist[0.0]
 
 
@@ -78,9 +88,17 @@ def test_registry_round_trip_gives_identical_scores(bank, tmp_path):
     torch.manual_seed(1)
     model = AnomalyModel(CFG, ENC, EGO.max_nodes).eval()
     record = RoundRecord(1, 0.5, {0: evaluate_task(model, data)}, 1.0)
-    version = publish_run(ModelRegistry(tmp_path), model.state_dict(), mode="federated", anomaly_cfg=CFG,
-                          encoder_cfg=ENC, ego_cfg=EGO, config={"anomaly": CFG.model_dump()}, history=[record],
-                          privacy={0: data.privacy})
+    version = publish_run(
+        ModelRegistry(tmp_path),
+        model.state_dict(),
+        mode="federated",
+        anomaly_cfg=CFG,
+        encoder_cfg=ENC,
+        ego_cfg=EGO,
+        config={"anomaly": CFG.model_dump()},
+        history=[record],
+        privacy={0: data.privacy},
+    )
     assert version.tag == "anomaly:v1"
     assert version.privacy["mu_gdp_per_bank"]["0"] == pytest.approx(data.privacy.mu_gdp)
     assert "1 - f(q_prev, q_cur)" in version.model_card

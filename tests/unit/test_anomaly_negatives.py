@@ -10,9 +10,13 @@ from training.anomaly.negatives import CONFIGURATIONS, FeaturePool, NegativeSamp
 
 def _graph(n: int, e: int, seed: int) -> Data:
     g = torch.Generator().manual_seed(seed)
-    return Data(x=torch.rand(n, 8, generator=g) * 2 - 1, merchant=torch.randint(0, 50, (n,), generator=g),
-                edge_index=torch.randint(0, n, (2, e), generator=g), edge_attr=torch.rand(e, 8, generator=g) * 2 - 1,
-                num_nodes=n)
+    return Data(
+        x=torch.rand(n, 8, generator=g) * 2 - 1,
+        merchant=torch.randint(0, 50, (n,), generator=g),
+        edge_index=torch.randint(0, n, (2, e), generator=g),
+        edge_attr=torch.rand(e, 8, generator=g) * 2 - 1,
+        num_nodes=n,
+    )
 
 
 GRAPHS = [_graph(1, 0, 1), _graph(1, 2, 2), _graph(2, 1, 3), _graph(6, 0, 4), _graph(8, 12, 5), _graph(32, 60, 6)]
@@ -61,8 +65,10 @@ def test_negatives_are_seeded_and_uniform_over_configurations():
     a = sampler.sample(GRAPHS * 50, np.random.default_rng(3))
     b = sampler.sample(GRAPHS * 50, np.random.default_rng(3))
     assert [n.configuration for n in a] == [n.configuration for n in b]
-    assert all(torch.equal(x.graph.x, y.graph.x) and torch.equal(x.graph.edge_index, y.graph.edge_index)
-               for x, y in zip(a, b))
+    assert all(
+        torch.equal(x.graph.x, y.graph.x) and torch.equal(x.graph.edge_index, y.graph.edge_index)
+        for x, y in zip(a, b, strict=True)
+    )
     counts = {c: sum(n.configuration == c for n in a) for c in CONFIGURATIONS}
     assert all(70 <= v <= 130 for v in counts.values()), counts
 
@@ -82,7 +88,12 @@ def test_check_graph_rejects_bad_graphs():
     bad = Data(x=g.x, merchant=g.merchant, edge_index=torch.tensor([[0], [7]]), edge_attr=g.edge_attr[:1], num_nodes=3)
     with pytest.raises(ValueError):
         check_graph(bad)
-    nan = Data(x=g.x.clone().fill_(float("nan")), merchant=g.merchant, edge_index=g.edge_index, edge_attr=g.edge_attr,
-               num_nodes=3)
+    nan = Data(
+        x=g.x.clone().fill_(float("nan")),
+        merchant=g.merchant,
+        edge_index=g.edge_index,
+        edge_attr=g.edge_attr,
+        num_nodes=3,
+    )
     with pytest.raises(ValueError):
         check_graph(nan)

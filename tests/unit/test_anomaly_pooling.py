@@ -17,9 +17,15 @@ def _graphs(dim: int = 16) -> Batch:
     g = torch.Generator().manual_seed(0)
     out = []
     for n, e in ((1, 0), (2, 1), (5, 7), (9, 0), (12, 20)):
-        out.append(Data(x=torch.rand(n, dim, generator=g) * 2 - 1, merchant=torch.randint(0, 64, (n,), generator=g),
-                        edge_index=torch.randint(0, n, (2, e), generator=g),
-                        edge_attr=torch.rand(e, dim, generator=g) * 2 - 1, num_nodes=n))
+        out.append(
+            Data(
+                x=torch.rand(n, dim, generator=g) * 2 - 1,
+                merchant=torch.randint(0, 64, (n,), generator=g),
+                edge_index=torch.randint(0, n, (2, e), generator=g),
+                edge_attr=torch.rand(e, dim, generator=g) * 2 - 1,
+                num_nodes=n,
+            )
+        )
     return Batch.from_data_list(out)
 
 
@@ -65,8 +71,13 @@ def test_unknown_pooling_lists_valid_names():
 
 def test_pool_result_checks_shapes():
     with pytest.raises(ValueError):
-        PoolResult(torch.zeros(3, 4), torch.tensor([[0], [5]]), torch.ones(1), torch.zeros(3, dtype=torch.long),
-                   torch.zeros(()))
+        PoolResult(
+            torch.zeros(3, 4),
+            torch.tensor([[0], [5]]),
+            torch.ones(1),
+            torch.zeros(3, dtype=torch.long),
+            torch.zeros(()),
+        )
 
 
 def test_temporal_message_matches_formula():

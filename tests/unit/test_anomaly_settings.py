@@ -19,8 +19,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_pyproject_flower_app_config_matches_settings():
     flwr = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["flwr"]
-    assert flwr["app"]["components"] == {"serverapp": "training.federated.server_app:app",
-                                         "clientapp": "training.federated.client_app:app"}
+    assert flwr["app"]["components"] == {
+        "serverapp": "training.federated.server_app:app",
+        "clientapp": "training.federated.client_app:app",
+    }
     defaults = RunSettings.defaults()
     for key, value in flwr["app"]["config"].items():
         assert key in defaults, key
@@ -62,8 +64,9 @@ def _one_line_error(capsys, argv) -> str:
 
 
 def test_cli_unknown_pooling(capsys, tiny, tmp_path):
-    line = _one_line_error(capsys, ["train", "anomaly", "--data", str(tiny), "--pooling", "maxpool",
-                                    "--out", str(tmp_path)])
+    line = _one_line_error(
+        capsys, ["train", "anomaly", "--data", str(tiny), "--pooling", "maxpool", "--out", str(tmp_path)]
+    )
     assert "unknown pooling 'maxpool'" in line and "asap" in line
 
 

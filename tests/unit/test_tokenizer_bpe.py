@@ -16,7 +16,7 @@ from training.tokenizer.bpe import (
     words_to_bytes,
 )
 from training.tokenizer.config import TokenizerConfig
-from training.tokenizer.corpus import generate_corpus, group_by_client
+from training.tokenizer.corpus import generate_corpus, group_by_client, write_jsonl
 from training.tokenizer.pretokenize import CorpusPipeline, pretokenize
 
 TINY = {
@@ -79,6 +79,31 @@ def test_batched_merges_in_a_round_cannot_overlap():
         assert not (lefts & rights) - selfs
         assert h["merges"] <= 8
         start += h["merges"]
+
+
+def test_batch_grows_with_vocabulary_and_stays_conflict_free():
+    fixed = train_in_process(_states(TINY), FedBPEServer(256 + 30, theta=0, mode="batched", merges_per_round=2))
+    server = FedBPEServer(256 + 30, theta=0, mode="batched", merges_per_round=2, merges_growth=0.02)
+    assert server.round_limit == 5  # int(0.02 * 256) > 2
+    grown = train_in_process(_states(TINY), server)
+    assert grown.rounds < fixed.rounds and grown.merges[0] == fixed.merges[0]
+    assert FedBPEServer(300, theta=0, mode="single", merges_growth=0.5).round_limit == 1
+
+
+def test_counted_corpus_survives_in_node_state(tmp_path):
+    from flwr.app import RecordDict
+
+    from training.tokenizer import task
+
+    path = write_jsonl(tmp_path / "c.jsonl", generate_corpus(2, 5, seed=3))
+    store = RecordDict()
+    built, report = task.client_state(str(path), 1, store=store)
+    task._STATES.clear()  # another process: only the node's Context.state is left
+    restored, report2 = task.client_state(str(path), 1, store=store)
+    assert restored is not built and report2 == report and report.kept > 0
+    assert dict(zip(map(tuple, restored.words), restored.freqs.tolist(), strict=True)) == dict(
+        zip(map(tuple, built.words), built.freqs.tolist(), strict=True)
+    )
 
 
 def test_client_with_no_data_leaves_round_without_failing():

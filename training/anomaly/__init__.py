@@ -11,8 +11,15 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__all__ = ["POOLINGS", "AnomalyConfig", "AnomalyModel", "AnomalyScorer", "FeaturePool", "NegativeSampler",
-           "resolve_pooling"]
+__all__ = [
+    "POOLINGS",
+    "AnomalyConfig",
+    "AnomalyModel",
+    "AnomalyScorer",
+    "FeaturePool",
+    "NegativeSampler",
+    "resolve_pooling",
+]
 
 _WHERE = {
     "POOLINGS": "training.anomaly.pool",

@@ -9,8 +9,16 @@ __all__ = ["POOLING_NAMES", "AnomalyConfig"]
 #: Valid ``pooling`` names, kept here so validating a config does not import torch;
 #: :mod:`training.anomaly.pool` maps each to its operator and checks it covers exactly these.
 POOLING_NAMES: tuple[str, ...] = (
-    "topk", "sag", "asap", "diffpool",
-    "kmeans-max", "kmeans-avg", "agglo-max", "agglo-avg", "spectral-max", "spectral-avg",
+    "topk",
+    "sag",
+    "asap",
+    "diffpool",
+    "kmeans-max",
+    "kmeans-avg",
+    "agglo-max",
+    "agglo-avg",
+    "spectral-max",
+    "spectral-avg",
 )
 
 

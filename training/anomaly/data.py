@@ -146,19 +146,27 @@ def check_dataset(data_dir: Path, min_transactions_per_month: float = 0.0) -> li
 
 def _fingerprint(path: Path, *parts: object) -> str:
     st = path.stat()
-    blob = json.dumps([_CACHE_VERSION, str(path.resolve()), st.st_size, st.st_mtime_ns, *parts], sort_keys=True,
-                      default=str)
+    blob = json.dumps(
+        [_CACHE_VERSION, str(path.resolve()), st.st_size, st.st_mtime_ns, *parts], sort_keys=True, default=str
+    )
     return hashlib.blake2b(blob.encode(), digest_size=12).hexdigest()
 
 
 def _build(
-    frame: pd.DataFrame, bank: int, cfg: AnomalyConfig, encoder_cfg: EncoderConfig, privacy_cfg: PrivacyConfig,
-    ego_cfg: EgoGraphConfig, progress: bool,
+    frame: pd.DataFrame,
+    bank: int,
+    cfg: AnomalyConfig,
+    encoder_cfg: EncoderConfig,
+    privacy_cfg: PrivacyConfig,
+    ego_cfg: EgoGraphConfig,
+    progress: bool,
 ) -> BankData:
     featurizer = PrivateFeaturizer.for_bank(encoder_cfg, privacy_cfg, bank)
     rng = np.random.default_rng([cfg.seed, bank, 0])
-    train, test, normal = _Reservoir(cfg.max_train_pairs, rng), _Reservoir(cfg.max_test_pairs, rng), _Reservoir(
-        cfg.max_eval_normal, rng
+    train, test, normal = (
+        _Reservoir(cfg.max_train_pairs, rng),
+        _Reservoir(cfg.max_test_pairs, rng),
+        _Reservoir(cfg.max_eval_normal, rng),
     )
     fraud: list[tuple[Data, Data]] = []
     for pair in iter_snapshot_pairs(frame, featurizer, ego_cfg, progress=progress):
@@ -228,8 +236,9 @@ def load_bank_data(
     path = bank_dir(Path(data_dir), bank) / TRANSACTIONS_FILE
     if not path.exists():
         raise UserError(f"{path} does not exist")
-    relevant = cfg.model_dump(include={"max_train_pairs", "max_test_pairs", "max_eval_normal", "perturb_min",
-                                       "perturb_max", "seed"})
+    relevant = cfg.model_dump(
+        include={"max_train_pairs", "max_test_pairs", "max_eval_normal", "perturb_min", "perturb_max", "seed"}
+    )
     key = _fingerprint(path, relevant, encoder_cfg.model_dump(), privacy_cfg.model_dump(), ego_cfg.model_dump())
     cache = Path(cache_dir) / f"bank_{bank}-{key}.pt" if cache_dir is not None else None
     if cache is not None and cache.exists():
@@ -246,7 +255,11 @@ def load_bank_data(
     data = _build(frame, bank, cfg, encoder_cfg, privacy_cfg, ego_cfg, progress)
     logger.info(
         "bank_data bank=%d train=%d test=%d fraud_eval=%d fraud=%d seconds=%.1f",
-        bank, len(data.train), len(data.test), len(data.fraud_eval), int(data.fraud_labels.sum()),
+        bank,
+        len(data.train),
+        len(data.test),
+        len(data.fraud_eval),
+        int(data.fraud_labels.sum()),
         time.perf_counter() - start,
     )
     if cache is not None:

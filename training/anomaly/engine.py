@@ -196,8 +196,13 @@ def classification_metrics(is_anomaly: np.ndarray, score: np.ndarray, threshold:
     pred = np.asarray(score) > threshold
     p, r, f1, _ = precision_recall_fscore_support(y, pred, average="binary", zero_division=0)
     auc = roc_auc_score(y, score) if 0 < y.sum() < len(y) else float("nan")
-    return {"accuracy": float((pred == y).mean()), "precision": float(p), "recall": float(r), "f1": float(f1),
-            "roc_auc": float(auc)}
+    return {
+        "accuracy": float((pred == y).mean()),
+        "precision": float(p),
+        "recall": float(r),
+        "f1": float(f1),
+        "roc_auc": float(auc),
+    }
 
 
 def evaluate_task(model: AnomalyModel, bank: BankData, batch_size: int = 256) -> dict[str, float]:

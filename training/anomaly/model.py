@@ -113,9 +113,7 @@ class GraphEncoder(nn.Module):
             out = pool(x, edge_index, edge_weight, vector)
             x, edge_index, edge_weight, vector = out.x, out.edge_index, out.edge_weight, out.batch
             aux = aux + out.aux_loss
-            q = q + torch.cat(
-                [global_mean_pool(x, vector, graphs), global_max_pool(x, vector, graphs)], dim=1
-            )
+            q = q + torch.cat([global_mean_pool(x, vector, graphs), global_max_pool(x, vector, graphs)], dim=1)
         return EncoderOutput(q, aux)
 
 
@@ -153,7 +151,7 @@ class AnomalyModel(nn.Module):
         self.discriminator = Discriminator(self.encoder.out_dim, cfg.disc_hidden, cfg.dropout)
 
     def embed(self, batch: Batch | Data) -> EncoderOutput:
-        """q for every graph of a batch."""
+        """Q for every graph of a batch."""
         return self.encoder(batch)
 
     def logits(self, q_prev: Tensor, q_cur: Tensor) -> Tensor:
@@ -166,7 +164,8 @@ class AnomalyModel(nn.Module):
         return torch.sigmoid(-logits)
 
     def __repr__(self) -> str:
-        return f"{self.__class__.__name__}(pooling={self.cfg.pooling}, layers={self.cfg.layers}, q_dim={self.encoder.out_dim})"
+        cfg = self.cfg
+        return f"{self.__class__.__name__}(pooling={cfg.pooling}, layers={cfg.layers}, q_dim={self.encoder.out_dim})"
 
 
 def pick_device(name: str = "auto") -> torch.device:
@@ -178,7 +177,7 @@ def pick_device(name: str = "auto") -> torch.device:
 
 @torch.no_grad()
 def embed_graphs(model: AnomalyModel, graphs: Sequence[Data], batch_size: int = 256) -> Tensor:
-    """q for each graph, ``[len(graphs), q_dim]`` on the model's device; eval mode, batched."""
+    """Q for each graph, ``[len(graphs), q_dim]`` on the model's device; eval mode, batched."""
     device = next(model.parameters()).device
     was_training = model.training
     model.eval()
@@ -205,7 +204,9 @@ def score_embeddings(model: AnomalyModel, q_prev: Tensor, q_cur: Tensor) -> np.n
         model.train(was_training)
 
 
-def score_pairs(model: AnomalyModel, previous: Sequence[Data], current: Sequence[Data], batch_size: int = 256) -> np.ndarray:
+def score_pairs(
+    model: AnomalyModel, previous: Sequence[Data], current: Sequence[Data], batch_size: int = 256
+) -> np.ndarray:
     """Anomaly scores of aligned (G_{t-1}, G_t) lists; a graph object shared by two pairs is embedded once."""
     unique: dict[int, int] = {}
     graphs: list[Data] = []

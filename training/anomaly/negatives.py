@@ -47,8 +47,14 @@ def check_graph(g: Data, max_nodes: int | None = None) -> None:
     n = int(g.num_nodes)
     if n < 1 or g.x.shape[0] != n or g.merchant.shape != (n,):
         raise ValueError(f"inconsistent node tensors: n={n}, x={tuple(g.x.shape)}, merchant={tuple(g.merchant.shape)}")
-    if g.edge_index.dim() != 2 or g.edge_index.shape[0] != 2 or g.edge_attr.shape != (g.edge_index.shape[1], g.x.shape[1]):
-        raise ValueError(f"inconsistent edges: edge_index={tuple(g.edge_index.shape)}, edge_attr={tuple(g.edge_attr.shape)}")
+    if (
+        g.edge_index.dim() != 2
+        or g.edge_index.shape[0] != 2
+        or g.edge_attr.shape != (g.edge_index.shape[1], g.x.shape[1])
+    ):
+        raise ValueError(
+            f"inconsistent edges: edge_index={tuple(g.edge_index.shape)}, edge_attr={tuple(g.edge_attr.shape)}"
+        )
     if g.edge_index.numel() and (int(g.edge_index.min()) < 0 or int(g.edge_index.max()) >= n):
         raise ValueError("edge_index out of range")
     if not (torch.isfinite(g.x).all() and torch.isfinite(g.edge_attr).all()):
@@ -155,7 +161,12 @@ class NegativeSampler:
         return self.pool.time[torch.from_numpy(rng.integers(self.pool.time.shape[0], size=count))]
 
     def _features(
-        self, x: Tensor, merchant: Tensor, edge_index: Tensor, edge_attr: Tensor, rng: np.random.Generator,
+        self,
+        x: Tensor,
+        merchant: Tensor,
+        edge_index: Tensor,
+        edge_attr: Tensor,
+        rng: np.random.Generator,
         allow_new_nodes: bool,
     ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         n = x.shape[0]

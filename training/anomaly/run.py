@@ -84,13 +84,23 @@ class RoundRecord:
             object.__setattr__(self, "summary", summarize_banks(self.per_bank))
 
     def to_json(self) -> dict[str, Any]:
-        return {"round": self.round, "train_loss": self.train_loss, "seconds": self.seconds, "summary": self.summary,
-                "per_bank": {str(k): v for k, v in self.per_bank.items()}}
+        return {
+            "round": self.round,
+            "train_loss": self.train_loss,
+            "seconds": self.seconds,
+            "summary": self.summary,
+            "per_bank": {str(k): v for k, v in self.per_bank.items()},
+        }
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> RoundRecord:
-        return cls(int(data["round"]), float(data["train_loss"]), {int(k): dict(v) for k, v in data["per_bank"].items()},
-                   float(data["seconds"]), dict(data["summary"]))
+        return cls(
+            int(data["round"]),
+            float(data["train_loss"]),
+            {int(k): dict(v) for k, v in data["per_bank"].items()},
+            float(data["seconds"]),
+            dict(data["summary"]),
+        )
 
 
 def log_round(record: RoundRecord, total: int, mode: str) -> None:
@@ -103,8 +113,13 @@ def log_round(record: RoundRecord, total: int, mode: str) -> None:
     parts.append(f"seconds={record.seconds:.1f}")
     logger.info(" ".join(parts))
     for bank, metrics in sorted(record.per_bank.items()):
-        logger.info("mode=%s round=%d bank=%d %s", mode, record.round, bank,
-                    " ".join(f"{k}={v:.4f}" for k, v in sorted(metrics.items())))
+        logger.info(
+            "mode=%s round=%d bank=%d %s",
+            mode,
+            record.round,
+            bank,
+            " ".join(f"{k}={v:.4f}" for k, v in sorted(metrics.items())),
+        )
 
 
 @dataclass
@@ -188,22 +203,25 @@ def privacy_report(per_bank: Mapping[int, BankPrivacy | Mapping[str, float]]) ->
 def _card(mode: str, anomaly_cfg: AnomalyConfig, rounds: int, summary: Mapping[str, float]) -> str:
     f1 = summary.get("f1_mean", float("nan"))
     auc = summary.get("fraud_roc_auc_mean", float("nan"))
-    return "\n".join([
-        f"Anomaly model for card transactions: a {anomaly_cfg.layers}-layer GCN with `{anomaly_cfg.pooling}` pooling "
-        f"(ratio {anomaly_cfg.ratio}) over each cardholder's private dynamic ego graph, and a 2-layer discriminator "
-        f"f(q_prev, q_cur). Trained {mode} for {rounds} round(s) without labels, on perturbed graphs (C1 topology, "
-        "C2 node features, C3 both) as negatives.",
-        "",
-        "**Score**: anomaly score = 1 - f(q_prev, q_cur) in [0, 1]; high means unusual for this cardholder.",
-        "",
-        f"**Negative-sampling test F1** (mean over banks): {f1:.3f}. **ROC-AUC against real fraud labels**: {auc:.3f}.",
-        "",
-        "**Inputs**: only noised location L' (nodes), noised time T' (edges) and hashed merchant buckets; no raw "
-        "coordinates, timestamps or ids. The featurizer must use the encoder config stored with the model.",
-        "",
-        "**Limits**: trained on the banks' own history; a cardholder's first transaction has no score; the score is "
-        "a behaviour-change signal, not a fraud probability.",
-    ])
+    return "\n".join(
+        [
+            f"Anomaly model for card transactions: a {anomaly_cfg.layers}-layer GCN with `{anomaly_cfg.pooling}` "
+            f"pooling (ratio {anomaly_cfg.ratio}) over each cardholder's private dynamic ego graph, and a 2-layer "
+            f"discriminator f(q_prev, q_cur). Trained {mode} for {rounds} round(s) without labels, on perturbed "
+            "graphs (C1 topology, C2 node features, C3 both) as negatives.",
+            "",
+            "**Score**: anomaly score = 1 - f(q_prev, q_cur) in [0, 1]; high means unusual for this cardholder.",
+            "",
+            f"**Negative-sampling test F1** (mean over banks): {f1:.3f}. "
+            f"**ROC-AUC against real fraud labels**: {auc:.3f}.",
+            "",
+            "**Inputs**: only noised location L' (nodes), noised time T' (edges) and hashed merchant buckets; no raw "
+            "coordinates, timestamps or ids. The featurizer must use the encoder config stored with the model.",
+            "",
+            "**Limits**: trained on the banks' own history; a cardholder's first transaction has no score; the "
+            "score is a behaviour-change signal, not a fraud probability.",
+        ]
+    )
 
 
 def publish_run(
@@ -228,14 +246,32 @@ def publish_run(
         **{k: v for k, v in last.summary.items()},
         "per_bank": {str(b): m for b, m in last.per_bank.items()},
         "seconds_per_round": float(np.mean([r.seconds for r in history])),
-        "history": [{"round": r.round, "train_loss": r.train_loss, "f1_mean": r.summary.get("f1_mean"),
-                     "roc_auc_mean": r.summary.get("roc_auc_mean")} for r in history],
+        "history": [
+            {
+                "round": r.round,
+                "train_loss": r.train_loss,
+                "f1_mean": r.summary.get("f1_mean"),
+                "roc_auc_mean": r.summary.get("roc_auc_mean"),
+            }
+            for r in history
+        ],
     }
     version = publish_anomaly_model(
-        registry, dict(state_dict), anomaly_cfg=anomaly_cfg, encoder_cfg=encoder_cfg, ego_cfg=ego_cfg,
-        config=config, metrics=metrics, privacy=privacy_report(privacy),
+        registry,
+        dict(state_dict),
+        anomaly_cfg=anomaly_cfg,
+        encoder_cfg=encoder_cfg,
+        ego_cfg=ego_cfg,
+        config=config,
+        metrics=metrics,
+        privacy=privacy_report(privacy),
         card=_card(mode, anomaly_cfg, last.round, last.summary),
     )
-    logger.info("published=%s mode=%s rounds=%d f1=%.4f", version.tag, mode, last.round,
-                last.summary.get("f1_mean", float("nan")))
+    logger.info(
+        "published=%s mode=%s rounds=%d f1=%.4f",
+        version.tag,
+        mode,
+        last.round,
+        last.summary.get("f1_mean", float("nan")),
+    )
     return version

@@ -65,8 +65,9 @@ def publish_anomaly_model(
 class AnomalyScorer:
     """A loaded anomaly model in eval mode: embeds ego graphs and scores transitions (CUDA if available)."""
 
-    def __init__(self, model: AnomalyModel, ego_cfg: EgoGraphConfig, tag: str = "unregistered",
-                 batch_size: int = 256) -> None:
+    def __init__(
+        self, model: AnomalyModel, ego_cfg: EgoGraphConfig, tag: str = "unregistered", batch_size: int = 256
+    ) -> None:
         self.model = model.eval()
         self.ego_cfg = ego_cfg
         self.tag = tag
@@ -120,7 +121,8 @@ class AnomalyScorer:
 
     def score_frame(self, frame: pd.DataFrame, featurizer: FeatureSource, chunk: int = 2048) -> np.ndarray:
         """Score every row of a bank's canonical frame by replaying its ego graphs; NaN where there is no
-        transition (a cardholder's first transaction, a redelivery). Used to stack AS into the fraud model."""
+        transition (a cardholder's first transaction, a redelivery). Used to stack AS into the fraud model.
+        """
         out = pd.Series(np.nan, index=frame["transaction_id"].astype(str).to_numpy())
         ids: list[str] = []
         prev: list[Data] = []

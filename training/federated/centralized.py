@@ -49,8 +49,14 @@ def run_centralized(settings: RunSettings, threads: int = 2) -> RunResult:
     for rnd in tqdm(range(checkpoint.round + 1, rounds + 1), desc="centralized rounds", unit="round"):
         t0 = time.perf_counter()
         stats, opt_state = train_model(
-            model, sources, epochs=cfg.local_epochs, samples_per_epoch=cfg.samples_per_epoch * len(data),
-            batch_size=cfg.batch_size, lr=cfg.lr, seed=[cfg.seed, 10_000, rnd], aux_weight=cfg.aux_weight,
+            model,
+            sources,
+            epochs=cfg.local_epochs,
+            samples_per_epoch=cfg.samples_per_epoch * len(data),
+            batch_size=cfg.batch_size,
+            lr=cfg.lr,
+            seed=[cfg.seed, 10_000, rnd],
+            aux_weight=cfg.aux_weight,
             optimizer_state=checkpoint.optimizer,
         )
         per_bank = {b.bank: local_test(model, b, with_fraud=rnd == rounds) for b in data}
@@ -64,10 +70,22 @@ def run_centralized(settings: RunSettings, threads: int = 2) -> RunResult:
     version = None
     if settings.publish and checkpoint.history:
         version = publish_run(
-            ModelRegistry(settings.out_dir), checkpoint.state_dict, mode="centralized", anomaly_cfg=cfg,
-            encoder_cfg=settings.encoder, ego_cfg=settings.egograph,
-            config={**settings.config_dump(), "mode": "centralized"}, history=checkpoint.history,
+            ModelRegistry(settings.out_dir),
+            checkpoint.state_dict,
+            mode="centralized",
+            anomaly_cfg=cfg,
+            encoder_cfg=settings.encoder,
+            ego_cfg=settings.egograph,
+            config={**settings.config_dump(), "mode": "centralized"},
+            history=checkpoint.history,
             privacy=checkpoint.privacy,
         ).tag
-    return RunResult("centralized", checkpoint.round, len(banks), wall, checkpoint.history[-1].summary,
-                     [r.seconds for r in checkpoint.history], version)
+    return RunResult(
+        "centralized",
+        checkpoint.round,
+        len(banks),
+        wall,
+        checkpoint.history[-1].summary,
+        [r.seconds for r in checkpoint.history],
+        version,
+    )

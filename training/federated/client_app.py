@@ -45,20 +45,22 @@ def train(msg: Message, context: Context) -> Message:
     mu = float(config.get("proximal-mu", settings.federated.proximal_mu))
     stats = local_train(model, bank, settings, int(config.get("global-round", config.get("server-round", 1))), mu)  # type: ignore[arg-type]
     p = bank.privacy
-    metrics = MetricRecord({
-        "num-examples": len(bank.train),
-        "partition-id": partition,
-        "train-loss": stats.loss_last,
-        "train-loss-first": stats.loss_first,
-        "train-steps": stats.steps,
-        "train-seconds": stats.seconds,
-        "cardholders": p.cardholders,
-        "mu-gdp": p.mu_gdp,
-        "epsilon-min": p.epsilon_min,
-        "epsilon-mean": p.epsilon_mean,
-        "epsilon-max": p.epsilon_max,
-        "delta": p.delta,
-    })
+    metrics = MetricRecord(
+        {
+            "num-examples": len(bank.train),
+            "partition-id": partition,
+            "train-loss": stats.loss_last,
+            "train-loss-first": stats.loss_first,
+            "train-steps": stats.steps,
+            "train-seconds": stats.seconds,
+            "cardholders": p.cardholders,
+            "mu-gdp": p.mu_gdp,
+            "epsilon-min": p.epsilon_min,
+            "epsilon-mean": p.epsilon_mean,
+            "epsilon-max": p.epsilon_max,
+            "delta": p.delta,
+        }
+    )
     state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
     return Message(RecordDict({"arrays": ArrayRecord(state), "metrics": metrics}), reply_to=msg)
 
@@ -69,6 +71,11 @@ def evaluate(msg: Message, context: Context) -> Message:
     settings, partition, model, _ = _setup(msg, context)
     bank = bank_data(settings, partition)
     metrics = local_test(model, bank, bool(msg.content["config"].get("fraud-eval", False)))
-    record = MetricRecord({"num-examples": len(bank.test), "partition-id": partition,
-                           **{k.replace("_", "-"): float(v) for k, v in metrics.items()}})
+    record = MetricRecord(
+        {
+            "num-examples": len(bank.test),
+            "partition-id": partition,
+            **{k.replace("_", "-"): float(v) for k, v in metrics.items()},
+        }
+    )
     return Message(RecordDict({"metrics": record}), reply_to=msg)

@@ -81,15 +81,24 @@ def run_federation(grid: Grid, settings: RunSettings, observer: ReplyObserver | 
     else:
         logger.info("checkpoint already has %d/%d rounds; nothing to train", checkpoint.round, rounds)
     wall = time.perf_counter() - start
-    result: dict[str, Any] = {"rounds": checkpoint.round, "wall_seconds": wall, "banks": banks,
-                              "summary": checkpoint.history[-1].summary if checkpoint.history else {},
-                              "seconds_per_round": [r.seconds for r in checkpoint.history]}
+    result: dict[str, Any] = {
+        "rounds": checkpoint.round,
+        "wall_seconds": wall,
+        "banks": banks,
+        "summary": checkpoint.history[-1].summary if checkpoint.history else {},
+        "seconds_per_round": [r.seconds for r in checkpoint.history],
+    }
     if settings.publish and checkpoint.history:
         version = publish_run(
-            ModelRegistry(settings.out_dir), checkpoint.state_dict, mode="federated", anomaly_cfg=settings.anomaly,
-            encoder_cfg=settings.encoder, ego_cfg=settings.egograph,
+            ModelRegistry(settings.out_dir),
+            checkpoint.state_dict,
+            mode="federated",
+            anomaly_cfg=settings.anomaly,
+            encoder_cfg=settings.encoder,
+            ego_cfg=settings.egograph,
             config={**settings.config_dump(), "mode": "federated", "strategy": "FedProx"},
-            history=checkpoint.history, privacy=checkpoint.privacy,
+            history=checkpoint.history,
+            privacy=checkpoint.privacy,
         )
         result["version"] = version.tag
     directory.mkdir(parents=True, exist_ok=True)

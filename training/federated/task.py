@@ -41,12 +41,28 @@ _SECTIONS: dict[str, tuple[str, type[BaseModel]]] = {
     "encoder": ("encoder-", EncoderConfig),
     "egograph": ("egograph-", EgoGraphConfig),
 }
-_RUN_DEFAULTS: dict[str, Any] = {"data-dir": "data/demo", "out-dir": "artifacts", "resume": False, "num-banks": 0,
-                                 "publish": True}
+_RUN_DEFAULTS: dict[str, Any] = {
+    "data-dir": "data/demo",
+    "out-dir": "artifacts",
+    "resume": False,
+    "num-banks": 0,
+    "publish": True,
+    "cache-dir": "",
+}
 #: Settings a resumed run must share with its checkpoint (they shape the model or its data).
-MODEL_KEYS: tuple[str, ...] = ("pooling", "layers", "hidden", "ratio", "disc-hidden", "data-dir", "encoder-dim",
-                               "encoder-merchant-buckets", "egograph-max-nodes", "privacy-epsilon-max",
-                               "privacy-epsilon-min")
+MODEL_KEYS: tuple[str, ...] = (
+    "pooling",
+    "layers",
+    "hidden",
+    "ratio",
+    "disc-hidden",
+    "data-dir",
+    "encoder-dim",
+    "encoder-merchant-buckets",
+    "egograph-max-nodes",
+    "privacy-epsilon-max",
+    "privacy-epsilon-min",
+)
 
 
 def _kebab(name: str) -> str:
@@ -67,6 +83,7 @@ class RunSettings:
     resume: bool = False
     num_banks: int = 0
     publish: bool = True
+    cache: str = ""
 
     @staticmethod
     def defaults() -> dict[str, Any]:
@@ -82,8 +99,11 @@ class RunSettings:
         """Parse a flat kebab-case dict (missing keys take defaults); unknown keys or bad values → ConfigError."""
         merged = {**cls.defaults(), **dict(flat)}
         known = set(cls.defaults())
-        extra = sorted(k for k in merged if k not in known and k not in ("proximal-mu", "server-round",
-                                                                         "fraud-eval", "global-round"))
+        extra = sorted(
+            k
+            for k in merged
+            if k not in known and k not in ("proximal-mu", "server-round", "fraud-eval", "global-round")
+        )
         if extra:
             raise ConfigError(f"unknown anomaly run setting {extra[0]!r}")
         sections: dict[str, BaseModel] = {}
@@ -101,6 +121,7 @@ class RunSettings:
             resume=bool(merged["resume"]),
             num_banks=int(merged["num-banks"]),
             publish=bool(merged["publish"]),
+            cache=str(merged["cache-dir"]),
             **sections,  # type: ignore[arg-type]
         )
 
@@ -110,8 +131,16 @@ class RunSettings:
         for section, (prefix, _) in _SECTIONS.items():
             for name, value in getattr(self, section).model_dump().items():
                 flat[prefix + _kebab(name)] = value
-        flat.update({"data-dir": str(self.data_dir), "out-dir": str(self.out_dir), "resume": self.resume,
-                     "num-banks": self.num_banks, "publish": self.publish})
+        flat.update(
+            {
+                "data-dir": str(self.data_dir),
+                "out-dir": str(self.out_dir),
+                "resume": self.resume,
+                "num-banks": self.num_banks,
+                "publish": self.publish,
+                "cache-dir": self.cache,
+            }
+        )
         return flat
 
     def config_dump(self) -> dict[str, Any]:
@@ -120,8 +149,8 @@ class RunSettings:
 
     @property
     def cache_dir(self) -> Path:
-        """Bank-internal cache of built ego-graph pairs (private features only)."""
-        return checkpoint_dir(self.out_dir, "cache")
+        """Bank-internal cache of built ego-graph pairs (private features only); ``cache-dir`` or under out-dir."""
+        return Path(self.cache) if self.cache else checkpoint_dir(self.out_dir, "cache")
 
 
 def build_model(settings: RunSettings) -> AnomalyModel:
@@ -136,20 +165,35 @@ _MAX_CACHED = 5
 
 def bank_data(settings: RunSettings, bank: int) -> BankData:
     """This bank's data, kept in the (client) process across rounds and cached on disk across processes."""
-    key = (str(settings.data_dir), bank, settings.anomaly.model_dump_json(), settings.encoder.model_dump_json(),
-           settings.privacy.model_dump_json(), settings.egograph.model_dump_json())
+    key = (
+        str(settings.data_dir),
+        bank,
+        settings.anomaly.model_dump_json(),
+        settings.encoder.model_dump_json(),
+        settings.privacy.model_dump_json(),
+        settings.egograph.model_dump_json(),
+    )
     if key in _BANKS:
         _BANKS.move_to_end(key)
         return _BANKS[key]
-    data = load_bank_data(settings.data_dir, bank, settings.anomaly, settings.encoder, settings.privacy,
-                          settings.egograph, cache_dir=settings.cache_dir)
+    data = load_bank_data(
+        settings.data_dir,
+        bank,
+        settings.anomaly,
+        settings.encoder,
+        settings.privacy,
+        settings.egograph,
+        cache_dir=settings.cache_dir,
+    )
     _BANKS[key] = data
     while len(_BANKS) > _MAX_CACHED:
         _BANKS.popitem(last=False)
     return data
 
 
-def local_train(model: AnomalyModel, bank: BankData, settings: RunSettings, round_: int, proximal_mu: float) -> TrainStats:
+def local_train(
+    model: AnomalyModel, bank: BankData, settings: RunSettings, round_: int, proximal_mu: float
+) -> TrainStats:
     """E local epochs of ``samples_per_epoch`` pairs with the FedProx term, seeded by (seed, bank, round)."""
     cfg = settings.anomaly
     stats, _ = train_model(

@@ -10,7 +10,6 @@ import json
 import logging
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -68,8 +67,12 @@ def backend_config(settings: RunSettings, banks: int) -> dict[str, Any]:
         gpus = 1.0 / banks if torch.cuda.is_available() else 0.0
     return {
         "client_resources": {"num_cpus": fed.client_cpus, "num_gpus": gpus},
-        "init_args": {"num_cpus": fed.ray_cpus, "include_dashboard": False, "logging_level": "ERROR",
-                      **({"num_gpus": 1} if gpus > 0 else {})},
+        "init_args": {
+            "num_cpus": fed.ray_cpus,
+            "include_dashboard": False,
+            "logging_level": "ERROR",
+            **({"num_gpus": 1} if gpus > 0 else {}),
+        },
     }
 
 
@@ -84,9 +87,14 @@ def run_federated(settings: RunSettings, observer: ReplyObserver | None = None) 
     directory = checkpoint_dir(settings.out_dir, "federated")
     result_path = directory / RESULT_FILE
     result_path.unlink(missing_ok=True)
-    logger.info("federated_start banks=%d rounds=%d pooling=%s local_epochs=%d samples_per_epoch=%d",
-                len(banks), settings.federated.rounds, settings.anomaly.pooling, settings.anomaly.local_epochs,
-                settings.anomaly.samples_per_epoch)
+    logger.info(
+        "federated_start banks=%d rounds=%d pooling=%s local_epochs=%d samples_per_epoch=%d",
+        len(banks),
+        settings.federated.rounds,
+        settings.anomaly.pooling,
+        settings.anomaly.local_epochs,
+        settings.anomaly.samples_per_epoch,
+    )
     start = time.perf_counter()
     run_simulation(
         server_app=build_server_app(settings.to_flat(), observer),
@@ -98,5 +106,12 @@ def run_federated(settings: RunSettings, observer: ReplyObserver | None = None) 
     if not result_path.exists():
         raise RuntimeError("the Flower ServerApp finished without a result; see the log above")
     out = json.loads(result_path.read_text(encoding="utf-8"))
-    return RunResult("federated", int(out["rounds"]), int(out["banks"]), wall, out["summary"],
-                     out["seconds_per_round"], out.get("version"))
+    return RunResult(
+        "federated",
+        int(out["rounds"]),
+        int(out["banks"]),
+        wall,
+        out["summary"],
+        out["seconds_per_round"],
+        out.get("version"),
+    )

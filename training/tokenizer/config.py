@@ -23,7 +23,7 @@ class TokenizerConfig(BaseModel):
     )
     merges_per_round: int = Field(128, ge=1, description="upper bound on merges per round in batched mode")
     merges_growth: float = Field(
-        0.0, ge=0.0, le=0.25,
+        1 / 32, ge=0.0, le=0.25,
         description="batched mode: allow up to merges_growth × current vocabulary merges per round when that "
         "exceeds merges_per_round (0: fixed batch)",
     )
@@ -33,10 +33,17 @@ class TokenizerConfig(BaseModel):
     p: float = Field(1.0, gt=0.0, le=1.0, description="fraction of local words each client samples per phase")
     k_fraction: float = Field(1.0, gt=0.0, le=1.0, description="fraction K of clients sampled per phase")
     top_n: int | None = Field(
-        None, ge=1, description="keys each client sends per phase (the paper sends its top 1); None sends all"
+        4096, ge=1,
+        description="keys each client sends per phase, by noisy count (the paper sends its top 1); None sends all. "
+        "4096 matched sending all on psi at 8k (docs/tokenizer.md) at half the in-process time",
     )
     clients: int = Field(30, ge=1, description="institutions in the generated corpus")
     docs_per_client: int = Field(150, ge=1, description="generated documents per institution")
+    bench_docs_per_client: int = Field(
+        400, ge=1,
+        description="generated documents per institution in `fedfraud bench tokenizer` (multilingual corpus, "
+        "large enough for vocabularies beyond 8k)",
+    )
     pii_rate: float = Field(0.6, ge=0.0, le=1.0, description="share of generated documents with seeded PII")
     ner: bool = Field(False, description="also use the optional Presidio/spaCy NER recognizer (extra: pii-ner)")
     max_rounds: int = Field(100_000, ge=1, description="safety stop for the federated loop")

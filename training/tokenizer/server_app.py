@@ -34,10 +34,10 @@ DEFAULTS: dict[str, Any] = {
     "delta": 1.0,
     "p": 1.0,
     "k-fraction": 1.0,
-    "top-n": 0,  # 0: send all keys
+    "top-n": 4096,  # 0: send all keys
     "mode": "batched",
     "merges-per-round": 128,
-    "merges-growth": 0.0,
+    "merges-growth": 1 / 32,
     "max-rounds": 100_000,
     "seed": 7,
     "ner": False,

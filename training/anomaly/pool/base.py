@@ -75,7 +75,9 @@ class GraphPooling(nn.Module, ABC):
         return f"{self.__class__.__name__}({self.in_channels}, ratio={self.ratio})"
 
     @staticmethod
-    def _defaults(x: Tensor, edge_index: Tensor, edge_weight: Tensor | None, batch: Tensor | None) -> tuple[Tensor, Tensor]:
+    def _defaults(
+        x: Tensor, edge_index: Tensor, edge_weight: Tensor | None, batch: Tensor | None
+    ) -> tuple[Tensor, Tensor]:
         """Fill in unit edge weights and a single-graph batch vector."""
         if edge_weight is None:
             edge_weight = torch.ones(edge_index.shape[1], dtype=x.dtype, device=x.device)
