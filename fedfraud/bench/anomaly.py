@@ -209,7 +209,7 @@ def _run(data: Path, out: Path, pooling: str, mode: str, eps: float, rounds: int
     else:
         from training.federated.centralized import run_centralized
 
-        result = run_centralized(settings, threads=2)
+        result = run_centralized(settings, threads=1)
     logger.info(
         "bench_run pooling=%s mode=%s eps_max=%g f1=%.4f wall=%.1f",
         pooling,

@@ -57,7 +57,8 @@ def test_csv_without_labels_is_one_line_error(world, tmp_path, capsys):
     raw = pd.read_csv(world["csv"], sep="|", dtype=str, keep_default_na=False)
     unlabelled = tmp_path / "unlabelled.csv"
     raw.drop(columns=["is_fraud"]).to_csv(unlabelled, sep="|", index=False)
-    code = main(["eval", "stacking", "--data", str(unlabelled), "--registry", str(world["registry"])])
+    code = main(["--log-level", "ERROR", "eval", "stacking", "--data", str(unlabelled),
+                 "--registry", str(world["registry"])])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and err[0].startswith("error: evaluation needs labels")
     # ... but scoring unlabelled transactions works
@@ -74,6 +75,7 @@ def test_csv_without_labels_is_one_line_error(world, tmp_path, capsys):
 
 
 def test_no_anomaly_model_is_one_line_error(world, tmp_path, capsys):
-    code = main(["eval", "stacking", "--data", str(world["data"]), "--registry", str(tmp_path / "empty")])
+    code = main(["--log-level", "ERROR", "eval", "stacking", "--data", str(world["data"]),
+                 "--registry", str(tmp_path / "empty")])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and "fedfraud train anomaly" in err[0]

@@ -25,7 +25,7 @@ __all__ = ["run_centralized"]
 logger = logging.getLogger(__name__)
 
 
-def run_centralized(settings: RunSettings, threads: int = 2) -> RunResult:
+def run_centralized(settings: RunSettings, threads: int = 1) -> RunResult:
     """Train centrally, checkpoint each round, publish; returns the run's summary."""
     from tqdm.auto import tqdm
 

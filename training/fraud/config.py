@@ -25,8 +25,14 @@ class FraudConfig(BaseModel):
     num_boost_round: int = Field(200, ge=1, description="trees of the local and centralized models")
     max_depth: int = Field(4, ge=1, le=16)
     eta: float = Field(0.1, gt=0, le=1)
-    subsample: float = Field(0.8, gt=0, le=1)
-    colsample_bytree: float = Field(0.8, gt=0, le=1)
+    subsample: float = Field(
+        1.0, gt=0, le=1,
+        description=(
+            "1.0 (no row/column sampling) so a model with and without AS differs only by the AS column: with 0.8, "
+            "two federated runs whose AS column was all-NaN (no information) differed by 13.6 PR-AUC points"
+        ),
+    )
+    colsample_bytree: float = Field(1.0, gt=0, le=1, description="see subsample")
     min_child_weight: float = Field(1.0, ge=0)
     max_scale_pos_weight: float = Field(
         200.0, ge=1, description="cap on neg/pos weighting so a bank with 3 frauds does not get weight 10,000"

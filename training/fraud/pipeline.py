@@ -50,6 +50,10 @@ def stacking_study(cfg: FedfraudConfig, data: Path, registry: Path, anomaly_vers
 
     with ExitStack() as stack:
         banks, info = load_fraud_banks(cfg, data, registry, anomaly_version, stack, require_labels=True)
+        if len(banks) < 2:
+            from fedfraud.errors import UserError
+
+            raise UserError(f"{data} holds {len(banks)} bank; the federated variants need at least 2 (use --banks)")
         return run_stacking(banks, cfg.fraud, num_cpus=num_cpus, info=info)
 
 

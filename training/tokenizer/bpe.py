@@ -175,12 +175,13 @@ class ClientState:
         items = [(w, c) for w, c in word_counts.items() if w and c > 0]
         self.words: list[list[int]] = [list(w) for w, _ in items]
         self.freqs = np.array([c for _, c in items], dtype=np.int64)
+        self._freqs: list[int] = self.freqs.tolist()  # Python ints for the per-word loops
         self.applied = 0  # number of global merges applied so far
         self.unigrams: Counter[int] = Counter()
         self.pairs: Counter[int] = Counter()  # keyed by pair_code
         self.where: dict[int, set[int]] = defaultdict(set)
         for i, word in enumerate(self.words):
-            self._add(i, word, int(self.freqs[i]))
+            self._add(i, word, self._freqs[i])
 
     @property
     def empty(self) -> bool:
@@ -197,23 +198,29 @@ class ClientState:
 
     def apply(self, merges: Sequence[Merge]) -> None:
         """ClientUpdateDataset: replace each ``left right`` by ``new_id`` in every word, in merge order."""
+        if not merges:
+            return
         for m in merges:
-            pair = pair_code(m.left, m.right)
-            for i in list(self.where.get(pair, ())):
+            left, right, new = m.left, m.right, m.new_id
+            # ``where`` keeps indices of words that once held the pair; a merge cannot re-create its own pair
+            # (the new token differs from both parts), so the entry is dropped and stale indices are skipped.
+            for i in self.where.pop(pair_code(left, right), ()):
                 word = self.words[i]
-                f = int(self.freqs[i])
-                self._add(i, word, f, sign=-1)
+                n = len(word)
                 out, j = [], 0
-                while j < len(word):
-                    if j + 1 < len(word) and word[j] == m.left and word[j + 1] == m.right:
-                        out.append(m.new_id)
+                while j < n:
+                    if j + 1 < n and word[j] == left and word[j + 1] == right:
+                        out.append(new)
                         j += 2
                     else:
                         out.append(word[j])
                         j += 1
+                if len(out) == n:
+                    continue
+                f = self._freqs[i]
+                self._add(i, word, f, sign=-1)
                 self.words[i] = out
                 self._add(i, out, f)
-            self.where.pop(pair, None)
             self.applied += 1
         for c in (self.unigrams, self.pairs):
             for k in [k for k, v in c.items() if v <= 0]:

@@ -23,7 +23,7 @@ class TokenizerConfig(BaseModel):
     )
     merges_per_round: int = Field(128, ge=1, description="upper bound on merges per round in batched mode")
     merges_growth: float = Field(
-        1 / 32, ge=0.0, le=0.25,
+        1 / 16, ge=0.0, le=0.25,
         description="batched mode: allow up to merges_growth × current vocabulary merges per round when that "
         "exceeds merges_per_round (0: fixed batch)",
     )

@@ -37,7 +37,7 @@ DEFAULTS: dict[str, Any] = {
     "top-n": 4096,  # 0: send all keys
     "mode": "batched",
     "merges-per-round": 128,
-    "merges-growth": 1 / 32,
+    "merges-growth": 1 / 16,
     "max-rounds": 100_000,
     "seed": 7,
     "ner": False,
