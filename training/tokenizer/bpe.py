@@ -420,6 +420,11 @@ class FedBPEServer:
         out["max_releases_per_client"] = max(self.releases_per_client.values(), default=0)
         return out
 
+    def stop_at_round_limit(self) -> None:
+        """Record why a loop that ran out of rounds stopped (otherwise the result would claim the target)."""
+        if not self.done:
+            self.stop_reason = f"max rounds ({self.rounds}) reached"
+
     def result(self) -> FedBPEResult:
         halted = bool(self.stop_reason)
         return FedBPEResult(
@@ -449,6 +454,7 @@ def train_in_process(
         pending = server.pair_phase(pairs)
         if not pending:
             break
+    server.stop_at_round_limit()
     return server.result()
 
 

@@ -179,6 +179,7 @@ def run_fedbpe(grid: Grid, settings: dict[str, Any]) -> dict[str, Any]:
                 break
     finally:
         audit.close()
+    server.stop_at_round_limit()
     result = server.result()
     out = {
         "merges": [[a.hex(), b.hex()] for a, b in result.merges],
