@@ -76,6 +76,12 @@ def _python(value: Value) -> Any:
     return getattr(value, kind)
 
 
+#: A Feast entity of this module: a cardholder pseudonym, or (bank, merchant id) of ``merchant_location``.
+Entity = str | tuple[int, str]
+#: Rows of one view: (entity, feature values, event time, created time).
+ViewRows = list[tuple[Entity, dict[str, "Value"], datetime, datetime]]
+
+
 class _ViewIO:
     """Per-view reads and writes through Feast's ``OnlineStore`` interface (any online store)."""
 
@@ -87,40 +93,40 @@ class _ViewIO:
         keys = _entity_keys(holders)
         return [self.online.online_read(self.config, table, keys, list(features)) for table, features in tables]
 
-    def write(self, rows: Sequence[tuple[FeatureView, list[tuple[str, dict[str, Value], datetime, datetime]]]]) -> None:
+    def write(self, rows: Sequence[tuple[FeatureView, ViewRows]]) -> None:
         for table, view_rows in rows:
-            keys = _entity_keys([holder for holder, *_ in view_rows])
+            keys = _entity_keys([entity for entity, *_ in view_rows])
             data = [(key, values, ts, created) for key, (_, values, ts, created) in zip(keys, view_rows, strict=True)]
             if data:
                 self.online.online_write_batch(self.config, table, data, None)
 
 
 class _RedisViewIO(_ViewIO):
-    """All cardholder views of a batch in one Redis pipeline each way (see :mod:`feature_store.redis_store`)."""
+    """All views of a batch, cardholders and merchants, in one Redis pipeline each way (:mod:`.redis_store`)."""
 
     _KEY_CACHE = 1 << 17
 
     def __init__(self, online: MultiViewRedisOnlineStore, config: RepoConfig) -> None:
         super().__init__(online, config)
         self.multi = online
-        self._keys: dict[str, bytes] = {}
+        self._keys: dict[Entity, bytes] = {}
 
-    def _redis_keys(self, holders: Sequence[str]) -> list[bytes]:
-        missing = [h for h in holders if h not in self._keys]
+    def _redis_keys(self, entities: Sequence[Entity]) -> list[bytes]:
+        missing = list(dict.fromkeys(e for e in entities if e not in self._keys))
         if missing:
             if len(self._keys) + len(missing) > self._KEY_CACHE:
                 self._keys.clear()
             built = self.multi._generate_redis_keys_for_entities(self.config, _entity_keys(missing))
             self._keys.update(zip(missing, built, strict=True))
-        return [self._keys[h] for h in holders]
+        return [self._keys[e] for e in entities]
 
     def read(self, tables: Sequence[tuple[FeatureView, Sequence[str]]], holders: Sequence[str]) -> list[list[Any]]:
         return self.multi.read_views(self.config, tables, self._redis_keys(holders))
 
-    def write(self, rows: Sequence[tuple[FeatureView, list[tuple[str, dict[str, Value], datetime, datetime]]]]) -> None:
+    def write(self, rows: Sequence[tuple[FeatureView, ViewRows]]) -> None:
         merged = []
         for table, view_rows in rows:
-            keys = self._redis_keys([holder for holder, *_ in view_rows])
+            keys = self._redis_keys([entity for entity, *_ in view_rows])
             merged.append((table, [(k, (None, v, ts, c)) for k, (_, v, ts, c) in zip(keys, view_rows, strict=True)]))
         self.multi.write_views(self.config, merged)
 
@@ -143,11 +149,17 @@ def _view_io(config: RepoConfig) -> _ViewIO:
     return _ViewIO(get_online_store_from_config(store_cfg), config)
 
 
-def _entity_keys(holders: Sequence[str]) -> list[Any]:
+def _entity_keys(entities: Sequence[Entity]) -> list[Any]:
+    """Feast entity keys: ``cardholder`` for a pseudonym, ``(bank, merchant)`` for a merchant tuple."""
     from feast.protos.feast.types.EntityKey_pb2 import EntityKey
     from feast.protos.feast.types.Value_pb2 import Value
 
-    return [EntityKey(join_keys=["cardholder"], entity_values=[Value(string_val=h)]) for h in holders]
+    return [
+        EntityKey(join_keys=["cardholder"], entity_values=[Value(string_val=e)])
+        if isinstance(e, str)
+        else EntityKey(join_keys=["bank", "merchant"], entity_values=[Value(int64_val=e[0]), Value(string_val=e[1])])
+        for e in entities
+    ]
 
 
 class OnlineStateClient:
@@ -255,28 +267,41 @@ class OnlineStateClient:
         if states:
             self._io.write(self._cardholder_rows(states))
 
-    def push_merchants(self, bank: int, batch: PreparedBatch, rows: Sequence[int]) -> None:
-        """Write the noised location of the latest of ``rows`` per merchant of ``batch`` (``merchant_location``)."""
-        from feast.protos.feast.types.EntityKey_pb2 import EntityKey
+    def _merchant_rows(self, bank: int, batch: PreparedBatch, rows: Sequence[int]) -> ViewRows:
+        """``merchant_location`` rows of the latest of ``rows`` per merchant (rows are in event-time order)."""
         from feast.protos.feast.types.Value_pb2 import FloatList, Value
 
         latest: dict[str, int] = {}
-        for i in rows:  # rows are in event-time order: the last one wins, like materialisation
+        for i in rows:  # the last one wins, like materialisation
             latest[batch.merchant_id[i]] = i
-        if not latest:
-            return
         now = datetime.now(UTC)
-        data = []
-        for merchant, i in latest.items():
-            key = EntityKey(
-                join_keys=["bank", "merchant"], entity_values=[Value(int64_val=bank), Value(string_val=merchant)]
+        return [
+            (
+                (bank, merchant),
+                {
+                    "location_embedding": Value(float_list_val=FloatList(val=batch.features.location[i].tolist())),
+                    "merchant_bucket": Value(int64_val=int(batch.features.merchant[i])),
+                },
+                _from_us(batch.ts_us[i]),
+                now,
             )
-            values = {
-                "location_embedding": Value(float_list_val=FloatList(val=batch.features.location[i].tolist())),
-                "merchant_bucket": Value(int64_val=int(batch.features.merchant[i])),
-            }
-            data.append((key, values, _from_us(batch.ts_us[i]), now))
-        self._online.online_write_batch(self.store.config, self._views[MERCHANT_VIEW], data, None)
+            for merchant, i in latest.items()
+        ]
+
+    def push_merchants(self, bank: int, batch: PreparedBatch, rows: Sequence[int]) -> None:
+        """Write the noised location of the latest of ``rows`` per merchant of ``batch`` (``merchant_location``)."""
+        merchants = self._merchant_rows(bank, batch, rows)
+        if merchants:
+            self._io.write([(self._views[MERCHANT_VIEW], merchants)])
+
+    def push(self, states: Sequence[CardholderState], bank: int, batch: PreparedBatch, rows: Sequence[int]) -> None:
+        """:meth:`push_states` and :meth:`push_merchants` in one write (one pipeline on Redis): serving's hot path."""
+        views = self._cardholder_rows(states) if states else []
+        merchants = self._merchant_rows(bank, batch, rows)
+        if merchants:
+            views.append((self._views[MERCHANT_VIEW], merchants))
+        if views:
+            self._io.write(views)
 
     def read_merchants(self, bank: int, merchants: Sequence[str]) -> list[dict[str, Any] | None]:
         """``merchant_location`` features of many merchants of ``bank`` in one read (None when unknown)."""
@@ -308,8 +333,7 @@ class OnlineStateClient:
             if state.apply(batch, i, self.cell_deg):
                 applied.append(i)
                 changed[holder] = state
-        self.push_states(list(changed.values()))
-        self.push_merchants(bank, batch, applied)
+        self.push(list(changed.values()), bank, batch, applied)
         return [states[h] for h in holders]
 
 

@@ -5,8 +5,8 @@ Built by :func:`build_app` from typed :class:`ScoringArgs` (STYLE §7), which
 ``serve deploy`` work too. Handles go into constructors::
 
     Gateway(FastAPI: /score /healthz /metrics, Kafka consumer thread)
-      ├── AnomalyScorer  (Feast states, GNN embed via @serve.batch sized by nodes)
-      └── FraudDecider   (fraud features + XGBoost)
+      ├── AnomalyScorer  (Feast states, GNN embed via @serve.batch sized by nodes; no Kafka I/O)
+      └── FraudDecider   (fraud features + XGBoost; produces anomaly-scores + decisions, one flush)
 
 The consumer thread processes micro-batches in partition order and pipelines
 two stages: the fraud decision of batch k runs while batch k+1 is decoded
@@ -34,7 +34,7 @@ from ray.serve import Application
 from ray.serve.handle import DeploymentHandle
 
 from serving.kafka import DecodedBatch, decode_messages, dlq_value, json_bytes, now_us
-from serving.metrics import CONTENT_TYPE, PipelineMetrics
+from serving.metrics import CONTENT_TYPE, PipelineMetrics, StageClock
 
 __all__ = ["AnomalyScorer", "FraudDecider", "Gateway", "ScoringArgs", "build_app"]
 
@@ -128,7 +128,6 @@ class AnomalyScorer:
     def __init__(self, args: dict[str, Any]) -> None:
         from feature_store.online import OnlineStateClient
         from feature_store.privacy import PrivateFeaturizer
-        from serving.kafka import make_producer
         from serving.kvstore import open_kv
         from serving.pipeline import AnomalyStage
         from training.registry import ModelRegistry
@@ -145,10 +144,10 @@ class AnomalyScorer:
         from pathlib import Path
 
         kv = open_kv(s.fraud_state_path, Path(cfg.features.repo_dir))
-        producer = make_producer(self.args.bootstrap_servers, s.producer, client_id="fedfraud-scorer")
+        # no Kafka I/O here: the fraud decider emits anomaly-scores with the decisions (one flush per batch)
         self.stage = AnomalyStage(
             client, featurizer, kv, self._load(s.anomaly_version), s.bank_id, cfg.features.location_cell_deg,
-            cfg.egograph.dedupe_ring, producer, s.topics.anomaly_scores,
+            cfg.egograph.dedupe_ring,
         )
         self.poll_s = s.registry_poll_s
         self._busy = _Busy()
@@ -185,7 +184,8 @@ class AnomalyScorer:
             by_model.setdefault(id(model), []).append(i)
         for idx in by_model.values():
             graphs = [g for i in idx for g in items[i][1]]
-            q = items[idx[0]][0].embed(graphs)
+            with self.stage.clock.section("anomaly.gnn_embed"):
+                q = items[idx[0]][0].embed(graphs)
             start = 0
             for i in idx:
                 n = len(items[i][1])
@@ -210,6 +210,10 @@ class AnomalyScorer:
 
     def model_tag(self) -> str:
         return self.stage.model.tag
+
+    def profile(self, reset: bool = False) -> dict[str, dict[str, float]]:
+        """CPU/wall seconds per section of this replica's stage (:class:`serving.pipeline.StageClock`)."""
+        return self.stage.clock.snapshot(reset)
 
 
 @serve.deployment(ray_actor_options={"num_cpus": 0.25}, max_ongoing_requests=8, health_check_period_s=5)
@@ -236,7 +240,7 @@ class FraudDecider:
         producer = make_producer(self.args.bootstrap_servers, s.producer, client_id="fedfraud-fraud")
         top_k = getattr(fraud_cfg, "top_reasons", 3)
         self.stage = FraudStage(kv, model, tag, fraud_cfg, cfg.encoder.dim, s.decision_ring, top_k, producer,
-                                s.topics.decisions)
+                                s.topics.decisions, s.topics.anomaly_scores)
         self.poll_s = s.registry_poll_s
         self._watcher: asyncio.Task[None] | None = None
         log.info("fraud decider ready model=%s", tag)
@@ -256,9 +260,15 @@ class FraudDecider:
             )
 
     async def decide(self, scored: Any) -> list[dict[str, Any]]:
-        """Decision records of a :class:`ScoredBatch`, produced and flushed before returning."""
+        """Decision records of a :class:`ScoredBatch`, produced and flushed (with its anomaly scores) before
+        returning.
+        """
         self._ensure_watcher()
         return self.stage.decide(scored)
+
+    def profile(self, reset: bool = False) -> dict[str, dict[str, float]]:
+        """CPU/wall seconds per section of this replica's stage (:class:`serving.pipeline.StageClock`)."""
+        return self.stage.clock.snapshot(reset)
 
 
 @dataclass
@@ -298,6 +308,7 @@ class Gateway:
         self.scorer = scorer
         self.fraud = fraud
         self.metrics = PipelineMetrics()
+        self.clock = StageClock()
         self.max_poll_records = self.serving.consumer.max_poll_records
         self.depth = self.args.pipeline_depth
         self._stop = threading.Event()
@@ -367,7 +378,9 @@ class Gateway:
                  s.consumer.assignment)
         try:
             while not self._stop.is_set():
-                polled = consumer.poll(timeout_ms=20 if prev is not None else 100, max_records=self.max_poll_records)
+                with self.clock.section("gateway.poll"):
+                    polled = consumer.poll(timeout_ms=20 if prev is not None else 100,
+                                           max_records=self.max_poll_records)
                 msgs = [m for part in polled.values() for m in part]
                 if not msgs:
                     if prev is not None:
@@ -382,13 +395,14 @@ class Gateway:
                 self.metrics.inflight.inc(len(msgs))
                 self.metrics.batch_size.observe(len(msgs))
                 offsets: dict[Any, int] = {}
-                for m in msgs:
-                    tp = TopicPartition(m.topic, m.partition)
-                    offsets[tp] = max(offsets.get(tp, -1), m.offset + 1)
-                decoded = decode_messages(msgs, validator)
-                for dead in decoded.dead:
-                    producer.send(s.topics.dlq, key=dead.key, value=dlq_value(dead),
-                                  headers=[("reason", dead.reason.encode()), ("detail", dead.detail.encode()[:256])])
+                with self.clock.section("gateway.decode"):
+                    for m in msgs:
+                        tp = TopicPartition(m.topic, m.partition)
+                        offsets[tp] = max(offsets.get(tp, -1), m.offset + 1)
+                    decoded = decode_messages(msgs, validator)
+                    for dead in decoded.dead:
+                        headers = [("reason", dead.reason.encode()), ("detail", dead.detail.encode()[:256])]
+                        producer.send(s.topics.dlq, key=dead.key, value=dlq_value(dead), headers=headers)
                 self.metrics.stage.labels(stage="decode").observe(time.perf_counter() - t0)
                 scored = None
                 if len(decoded.frame):
@@ -431,11 +445,13 @@ class Gateway:
 
             records = self._retry(submit, "fraud")
             self.metrics.stage.labels(stage="fraud").observe(time.perf_counter() - t2)
-        producer.flush()
-        try:
-            consumer.commit({tp: OffsetAndMetadata(off, "", -1) for tp, off in item.offsets.items()})
-        except CommitFailedError as exc:  # lost the partitions in a rebalance: the new owner redelivers
-            log.warning("commit failed after rebalance (%s); messages will be redelivered", exc)
+        with self.clock.section("gateway.commit"):
+            if item.decoded.dead:
+                producer.flush()
+            try:
+                consumer.commit({tp: OffsetAndMetadata(off, "", -1) for tp, off in item.offsets.items()})
+            except CommitFailedError as exc:  # lost the partitions in a rebalance: the new owner redelivers
+                log.warning("commit failed after rebalance (%s); messages will be redelivered", exc)
         self._account(records, item.decoded)
 
     def _account(self, records: list[dict[str, Any]], decoded: DecodedBatch) -> None:
@@ -502,6 +518,11 @@ class Gateway:
     def snapshot(self) -> dict[str, Any]:
         """Delivery counters for programmatic callers (handles)."""
         return self.metrics.snapshot()
+
+    async def profile(self, reset: bool = False) -> dict[str, dict[str, dict[str, float]]]:
+        """Per-section CPU/wall seconds of the gateway and (one replica of) each stage; ``reset`` zeroes them."""
+        scorer, fraud = self.scorer.profile.remote(reset), self.fraud.profile.remote(reset)
+        return {"gateway": self.clock.snapshot(reset), "scorer": await scorer, "fraud": await fraud}
 
 
 def build_app(args: ScoringArgs | dict[str, Any]) -> Application:

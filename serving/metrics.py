@@ -9,11 +9,15 @@ the right-hand side at any moment).
 from __future__ import annotations
 
 import threading
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-__all__ = ["CONTENT_TYPE", "PipelineMetrics"]
+__all__ = ["CONTENT_TYPE", "PipelineMetrics", "StageClock"]
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -83,3 +87,33 @@ class PipelineMetrics:
             "consumer_lag": int(self.lag._value.get()),
             "models": dict(self._models),
         }
+
+
+class StageClock:
+    """CPU (this thread's) and wall seconds per named section, so a benchmark can say where time goes.
+
+    Thread CPU time excludes time the OS gave other processes, so the numbers
+    stay meaningful on a busy machine; wall time shows waiting (I/O, acks).
+    """
+
+    def __init__(self) -> None:
+        self._cpu: defaultdict[str, float] = defaultdict(float)
+        self._wall: defaultdict[str, float] = defaultdict(float)
+        self._calls: defaultdict[str, int] = defaultdict(int)
+
+    @contextmanager
+    def section(self, name: str) -> Iterator[None]:
+        cpu, wall = time.thread_time(), time.perf_counter()
+        try:
+            yield
+        finally:
+            self._cpu[name] += time.thread_time() - cpu
+            self._wall[name] += time.perf_counter() - wall
+            self._calls[name] += 1
+
+    def snapshot(self, reset: bool = False) -> dict[str, dict[str, float]]:
+        """``{section: {cpu_s, wall_s, calls}}`` since the last reset."""
+        out = {k: {"cpu_s": self._cpu[k], "wall_s": self._wall[k], "calls": self._calls[k]} for k in list(self._cpu)}
+        if reset:
+            self._cpu.clear(), self._wall.clear(), self._calls.clear()
+        return out

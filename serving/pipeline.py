@@ -5,10 +5,15 @@
     read cardholder states (one batched Feast read) ──> apply each transaction
     ──> G_t per transaction (and G_{t-1} only when the cached q_{t-1} is stale)
     ──> q = embed(graphs) (the deployment batches this by node count)
-    ──> AS = 1 − f(q_{t-1}, q_t) ──> score ring, push states (one batched write) ──> ``anomaly-scores``
+    ──> AS = 1 − f(q_{t-1}, q_t) ──> score ring, push states (one batched write)
 
 :class:`FraudStage`: fraud-feature state per cardholder + AS ──> XGBoost ──>
-``fraud-decisions`` (score, decision, top reasons, both model versions).
+``anomaly-scores`` and ``fraud-decisions`` (score, decision, top reasons, both
+model versions), sent together and flushed once per micro-batch. The scorer
+replica, the busiest process, thus does no Kafka I/O and waits for no acks.
+
+Both stages time their sections with :class:`serving.metrics.StageClock`
+(``fedfraud bench serving`` prints them as the per-stage profile).
 
 Idempotence (at-least-once delivery means redelivery): a transaction whose
 noise key is already in the ego graph's ring of applied keys is *redelivered*;
@@ -44,6 +49,7 @@ from feature_store.cardholder import CardholderState, PreparedBatch, prepare_bat
 from feature_store.privacy import PrivateFeaturizer
 from serving.kafka import json_bytes, now_us
 from serving.kvstore import KVStore
+from serving.metrics import StageClock
 
 if TYPE_CHECKING:
     from kafka import KafkaProducer
@@ -269,8 +275,7 @@ class AnomalyStage:
         bank_id: int,
         cell_deg: float,
         ring: int,
-        producer: KafkaProducer | None = None,
-        topic: str | None = None,
+        clock: StageClock | None = None,
     ) -> None:
         self.client = client
         self.featurizer = featurizer
@@ -279,22 +284,29 @@ class AnomalyStage:
         self.bank_id = bank_id
         self.cell_deg = cell_deg
         self.ring = ring
-        self.producer = producer
-        self.topic = topic
+        self.clock = clock or StageClock()
         self.fresh = _FreshCache()
         self.features = _CachedFeatures(featurizer)
 
     def begin(self, frame: pd.DataFrame, produced_us: np.ndarray, source: str = "kafka") -> AnomalyWork:
         """Read states, apply every transaction, collect the graphs to embed (no model call yet)."""
         model = self.model  # one version per micro-batch, even if a swap lands meanwhile
-        batch = prepare_batch(frame, self.featurizer)
-        self.features.seed(batch)
-        source = self.features
+        clock = self.clock
+        with clock.section("anomaly.prepare"):
+            batch = prepare_batch(frame, self.featurizer)
+            self.features.seed(batch)
         holders = list(dict.fromkeys(batch.cardholder))
-        states = dict(zip(holders, self.client.read_states(holders), strict=True))
-        blobs = self.kv.get_many("scores", holders)
-        rings = {h: (json.loads(b) if b else []) for h, b in zip(holders, blobs, strict=True)}
-        work = AnomalyWork(batch, frame, produced_us, source, model, states, rings)
+        with clock.section("anomaly.state_read"):
+            states = dict(zip(holders, self.client.read_states(holders), strict=True))
+            blobs = self.kv.get_many("scores", holders)
+            rings = {h: (json.loads(b) if b else []) for h, b in zip(holders, blobs, strict=True)}
+        with clock.section("anomaly.graphs"):
+            return self._apply(AnomalyWork(batch, frame, produced_us, source, model, states, rings))
+
+    def _apply(self, work: AnomalyWork) -> AnomalyWork:
+        """Fold each transaction into its state and collect G_t (and a stale G_{t-1}) to embed."""
+        batch, model, states = work.batch, work.model, work.states
+        source = self.features  # L'/T' rows by noise key (the featurizer on a miss)
         eps_all = batch.features.epsilon
         for i, holder in enumerate(batch.cardholder):
             state = states[holder]
@@ -323,7 +335,7 @@ class AnomalyStage:
         return work
 
     def complete(self, work: AnomalyWork, q: np.ndarray) -> ScoredBatch:
-        """Score with the embeddings of ``work.graphs``, write rings and states, emit ``anomaly-scores``."""
+        """Score with the embeddings of ``work.graphs``, write rings and states (anomaly-scores: the fraud stage)."""
         batch, model = work.batch, work.model
         n = len(batch)
         if q.shape[0] != len(work.graphs):
@@ -331,9 +343,34 @@ class AnomalyStage:
         scores = np.full(n, np.nan, dtype=np.float64)
         rows = [i for i in range(n) if work.cur_graph[i] >= 0 and (work.prev_graph[i] >= 0 or i in work.prev_cached)]
         if rows:
-            q_prev = np.stack([q[work.prev_graph[i]] if work.prev_graph[i] >= 0 else work.prev_cached[i] for i in rows])
-            q_cur = q[[work.cur_graph[i] for i in rows]]
-            scores[rows] = model.score(q_prev.astype(np.float32), q_cur.astype(np.float32))
+            with self.clock.section("anomaly.gnn_score"):
+                q_prev = np.stack(
+                    [q[work.prev_graph[i]] if work.prev_graph[i] >= 0 else work.prev_cached[i] for i in rows]
+                )
+                q_cur = q[[work.cur_graph[i] for i in rows]]
+                scores[rows] = model.score(q_prev.astype(np.float32), q_cur.astype(np.float32))
+        with self.clock.section("anomaly.state_write"):
+            self._write(work, q, scores)
+        return ScoredBatch(
+            source=work.source,
+            transaction_id=work.frame["transaction_id"].astype(str).tolist(),
+            cardholder=batch.cardholder,
+            ts_us=batch.ts_us,
+            amount=batch.amount,
+            mcc=batch.mcc,
+            merchant=batch.features.merchant,
+            location=batch.features.location,
+            time=batch.features.time,
+            anomaly_score=scores,
+            redelivered=np.asarray(work.redelivered, dtype=bool),
+            produced_us=np.asarray(work.produced_us, dtype=np.int64),
+            anomaly_model=model.tag,
+            scored_us=now_us(),
+        )
+
+    def _write(self, work: AnomalyWork, q: np.ndarray, scores: np.ndarray) -> None:
+        """Score ring first, then states and merchants in one push; fills redelivered rows' scores from the ring."""
+        batch, model = work.batch, work.model
         changed: list[CardholderState] = []
         applied_rows: list[int] = []
         touched: set[str] = set()
@@ -355,49 +392,21 @@ class AnomalyStage:
             changed.append(state)
         # ring first: after a crash between the two writes, a redelivery still finds its score
         self.kv.put_many("scores", [(h, json_bytes(work.rings[h])) for h in touched])
-        self.client.push_states(changed)
-        self.client.push_merchants(self.bank_id, batch, applied_rows)
+        self.client.push(changed, self.bank_id, batch, applied_rows)
         for state in changed:
             self.fresh.put(state.cardholder, state.version, model.tag)
-        scored = ScoredBatch(
-            source=work.source,
-            transaction_id=work.frame["transaction_id"].astype(str).tolist(),
-            cardholder=batch.cardholder,
-            ts_us=batch.ts_us,
-            amount=batch.amount,
-            mcc=batch.mcc,
-            merchant=batch.features.merchant,
-            location=batch.features.location,
-            time=batch.features.time,
-            anomaly_score=scores,
-            redelivered=np.asarray(work.redelivered, dtype=bool),
-            produced_us=np.asarray(work.produced_us, dtype=np.int64),
-            anomaly_model=model.tag,
-            scored_us=now_us(),
-        )
-        self._emit(scored)
-        return scored
+
+    def embed(self, work: AnomalyWork) -> np.ndarray:
+        """Embeddings of ``work.graphs``, one GNN forward (the deployment batches concurrent requests instead)."""
+        if not work.graphs:
+            return np.zeros((0, 0), dtype=np.float32)
+        with self.clock.section("anomaly.gnn_embed"):
+            return work.model.embed(work.graphs)
 
     def score(self, frame: pd.DataFrame, produced_us: np.ndarray, source: str = "kafka") -> ScoredBatch:
         """Begin → embed (one call) → complete; for callers without Serve's batching."""
         work = self.begin(frame, produced_us, source)
-        q = work.model.embed(work.graphs) if work.graphs else np.zeros((0, 0), dtype=np.float32)
-        return self.complete(work, q)
-
-    def _emit(self, scored: ScoredBatch) -> None:
-        if self.producer is None or self.topic is None or not len(scored):
-            return
-        for i, tx in enumerate(scored.transaction_id):
-            value = {
-                "transaction_id": tx,
-                "cardholder": scored.cardholder[i],
-                "anomaly_score": float(scored.anomaly_score[i]),
-                "model": scored.anomaly_model,
-                "redelivered": bool(scored.redelivered[i]),
-                "scored_us": scored.scored_us,
-            }
-            self.producer.send(self.topic, key=scored.cardholder[i].encode(), value=json_bytes(value))
-        self.producer.flush()
+        return self.complete(work, self.embed(work))
 
 
 # ---------------------------------------------------------------------- fraud stage
@@ -414,7 +423,12 @@ def _unpack_fraud(blob: bytes) -> tuple[bytes, list[dict[str, Any]]]:
 
 
 class FraudStage:
-    """Fraud features + XGBoost decision per transaction (one instance per fraud replica)."""
+    """Fraud features + XGBoost decision per transaction (one instance per fraud replica).
+
+    With a producer it also emits the batch's ``anomaly-scores`` (``scores_topic``)
+    next to the decisions (``topic``) and flushes both once: the gateway commits
+    after :meth:`decide` returns, so both topics are covered by at-least-once.
+    """
 
     def __init__(
         self,
@@ -427,6 +441,8 @@ class FraudStage:
         top_k: int = 3,
         producer: KafkaProducer | None = None,
         topic: str | None = None,
+        scores_topic: str | None = None,
+        clock: StageClock | None = None,
     ) -> None:
         self.kv = kv
         self.model = model
@@ -437,6 +453,8 @@ class FraudStage:
         self.top_k = top_k
         self.producer = producer
         self.topic = topic
+        self.scores_topic = scores_topic
+        self.clock = clock or StageClock()
         self._check_layout(model)
 
     def _check_layout(self, model: FraudModel) -> None:
@@ -454,11 +472,53 @@ class FraudStage:
         self.model, self.model_tag = model, tag
 
     def decide(self, scored: ScoredBatch) -> list[dict[str, Any]]:
-        """Decision records of ``scored`` (in its order); emits and flushes them before returning."""
-        from training.fraud.features import CorruptFraudStateError, FraudFeatureState, FraudInput
+        """Decision records of ``scored`` (in its order); emits and flushes them (and the scores) before returning."""
+        from training.fraud.features import FraudInput
 
-        model, tag = self.model, self.model_tag
-        holders = list(dict.fromkeys(scored.cardholder))
+        model, tag, clock = self.model, self.model_tag, self.clock
+        with clock.section("fraud.state_read"):
+            states, rings = self._read(list(dict.fromkeys(scored.cardholder)))
+        with clock.section("fraud.features"):
+            records: list[dict[str, Any] | None] = [None] * len(scored)
+            fresh_rows: list[int] = []
+            features: list[np.ndarray] = []
+            for i, tx in enumerate(scored.transaction_id):
+                holder = scored.cardholder[i]
+                previous = next((r for r in rings[holder] if r["transaction_id"] == tx), None)
+                if previous is not None:
+                    records[i] = {**previous, "redelivered": True}
+                    continue
+                features.append(
+                    states[holder].update(
+                        FraudInput(
+                            ts_us=scored.ts_us[i],
+                            amount=scored.amount[i],
+                            mcc=scored.mcc[i],
+                            merchant=int(scored.merchant[i]),
+                            location=scored.location[i],
+                            time=scored.time[i],
+                            anomaly_score=float(scored.anomaly_score[i]),
+                        )
+                    )
+                )
+                fresh_rows.append(i)
+        if fresh_rows:
+            with clock.section("fraud.model"):
+                decisions = model.predict_batch(np.stack(features), top_k=self.top_k)
+            with clock.section("fraud.records"):
+                self._records(scored, fresh_rows, decisions, tag, rings, records)
+        with clock.section("fraud.state_write"):
+            touched = {scored.cardholder[i] for i in fresh_rows}
+            self.kv.put_many("fraud", [(h, _pack_fraud(states[h].to_bytes(), rings[h])) for h in touched])
+        decided = now_us()
+        out = [{**r, "decided_us": decided} for r in records if r is not None]
+        self._emit(scored, out)
+        return out
+
+    def _read(self, holders: list[str]) -> tuple[dict[str, Any], dict[str, list[dict[str, Any]]]]:
+        """Fraud-feature states and decision rings of ``holders`` (one batched read; corrupt → empty)."""
+        from training.fraud.features import CorruptFraudStateError, FraudFeatureState
+
         states: dict[str, FraudFeatureState] = {}
         rings: dict[str, list[dict[str, Any]]] = {}
         for holder, blob in zip(holders, self.kv.get_many("fraud", holders), strict=True):
@@ -470,64 +530,54 @@ class FraudStage:
                 except CorruptFraudStateError as exc:
                     log.warning("corrupt_fraud_state cardholder=%s reason=%s; rebuilt empty", holder, exc)
             states[holder], rings[holder] = state, ring
-        records: list[dict[str, Any] | None] = [None] * len(scored)
-        fresh_rows: list[int] = []
-        features: list[np.ndarray] = []
-        for i, tx in enumerate(scored.transaction_id):
-            holder = scored.cardholder[i]
-            previous = next((r for r in rings[holder] if r["transaction_id"] == tx), None)
-            if previous is not None:
-                records[i] = {**previous, "redelivered": True}
-                continue
-            features.append(
-                states[holder].update(
-                    FraudInput(
-                        ts_us=scored.ts_us[i],
-                        amount=scored.amount[i],
-                        mcc=scored.mcc[i],
-                        merchant=int(scored.merchant[i]),
-                        location=scored.location[i],
-                        time=scored.time[i],
-                        anomaly_score=float(scored.anomaly_score[i]),
-                    )
-                )
-            )
-            fresh_rows.append(i)
-        if fresh_rows:
-            decisions = model.predict_batch(np.stack(features), top_k=self.top_k)
-            for i, d in zip(fresh_rows, decisions, strict=True):
-                a_s = float(scored.anomaly_score[i])
-                record = {
-                    "transaction_id": scored.transaction_id[i],
-                    "cardholder": scored.cardholder[i],
-                    "score": d.score,
-                    "decision": "fraud" if d.decision else "legit",
-                    "anomaly_score": None if math.isnan(a_s) else a_s,
-                    "top_reasons": [
-                        {"feature": r.feature, "value": _finite(r.value), "contribution": r.contribution}
-                        for r in d.top_reasons
-                    ],
-                    "models": {"anomaly": scored.anomaly_model, "fraud": tag},
-                    "produced_us": int(scored.produced_us[i]),
-                    "redelivered": False,
-                }
-                ring = rings[scored.cardholder[i]]
-                ring.append(record)
-                del ring[: max(len(ring) - self.ring, 0)]
-                records[i] = record
-        touched = {scored.cardholder[i] for i in fresh_rows}
-        self.kv.put_many("fraud", [(h, _pack_fraud(states[h].to_bytes(), rings[h])) for h in touched])
-        decided = now_us()
-        out = [{**r, "decided_us": decided} for r in records if r is not None]
-        self._emit(out)
-        return out
+        return states, rings
 
-    def _emit(self, records: list[dict[str, Any]]) -> None:
-        if self.producer is None or self.topic is None or not records:
+    def _records(self, scored: ScoredBatch, rows: list[int], decisions: Sequence[Any], tag: str,
+                 rings: dict[str, list[dict[str, Any]]], records: list[dict[str, Any] | None]) -> None:
+        """Decision records of the fresh ``rows`` into ``records``, remembered in the cardholders' rings."""
+        for i, d in zip(rows, decisions, strict=True):
+            a_s = float(scored.anomaly_score[i])
+            record = {
+                "transaction_id": scored.transaction_id[i],
+                "cardholder": scored.cardholder[i],
+                "score": d.score,
+                "decision": "fraud" if d.decision else "legit",
+                "anomaly_score": None if math.isnan(a_s) else a_s,
+                "top_reasons": [
+                    {"feature": r.feature, "value": _finite(r.value), "contribution": r.contribution}
+                    for r in d.top_reasons
+                ],
+                "models": {"anomaly": scored.anomaly_model, "fraud": tag},
+                "produced_us": int(scored.produced_us[i]),
+                "redelivered": False,
+            }
+            ring = rings[scored.cardholder[i]]
+            ring.append(record)
+            del ring[: max(len(ring) - self.ring, 0)]
+            records[i] = record
+
+    def _emit(self, scored: ScoredBatch, records: list[dict[str, Any]]) -> None:
+        """Send the batch's anomaly scores and decisions, then one flush (at-least-once: the caller commits after)."""
+        if self.producer is None or not len(scored):
             return
-        for r in records:
-            self.producer.send(self.topic, key=r["cardholder"].encode(), value=json_bytes(r))
-        self.producer.flush()  # at-least-once: the caller commits offsets only after this returns
+        send = self.producer.send
+        with self.clock.section("kafka.produce"):
+            if self.scores_topic is not None:
+                for i, tx in enumerate(scored.transaction_id):
+                    value = {
+                        "transaction_id": tx,
+                        "cardholder": scored.cardholder[i],
+                        "anomaly_score": float(scored.anomaly_score[i]),
+                        "model": scored.anomaly_model,
+                        "redelivered": bool(scored.redelivered[i]),
+                        "scored_us": scored.scored_us,
+                    }
+                    send(self.scores_topic, key=scored.cardholder[i].encode(), value=json_bytes(value))
+            if self.topic is not None:
+                for r in records:
+                    send(self.topic, key=r["cardholder"].encode(), value=json_bytes(r))
+        with self.clock.section("kafka.flush"):
+            self.producer.flush()
 
 
 def _finite(value: float) -> float | None:

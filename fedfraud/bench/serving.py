@@ -5,7 +5,17 @@ kafka-python client settings on the same broker and no scoring; (2) the maximum
 sustained throughput of the full pipeline (a backlog replayed as fast as
 possible, first produce → last decision); (3) p50/p99 of produce → decision at
 fixed offered loads. Latency uses the ``produced-us`` header stamped by the
-replay tool and ``decided_us`` stamped by the fraud stage after its flush.
+replay tool and ``decided_us`` stamped by the fraud stage when the decision is
+made (before its send and flush, whose wall time the stage profile shows).
+
+The per-stage table is the replicas' :class:`serving.metrics.StageClock` over
+the backlog: CPU ms per transaction of each section (thread CPU time, so other
+processes on a busy machine do not inflate it) and wall ms per micro-batch.
+
+Online store: the config's ``features.profile``. With ``redis`` the bench uses
+its own database (:data:`BENCH_REDIS_DB`, flushed at start because replayed
+transactions would otherwise be recognised as redeliveries of the last run)
+for Feast and for serving's state.
 """
 
 from __future__ import annotations
@@ -20,9 +30,11 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["ServingBenchResult", "run_serving_bench"]
+__all__ = ["BENCH_REDIS_DB", "ServingBenchResult", "run_serving_bench"]
 
 log = logging.getLogger(__name__)
+#: Redis database the bench owns (flushed at start); other work uses db 0.
+BENCH_REDIS_DB = 14
 _COLUMNS = ["transaction_id", "cardholder_id", "merchant_id", "timestamp", "amount", "lat", "lon", "mcc", "is_fraud",
             "geo_source"]
 
@@ -36,6 +48,8 @@ class ServingBenchResult:
     models: dict[str, str] = field(default_factory=dict)
     cpus: int = 0
     load_avg: float = 0.0
+    store: str = "sqlite"
+    profile: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
 
     def to_markdown(self) -> str:
         ratio = self.sustained_tx_s / self.ceiling_tx_s if self.ceiling_tx_s else float("nan")
@@ -43,7 +57,8 @@ class ServingBenchResult:
             "### Streaming scoring (`fedfraud bench serving`)",
             "",
             f"Embedded Tansu broker, kafka-python, Ray Serve ({self.cpus} CPUs, load average {self.load_avg:.1f} "
-            f"at start), models {self.models.get('anomaly', '?')} + {self.models.get('fraud', '?')}.",
+            f"at start), online store {self.store}, models {self.models.get('anomaly', '?')} + "
+            f"{self.models.get('fraud', '?')}.",
             "",
             "| measure | value | target |",
             "|---|---|---|",
@@ -56,6 +71,29 @@ class ServingBenchResult:
                 f"| p50 / p99 at {row['offered']:,.0f} tx/s offered (achieved {row['achieved']:,.0f}) | "
                 f"{row['p50_ms']:.1f} / {row['p99_ms']:.1f} ms | p99 ≤ 50 ms at 1,000 |"
             )
+        return "\n".join(lines) + "\n" + self._profile_markdown()
+
+    def _profile_markdown(self) -> str:
+        """Per-section CPU ms/tx and wall ms/batch over the backlog, by process."""
+        if not self.profile:
+            return ""
+        lines = [
+            "",
+            f"Where the time goes ({self.backlog:,} tx backlog; CPU = that thread's CPU time per transaction, "
+            "wall per call):",
+            "",
+            "| process | section | CPU ms/tx | wall ms/call | calls |",
+            "|---|---|---|---|---|",
+        ]
+        totals = {}
+        for proc, sections in self.profile.items():
+            for name, v in sorted(sections.items(), key=lambda kv: -kv[1]["cpu_s"]):
+                lines.append(f"| {proc} | {name} | {v['cpu_s'] / self.backlog * 1e3:.3f} | "
+                             f"{v['wall_s'] / max(v['calls'], 1) * 1e3:.1f} | {int(v['calls'])} |")
+            totals[proc] = sum(v["cpu_s"] for v in sections.values()) / self.backlog * 1e3
+        lines.append("| **all** | sum of sections | "
+                     + " + ".join(f"{p} {t:.3f}" for p, t in totals.items())
+                     + f" = **{sum(totals.values()):.3f}** | | |")
         return "\n".join(lines) + "\n"
 
 
@@ -144,6 +182,9 @@ def run_serving_bench(
                               config={}, metrics={}, privacy={}, card="benchmark")
     serving = cfg.serving.model_copy(update={"registry_root": str(reg.root), "bootstrap_servers": None})
     features = cfg.features.model_copy(update={"repo_dir": str(tmp / "repo")})
+    store = cfg.features.profile.strip().lower()
+    if store == "redis":
+        serving, features = _bench_redis(serving, features)
     cfg = cfg.model_copy(update={"serving": serving, "features": features})
     load_avg = os.getloadavg()[0]
     rt = start(cfg)
@@ -156,7 +197,9 @@ def run_serving_bench(
         cursor += len(warm)
         part = frame.iloc[cursor : cursor + backlog].reset_index(drop=True)
         cursor += len(part)
+        rt.handle.profile.remote(reset=True).result()
         result = rt.replay(part, rate=0, timeout_s=600)
+        profile = rt.handle.profile.remote(reset=True).result()
         first = min(int(d["produced_us"]) for d in result.decisions)
         last = max(int(d["decided_us"]) for d in result.decisions)
         sustained = len(result.decided_ids) / ((last - first) / 1e6)
@@ -175,4 +218,17 @@ def run_serving_bench(
         models = rt.counters()["models"]
     finally:
         rt.stop()
-    return ServingBenchResult(ceiling, sustained, backlog, rows, models, os.cpu_count() or 0, load_avg)
+    return ServingBenchResult(ceiling, sustained, backlog, rows, models, os.cpu_count() or 0, load_avg, store, profile)
+
+
+def _bench_redis(serving: Any, features: Any) -> tuple[Any, Any]:
+    """Feast and serving's state on the bench's own Redis database, emptied first."""
+    import redis
+
+    host_port = features.redis.connection_string.split(",")[0]
+    host, _, port = host_port.partition(":")
+    redis.Redis(host=host, port=int(port or 6379), db=BENCH_REDIS_DB).flushdb()
+    profile = features.redis.model_copy(update={"connection_string": f"{host_port},db={BENCH_REDIS_DB}"})
+    features = features.model_copy(update={"redis": profile})
+    serving = serving.model_copy(update={"fraud_state_path": f"redis://{host_port}/{BENCH_REDIS_DB}"})
+    return serving, features
