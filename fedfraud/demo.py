@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
 from fedfraud.config import FedfraudConfig
 
@@ -31,14 +32,19 @@ class DemoArgs:
     """Sizes of the demo run; defaults keep the whole job under 10 minutes on 2 cores."""
 
     out: Path
-    cardholders: int = 1000
+    cardholders: int = 800
     days: int = 30
     banks: int = 5
     seed: int = 7
+    holdout_days: float = 7.0
+    rounds: int = 3
+    stream_rate: float = 250.0
 
     def __post_init__(self) -> None:
         if self.cardholders < 10 or self.days < 3 or self.banks < 2:
             raise ValueError("demo needs at least 10 cardholders, 3 days and 2 banks")
+        if not 0 < self.holdout_days < self.days:
+            raise ValueError("--holdout-days must be positive and shorter than --days")
 
 
 @dataclass
@@ -155,47 +161,187 @@ def _stage_features(cfg: FedfraudConfig, args: DemoArgs, ctx: dict[str, Any]) ->
     )
 
 
-def _stage_egographs(cfg: FedfraudConfig, args: DemoArgs, ctx: dict[str, Any]) -> StageResult:
-    from feature_store.egograph import build_snapshot_pairs
-    from feature_store.privacy import PrivateFeaturizer
-    from training.data.layout import list_banks, read_bank
+def _stage_holdout(cfg: FedfraudConfig, args: DemoArgs, ctx: dict[str, Any]) -> StageResult:
+    """Cut every bank in time: models and the feature store see the history, the stream replays the tail."""
+    from training.data.holdout import time_holdout
 
     t0 = time.perf_counter()
-    nodes, edges, pairs = [], [], 0
-    bank = list_banks(ctx["data"])[0]
-    frame = read_bank(ctx["data"], bank)
-    featurizer = PrivateFeaturizer.for_bank(cfg.encoder, cfg.privacy, bank)
-    for pair in build_snapshot_pairs(frame, featurizer, cfg.egograph):
-        pairs += 1
-        nodes.append(pair.current.num_nodes)
-        edges.append(pair.current.edge_index.shape[1])
+    split = time_holdout(ctx["data"], args.out / "history", args.holdout_days)
+    ctx["split"] = split
+    live = split.live[cfg.serving.bank_id]
+    return StageResult(
+        "hold out",
+        time.perf_counter() - t0,
+        {
+            "cutoff": split.cutoff.isoformat(),
+            "live_bank": cfg.serving.bank_id,
+            "live_transactions": len(live),
+            "live_fraud": int(live["is_fraud"].fillna(False).sum()),
+        },
+    )
+
+
+def _stage_train_anomaly(cfg: FedfraudConfig, args: DemoArgs, ctx: dict[str, Any]) -> StageResult:
+    """Federated anomaly GNN: one Flower SuperNode per bank on Ray, FedProx, published to the registry."""
+    from fedfraud.config import update_section
+    from training.federated.task import RunSettings
+    from training.federated.trainer import run_federated
+
+    cfg = update_section(cfg, "federated", rounds=args.rounds)
+    settings = RunSettings(
+        anomaly=cfg.anomaly,
+        federated=cfg.federated,
+        privacy=cfg.privacy,
+        encoder=cfg.encoder,
+        egograph=cfg.egograph,
+        data_dir=ctx["split"].history,
+        out_dir=ctx["registry"],
+    )
+    result = run_federated(settings)
+    s = result.summary
+    return StageResult(
+        "train anomaly",
+        result.wall_seconds,
+        {
+            "model": result.version,
+            "rounds": result.rounds,
+            "banks": result.banks,
+            "pooling": cfg.anomaly.pooling,
+            "f1": round(s.get("f1_mean", float("nan")), 4),
+            "roc_auc": round(s.get("roc_auc_mean", float("nan")), 4),
+            "fraud_roc_auc": round(s.get("fraud_roc_auc_mean", float("nan")), 4),
+        },
+        plots={"seconds per round": dict(enumerate(round(x, 1) for x in result.seconds_per_round))},
+    )
+
+
+def _stage_train_fraud(cfg: FedfraudConfig, args: DemoArgs, ctx: dict[str, Any]) -> StageResult:
+    """Federated XGBoost fraud model with the anomaly score as a feature (stacking)."""
+    from training.fraud.pipeline import train_and_publish
+
+    t0 = time.perf_counter()
+    version, metrics = train_and_publish(cfg, ctx["split"].history, ctx["registry"])
+    return StageResult(
+        "train fraud",
+        time.perf_counter() - t0,
+        {"model": version.tag, **{k: round(v, 4) for k, v in metrics.items() if isinstance(v, float)}},
+    )
+
+
+def _stage_feature_store(cfg: FedfraudConfig, args: DemoArgs, ctx: dict[str, Any]) -> StageResult:
+    """Offline features of the serving bank's history → ``feast apply`` → materialize the online store."""
+    from feature_store.feast_store import apply_repo, materialize_repo, open_store
+    from feature_store.offline import write_offline
+
+    t0 = time.perf_counter()
+    store = open_store(cfg.features)
+    report = write_offline(
+        ctx["split"].history,
+        Path(store.repo_path),
+        cfg.encoder,
+        cfg.privacy,
+        cfg.egograph,
+        cfg.features.location_cell_deg,
+        banks=[cfg.serving.bank_id],
+        progress=False,
+    )
+    objects = apply_repo(store)
+    materialize_repo(store)
+    return StageResult(
+        "feature store",
+        time.perf_counter() - t0,
+        {
+            "profile": cfg.features.profile,
+            "feast_objects": len(objects),
+            "rows": report.rows,
+            "cardholders": report.cardholders,
+        },
+    )
+
+
+def _stage_stream(cfg: FedfraudConfig, args: DemoArgs, ctx: dict[str, Any]) -> StageResult:
+    """Serve on Ray Serve + the embedded broker, replay the live tail plus two poison messages, score it."""
+    import ray
+
+    from serving.runtime import start
+    from training.fraud.metrics import classification_metrics
+
+    live = ctx["split"].live[cfg.serving.bank_id]
+    poison = [(None, b"{not json"), (None, b'{"transaction_id": "poison-1", "amount": -5}')]
+    t0 = time.perf_counter()
+    runtime = start(cfg, apply_features=False)
+    started = time.perf_counter() - t0
+    try:
+        result = runtime.replay(live, rate=args.stream_rate, timeout_s=300.0, extra=poison)
+        counters = runtime.wait_idle()
+    finally:
+        runtime.stop()
+        ray.shutdown()
+    first: dict[str, dict[str, Any]] = {}
+    for d in result.decisions:
+        first.setdefault(d["transaction_id"], d)
+    labels = live.set_index("transaction_id")["is_fraud"].astype("boolean")
+    decided = [tid for tid in live["transaction_id"] if tid in first]
+    y = np.array([bool(labels[t]) if labels[t] is not pd.NA else False for t in decided])
+    score = np.array([float(first[t]["score"]) for t in decided])
+    flagged = np.array([first[t]["decision"] == "fraud" for t in decided])
+    threshold = float(np.min(score[flagged])) if flagged.any() else float(np.max(score) + 1e-9)
+    quality = classification_metrics(y, score, threshold, cfg.fraud.fpr_target)
+    latency = result.latencies_ms
     seconds = time.perf_counter() - t0
     return StageResult(
-        "ego graphs",
+        "serve + stream",
         seconds,
         {
-            "bank": bank,
-            "snapshot_pairs": pairs,
-            "pairs_per_s": round(pairs / seconds) if seconds else 0,
-            "median_nodes": float(np.median(nodes)) if nodes else 0.0,
-            "median_edges": float(np.median(edges)) if edges else 0.0,
+            "serve_start_s": round(started, 1),
+            "produced": len(live),
+            "decided": len(first),
+            "missing": len(result.missing),
+            "dead_lettered": len(result.dead_letters),
+            "dlq_reasons": sorted({str(d.get("reason")) for d in result.dead_letters}),
+            "offered_tx_per_s": args.stream_rate,
+            "achieved_tx_per_s": round(result.stats.rate, 1),
+            "latency_p50_ms": round(float(np.percentile(latency, 50)), 1) if len(latency) else None,
+            "latency_p99_ms": round(float(np.percentile(latency, 99)), 1) if len(latency) else None,
+            "frauds_streamed": int(y.sum()),
+            "flagged": int(flagged.sum()),
+            "precision": round(quality.precision, 4),
+            "recall": round(quality.recall, 4),
+            "f1": round(quality.f1, 4),
+            "pr_auc": round(quality.pr_auc, 4),
+            "consumed": counters.get("consumed"),
+            "models": first[decided[0]]["models"] if decided else {},
         },
-        plots={"nodes": nodes, "edges": edges},
+        plots={"end-to-end latency (ms)": latency.tolist()},
     )
 
 
 Stage = Callable[[FedfraudConfig, DemoArgs, dict[str, Any]], StageResult]
 
-STAGES: list[Stage] = [_stage_generate, _stage_ingest, _stage_features, _stage_egographs]
+STAGES: list[Stage] = [
+    _stage_generate,
+    _stage_ingest,
+    _stage_holdout,
+    _stage_features,
+    _stage_train_anomaly,
+    _stage_train_fraud,
+    _stage_feature_store,
+    _stage_stream,
+]
 
 
 def run_demo(cfg: FedfraudConfig, args: DemoArgs, progress: Callable[[str], None] | None = None) -> DemoReport:
     """Run every stage in order and write ``summary.json`` and ``report.html`` under ``args.out``."""
     from fedfraud.report import write_html_report
 
+    from fedfraud.config import update_section
+
     args.out.mkdir(parents=True, exist_ok=True)
+    registry = args.out / "registry"
+    cfg = update_section(cfg, "features", repo_dir=str(args.out / "feature_repo"))
+    cfg = update_section(cfg, "serving", registry_root=str(registry))
     report = DemoReport(out=args.out)
-    ctx: dict[str, Any] = {}
+    ctx: dict[str, Any] = {"registry": registry}
     for stage in STAGES:
         name = stage.__name__.removeprefix("_stage_")
         if progress:

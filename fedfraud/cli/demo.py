@@ -20,16 +20,30 @@ def register(app: typer.Typer) -> None:
         out: Annotated[Path, typer.Option("--out", "-o", help="folder for data, models and the report")] = Path(
             "out/demo"
         ),
-        cardholders: Annotated[int, typer.Option(help="cardholders to generate")] = 1000,
+        cardholders: Annotated[int, typer.Option(help="cardholders to generate")] = 800,
         days: Annotated[int, typer.Option(help="days of activity")] = 30,
         banks: Annotated[int, typer.Option(help="number of banks")] = 5,
         seed: Annotated[int, typer.Option(help="random seed")] = 7,
+        holdout_days: Annotated[float, typer.Option(help="last days streamed live instead of trained on")] = 7.0,
+        rounds: Annotated[int, typer.Option(help="federated rounds of the anomaly model")] = 3,
+        rate: Annotated[float, typer.Option(help="offered stream load in tx/s (0: as fast as possible)")] = 250.0,
     ) -> None:
-        """Run generate → ingest → private features → ego graphs (→ train → serve → stream) and report."""
+        """Generate → ingest → hold out → private features → train anomaly (Flower) → train fraud →
+        Feast → serve (Ray Serve + Kafka) → stream the held-out tail → summary and HTML report.
+        """
         from fedfraud.demo import DemoArgs, run_demo, summary_lines
 
         try:
-            args = DemoArgs(out=out, cardholders=cardholders, days=days, banks=banks, seed=seed)
+            args = DemoArgs(
+                out=out,
+                cardholders=cardholders,
+                days=days,
+                banks=banks,
+                seed=seed,
+                holdout_days=holdout_days,
+                rounds=rounds,
+                stream_rate=rate,
+            )
         except ValueError as exc:
             raise UserError(str(exc)) from None
         report = run_demo(config_of(ctx), args, progress=typer.echo)
