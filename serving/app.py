@@ -103,6 +103,25 @@ def _node_count(items: Sequence[tuple[Any, list[Any]]]) -> int:
     return sum(max(1, int(g.num_nodes)) for _, graphs in items for g in graphs)
 
 
+def _node_chunks(graphs: list[Any], budget: int) -> list[list[Any]]:
+    """Consecutive runs of ``graphs`` of at most ``budget`` nodes each (≥ 1 graph per run).
+
+    @serve.batch rejects an item larger than ``max_batch_size``; a full
+    micro-batch (500 transactions of ~20-node graphs) is larger than the
+    default 8,192-node budget, and without splitting the gateway retried it forever.
+    """
+    chunks: list[list[Any]] = []
+    size = budget + 1
+    for g in graphs:
+        n = max(1, int(g.num_nodes))
+        if size + n > budget:
+            chunks.append([])
+            size = 0
+        chunks[-1].append(g)
+        size += n
+    return chunks
+
+
 class _Busy:
     """Per-cardholder exclusion: concurrent requests touching the same cardholder run one after the other."""
 
@@ -157,7 +176,8 @@ class AnomalyScorer:
 
     def reconfigure(self, user_config: dict[str, Any]) -> None:
         """Runtime knobs: ``max_nodes_per_batch``, ``batch_wait_timeout_s``, ``registry_poll_s``."""
-        self._embed.set_max_batch_size(int(user_config.get("max_nodes_per_batch", self.serving.max_nodes_per_batch)))
+        self.max_nodes = int(user_config.get("max_nodes_per_batch", self.serving.max_nodes_per_batch))
+        self._embed.set_max_batch_size(self.max_nodes)
         self._embed.set_batch_wait_timeout_s(
             float(user_config.get("batch_wait_timeout_s", self.serving.batch_wait_timeout_s))
         )
@@ -201,7 +221,10 @@ class AnomalyScorer:
         try:
             work = self.stage.begin(frame, produced_us, source)
             if work.graphs:
-                q = await self._embed((work.model, work.graphs))
+                parts = await asyncio.gather(
+                    *(self._embed((work.model, chunk)) for chunk in _node_chunks(work.graphs, self.max_nodes))
+                )
+                q = np.concatenate(parts)
             else:
                 q = np.zeros((0, 0), dtype=np.float32)
             return self.stage.complete(work, q)

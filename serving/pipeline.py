@@ -195,10 +195,14 @@ class _CachedFeatures:
 
     def _rows(self, table: OrderedDict[tuple[int, float], np.ndarray], keys: np.ndarray, eps: np.ndarray | float,
               compute: Any) -> np.ndarray:
-        e = float(np.asarray(eps).reshape(-1)[0]) if np.ndim(eps) else float(eps)
-        if np.ndim(eps) and not np.all(np.asarray(eps) == e):
-            return compute(None)
-        hits = [table.get((int(k), e)) for k in keys.tolist()]
+        if isinstance(eps, float):  # to_data's case: one budget per graph
+            e = eps
+        else:
+            e = float(np.asarray(eps).reshape(-1)[0]) if np.ndim(eps) else float(eps)
+            if np.ndim(eps) and not np.all(np.asarray(eps) == e):
+                return compute(None)
+        get = table.get
+        hits = [get((k, e)) for k in keys.tolist()]  # tolist() already gives python ints
         miss = [i for i, h in enumerate(hits) if h is None]
         if miss:
             fresh = compute(np.asarray(miss, dtype=np.int64))

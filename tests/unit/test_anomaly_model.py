@@ -57,7 +57,7 @@ def test_training_lowers_the_loss_and_produces_metrics(bank):
     _, data = bank
     torch.manual_seed(0)
     model = AnomalyModel(CFG, ENC, EGO.max_nodes)
-    sources = sources_of([data], CFG.perturb_min, CFG.perturb_max, EGO.max_nodes)
+    sources = sources_of([data], CFG, EGO.max_nodes)
     stats, _ = train_model(
         model, sources, epochs=8, samples_per_epoch=64, batch_size=32, lr=3e-3, seed=0, proximal_mu=0.01
     )
@@ -72,7 +72,7 @@ def test_training_lowers_the_loss_and_produces_metrics(bank):
 
 def test_fedprox_term_keeps_weights_closer(bank):
     _, data = bank
-    sources = sources_of([data], CFG.perturb_min, CFG.perturb_max, EGO.max_nodes)
+    sources = sources_of([data], CFG, EGO.max_nodes)
     dist = {}
     for mu in (0.0, 10.0):
         torch.manual_seed(0)

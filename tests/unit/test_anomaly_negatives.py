@@ -97,3 +97,30 @@ def test_check_graph_rejects_bad_graphs():
     )
     with pytest.raises(ValueError):
         check_graph(nan)
+
+
+@pytest.mark.parametrize("conf", CONFIGURATIONS)
+@pytest.mark.parametrize("gi", range(len(GRAPHS)))
+def test_newest_negatives_change_one_transaction(conf, gi):
+    """newest_share=1: valid graphs that differ from G_t by at most one node and one edge, at the newest ones."""
+    g, base = GRAPHS[gi], _sampler()
+    sampler = NegativeSampler(base.pool, 0.1, 0.5, max_nodes=32, newest_share=1.0)
+    for seed in range(10):
+        h = sampler.perturb(g, np.random.default_rng(seed), conf).graph
+        check_graph(h, 32)
+        assert h.num_nodes - g.num_nodes in (0, 1)
+        assert h.edge_index.shape[1] - g.edge_index.shape[1] in (0, 1)
+        n, e = g.num_nodes, g.edge_index.shape[1]
+        assert torch.equal(h.x[: n - 1], g.x[: n - 1]) and torch.equal(h.merchant[: n - 1], g.merchant[: n - 1])
+        kept = max(e - 1, 0)
+        assert torch.equal(h.edge_index[:, :e], g.edge_index) and torch.equal(h.edge_attr[:kept], g.edge_attr[:kept])
+
+
+def test_newest_share_zero_keeps_thesis_stream():
+    """newest_share=0 draws exactly the thesis negatives (no extra random draws)."""
+    base = _sampler()
+    zero = NegativeSampler(base.pool, 0.1, 0.5, max_nodes=32, newest_share=0.0)
+    for seed in range(5):
+        a = base.perturb(GRAPHS[4], np.random.default_rng(seed)).graph
+        b = zero.perturb(GRAPHS[4], np.random.default_rng(seed)).graph
+        assert torch.equal(a.x, b.x) and torch.equal(a.edge_index, b.edge_index)

@@ -19,8 +19,8 @@ MULTI = EncoderConfig(variant="multiscale")
 BOTH = pytest.mark.parametrize("cfg", [CFG, MULTI], ids=["thesis", "multiscale"])
 
 
-def test_default_variant_is_thesis():
-    assert CFG.variant == "thesis"
+def test_default_variant_is_multiscale():
+    assert CFG.variant == "multiscale"
     with pytest.raises(ValueError):
         EncoderConfig(variant="space2vec")
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 __all__ = ["POOLING_NAMES", "AnomalyConfig"]
@@ -48,6 +50,23 @@ class AnomalyConfig(BaseModel):
     max_eval_normal: int = Field(3000, ge=1, description="non-fraud test pairs kept for the real-label evaluation")
     perturb_min: float = Field(0.1, gt=0.0, le=1.0, description="smallest fraction of edges/nodes a negative alters")
     perturb_max: float = Field(0.5, gt=0.0, le=1.0, description="largest fraction of edges/nodes a negative alters")
+    readout: Literal["hierarchical", "newest"] = Field(
+        "hierarchical",
+        description=(
+            "'hierarchical': q = Σ_l [mean_l ‖ max_l] (dim 2·hidden). 'newest': that plus the first GCN layer's "
+            "embedding of the newest node (the last one; dim 3·hidden), since G_t differs from G_{t-1} by one "
+            "transaction and a graph-wide readout dilutes it"
+        ),
+    )
+    newest_share: float = Field(
+        0.5,
+        ge=0.0,
+        le=1.0,
+        description=(
+            "share of negatives that change only the newest node/edge by one transaction's worth "
+            "(0 = the thesis's 10-50% perturbations only; see training.anomaly.negatives)"
+        ),
+    )
     aux_weight: float = Field(1.0, ge=0.0, description="weight of a pooling operator's auxiliary loss (DiffPool)")
     seed: int = 7
 

@@ -189,7 +189,7 @@ def _build(
         raise UserError(f"bank {bank} has no {split} transitions (no active {split} cardholder)")
     pool = FeaturePool.from_graphs(train_set.current, seed=cfg.seed + bank)
     test_pool = FeaturePool.from_graphs(test_set.current, seed=cfg.seed + bank + 1)
-    sampler = NegativeSampler(test_pool, cfg.perturb_min, cfg.perturb_max, ego_cfg.max_nodes)
+    sampler = NegativeSampler.from_config(test_pool, cfg, ego_cfg.max_nodes)
     negatives = [s.graph for s in sampler.sample(test_set.current, np.random.default_rng([cfg.seed, bank, 1]))]
     weight_normal = normal.seen / max(len(normal.items), 1)
     eval_items = fraud + normal.items
@@ -237,7 +237,15 @@ def load_bank_data(
     if not path.exists():
         raise UserError(f"{path} does not exist")
     relevant = cfg.model_dump(
-        include={"max_train_pairs", "max_test_pairs", "max_eval_normal", "perturb_min", "perturb_max", "seed"}
+        include={
+            "max_train_pairs",
+            "max_test_pairs",
+            "max_eval_normal",
+            "perturb_min",
+            "perturb_max",
+            "newest_share",
+            "seed",
+        }
     )
     key = _fingerprint(path, relevant, encoder_cfg.model_dump(), privacy_cfg.model_dump(), ego_cfg.model_dump())
     cache = Path(cache_dir) / f"bank_{bank}-{key}.pt" if cache_dir is not None else None

@@ -27,6 +27,7 @@ from torch import Tensor
 from torch_geometric.data import Batch
 from tqdm.auto import tqdm
 
+from training.anomaly.config import AnomalyConfig
 from training.anomaly.data import BankData, PairSet
 from training.anomaly.model import AnomalyModel, score_pairs
 from training.anomaly.negatives import NegativeSampler
@@ -75,9 +76,9 @@ class TrainStats:
             raise ValueError(f"training produced no finite loss (steps={self.steps})")
 
 
-def sources_of(banks: Sequence[BankData], cfg_min: float, cfg_max: float, max_nodes: int) -> list[TrainSource]:
+def sources_of(banks: Sequence[BankData], cfg: AnomalyConfig, max_nodes: int) -> list[TrainSource]:
     """One :class:`TrainSource` per bank, each sampler drawing foreign elements from its own bank."""
-    return [TrainSource(b.train, NegativeSampler(b.pool, cfg_min, cfg_max, max_nodes)) for b in banks]
+    return [TrainSource(b.train, NegativeSampler.from_config(b.pool, cfg, max_nodes)) for b in banks]
 
 
 class _Optimizer:

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch_geometric.data import Batch, Data
 from torch_geometric.nn import GCNConv, global_max_pool, global_mean_pool
-from torch_geometric.utils import to_undirected
+from torch_geometric.utils import scatter, to_undirected
 
 from feature_store.config import EncoderConfig
 from feature_store.encoders import MerchantEmbedding
@@ -82,7 +82,8 @@ class GraphEncoder(nn.Module):
             self.pools.append(resolve_pooling(cfg.pooling, cfg.hidden, cfg.ratio, size))
             width = cfg.hidden
             size = max(1, math.ceil(size * cfg.ratio))
-        self.out_dim = 2 * cfg.hidden
+        self.newest = cfg.readout == "newest"
+        self.out_dim = (3 if self.newest else 2) * cfg.hidden
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -106,14 +107,20 @@ class GraphEncoder(nn.Module):
         edge_index, edge_weight = to_undirected(
             batch.edge_index, torch.ones(batch.edge_index.shape[1], device=x.device), num_nodes=x.shape[0]
         )
-        q = x.new_zeros(graphs, self.out_dim)
+        q = x.new_zeros(graphs, 2 * self.convs[0].out_channels)
         aux = x.new_zeros(())
+        newest: Tensor | None = None
         for conv, pool in zip(self.convs, self.pools, strict=True):
             x = self.dropout(torch.relu(conv(x, edge_index, edge_weight)))
+            if self.newest and newest is None:  # nodes are appended in event order: the last is the newest
+                last = scatter(torch.arange(x.shape[0], device=x.device), vector, 0, dim_size=graphs, reduce="max")
+                newest = x[last]
             out = pool(x, edge_index, edge_weight, vector)
             x, edge_index, edge_weight, vector = out.x, out.edge_index, out.edge_weight, out.batch
             aux = aux + out.aux_loss
             q = q + torch.cat([global_mean_pool(x, vector, graphs), global_max_pool(x, vector, graphs)], dim=1)
+        if newest is not None:
+            q = torch.cat([q, newest], dim=1)
         return EncoderOutput(q, aux)
 
 

@@ -44,7 +44,7 @@ def run_centralized(settings: RunSettings, threads: int = 1) -> RunResult:
     data = [bank_data(settings, b) for b in banks]
     checkpoint.privacy = {b.bank: vars(b.privacy) for b in data}
     cfg = settings.anomaly
-    sources = sources_of(data, cfg.perturb_min, cfg.perturb_max, settings.egograph.max_nodes)
+    sources = sources_of(data, cfg, settings.egograph.max_nodes)
     rounds = settings.federated.rounds
     for rnd in tqdm(range(checkpoint.round + 1, rounds + 1), desc="centralized rounds", unit="round"):
         t0 = time.perf_counter()

@@ -56,8 +56,10 @@ MODEL_KEYS: tuple[str, ...] = (
     "hidden",
     "ratio",
     "disc-hidden",
+    "readout",
     "data-dir",
     "encoder-dim",
+    "encoder-variant",
     "encoder-merchant-buckets",
     "egograph-max-nodes",
     "privacy-epsilon-max",
@@ -198,7 +200,7 @@ def local_train(
     cfg = settings.anomaly
     stats, _ = train_model(
         model,
-        sources_of([bank], cfg.perturb_min, cfg.perturb_max, settings.egograph.max_nodes),
+        sources_of([bank], cfg, settings.egograph.max_nodes),
         epochs=cfg.local_epochs,
         samples_per_epoch=cfg.samples_per_epoch,
         batch_size=cfg.batch_size,
