@@ -69,6 +69,11 @@ def runtime(tmp_path_factory, frame, ray_session, kafka_broker):
     rt.registry = registry
     yield rt
     rt.stop()
+    from ray import serve
+
+    # Later modules restart Ray (Flower's simulation shuts it down); a Serve client left
+    # behind would point at a dead controller, so leave no Serve instance running.
+    serve.shutdown()
 
 
 def _free_port() -> int:

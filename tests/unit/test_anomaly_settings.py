@@ -42,11 +42,6 @@ def test_settings_round_trip_and_errors():
     assert cfg.anomaly.layers == 5 and cfg.federated.proximal_mu >= 0
 
 
-def _ray_started() -> bool:
-    import ray
-
-    return ray.is_initialized()
-
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
@@ -55,33 +50,47 @@ def tiny(tmp_path_factory):
     return root
 
 
-def _one_line_error(capsys, argv) -> str:
+def _one_line_error(capsys, monkeypatch, argv) -> str:
+    """Run the CLI expecting a one-line error, and prove that neither Ray nor Flower was started.
+
+    Another test in the session may already have started Ray, so the proof is that
+    ``ray.init`` and ``run_simulation`` are never called, not that Ray is down.
+    """
+    import flwr.simulation
+    import ray
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("Ray/Flower was started before the input was validated")
+
+    monkeypatch.setattr(ray, "init", forbidden)
+    monkeypatch.setattr(flwr.simulation, "run_simulation", forbidden)
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) >= 1 and err[-1].startswith("error: ")
-    assert not _ray_started()
     return err[-1]
 
 
-def test_cli_unknown_pooling(capsys, tiny, tmp_path):
+def test_cli_unknown_pooling(capsys, monkeypatch, tiny, tmp_path):
     line = _one_line_error(
-        capsys, ["train", "anomaly", "--data", str(tiny), "--pooling", "maxpool", "--out", str(tmp_path)]
+        capsys, monkeypatch, ["train", "anomaly", "--data", str(tiny), "--pooling", "maxpool", "--out", str(tmp_path)]
     )
     assert "unknown pooling 'maxpool'" in line and "asap" in line
 
 
-def test_cli_missing_data_dir(capsys, tmp_path):
-    line = _one_line_error(capsys, ["train", "anomaly", "--data", str(tmp_path / "nope"), "--out", str(tmp_path)])
+def test_cli_missing_data_dir(capsys, monkeypatch, tmp_path):
+    line = _one_line_error(
+        capsys, monkeypatch, ["train", "anomaly", "--data", str(tmp_path / "nope"), "--out", str(tmp_path)]
+    )
     assert "does not exist" in line
 
 
 @pytest.mark.parametrize("centralized", [False, True])
-def test_cli_empty_bank(capsys, tiny, tmp_path, centralized):
+def test_cli_empty_bank(capsys, monkeypatch, tiny, tmp_path, centralized):
     data = tmp_path / "data"
     for bank in (0, 1):
         bank_dir(data, bank).mkdir(parents=True)
         frame = pd.read_parquet(bank_dir(tiny, bank) / "transactions.parquet")
         (frame.iloc[:0] if bank == 1 else frame).to_parquet(bank_dir(data, bank) / "transactions.parquet")
     argv = ["train", "anomaly", "--data", str(data), "--out", str(tmp_path / "out")]
-    line = _one_line_error(capsys, argv + (["--centralized"] if centralized else []))
+    line = _one_line_error(capsys, monkeypatch, argv + (["--centralized"] if centralized else []))
     assert "bank 1" in line and "no transactions" in line
