@@ -9,8 +9,10 @@ Built by :func:`build_app` from typed :class:`ScoringArgs` (STYLE §7), which
       └── FraudDecider   (fraud features + XGBoost; produces anomaly-scores + decisions, one flush)
 
 The consumer thread processes micro-batches in partition order and pipelines
-two stages: the fraud decision of batch k runs while batch k+1 is decoded
-and its anomaly scores computed. Offsets of batch k are committed only after
+three steps: while the fraud decision of batch k runs, batch k+1 is scored,
+and while batch k+1 is scored, batch k+2 is polled and decoded. Batch k+1's
+anomaly call starts only after batch k's returned, so a cardholder's
+transactions are applied in order. Offsets of batch k are committed only after
 its decisions (and its dead letters) were produced and flushed: at-least-once.
 A failed stage call (a replica died) is retried with the same batch; the
 stages are idempotent per transaction (see :mod:`serving.pipeline`).
@@ -55,7 +57,7 @@ class ScoringArgs(BaseModel):
     config: dict[str, Any] = Field(default_factory=dict, description="FedfraudConfig as a dict")
     bootstrap_servers: str = Field(..., description="Kafka bootstrap servers (embedded broker or cluster)")
     consume: bool = Field(True, description="run the Kafka consumer loop (off: HTTP only)")
-    pipeline_depth: int = Field(1, ge=0, le=1, description="fraud stage of batch k overlaps batch k+1 (0: serial)")
+    pipeline_depth: int = Field(1, ge=0, le=1, description="1: fraud(k) ‖ anomaly(k+1) ‖ decode(k+2); 0: serial")
     anomaly_loader: str = Field(
         "serving.pipeline:load_anomaly_scorer",
         description="module:function(registry, version) -> GraphScorer; the seam where the anomaly model plugs in",
@@ -296,11 +298,15 @@ class FraudDecider:
 
 @dataclass
 class _InFlight:
+    """A micro-batch from poll to commit: its anomaly call, then its scores and fraud call."""
+
     offsets: dict[Any, int]
     decoded: DecodedBatch
-    scored: Any
-    response: Any
     started: float
+    anomaly: Any = None  # scorer response, submitted, not yet taken
+    submitted: float = 0.0
+    scored: Any = None
+    response: Any = None  # fraud response
 
 
 @dataclass(frozen=True)
@@ -395,18 +401,21 @@ class Gateway:
         consumer = make_consumer(self.args.bootstrap_servers, s.consumer, s.topics.transactions)
         producer = make_producer(self.args.bootstrap_servers, s.producer, client_id="fedfraud-dlq")
         validator = Validator(dedupe=False)  # redelivery is handled idempotently downstream
-        prev: _InFlight | None = None
+        scoring: _InFlight | None = None  # anomaly call in flight (overlaps decoding the next batch)
+        prev: _InFlight | None = None  # fraud call in flight (overlaps scoring the next batch)
         last_lag = 0.0
         log.info("consumer started topic=%s group=%s assignment=%s", s.topics.transactions, s.consumer.group_id,
                  s.consumer.assignment)
         try:
             while not self._stop.is_set():
+                busy = scoring is not None or prev is not None
                 with self.clock.section("gateway.poll"):
-                    polled = consumer.poll(timeout_ms=20 if prev is not None else 100,
-                                           max_records=self.max_poll_records)
+                    polled = consumer.poll(timeout_ms=5 if busy else 100, max_records=self.max_poll_records)
                 msgs = [m for part in polled.values() for m in part]
                 if not msgs:
-                    if prev is not None:
+                    if scoring is not None:
+                        prev, scoring = self._advance(consumer, producer, scoring, prev), None
+                    elif prev is not None:
                         self._finish(consumer, producer, prev)
                         prev = None
                     if time.monotonic() - last_lag > 1.0:
@@ -427,23 +436,16 @@ class Gateway:
                         headers = [("reason", dead.reason.encode()), ("detail", dead.detail.encode()[:256])]
                         producer.send(s.topics.dlq, key=dead.key, value=dlq_value(dead), headers=headers)
                 self.metrics.stage.labels(stage="decode").observe(time.perf_counter() - t0)
-                scored = None
-                if len(decoded.frame):
-                    t1 = time.perf_counter()
-                    scored = self._retry(
-                        lambda d=decoded: self.scorer.score.remote(d.frame, d.produced_us, "kafka"), "anomaly"
-                    )
-                    self.metrics.stage.labels(stage="anomaly").observe(time.perf_counter() - t1)
-                    self.metrics.set_model("anomaly", scored.anomaly_model)
-                if prev is not None:
-                    self._finish(consumer, producer, prev)
-                    prev = None
-                response = self.fraud.decide.remote(scored) if scored is not None else None
-                current = _InFlight(offsets, decoded, scored, response, t0)
+                if scoring is not None:  # batch k+1 is scored only after batch k: per-cardholder order
+                    prev, scoring = self._advance(consumer, producer, scoring, prev), None
+                current = self._submit_anomaly(_InFlight(offsets, decoded, t0))
                 if self.depth == 0:
-                    self._finish(consumer, producer, current)
+                    self._finish(consumer, producer, self._advance(consumer, producer, current, prev))
+                    prev = None
                 else:
-                    prev = current
+                    scoring = current
+            if scoring is not None:
+                prev = self._advance(consumer, producer, scoring, prev)
             if prev is not None:
                 self._finish(consumer, producer, prev)
         finally:
@@ -451,6 +453,27 @@ class Gateway:
             producer.close()
             consumer.close()
             log.info("consumer stopped")
+
+    def _submit_anomaly(self, item: _InFlight) -> _InFlight:
+        """Start the anomaly call of ``item`` (none for a batch of only dead letters)."""
+        if len(item.decoded.frame):
+            item.submitted = time.perf_counter()
+            item.anomaly = self.scorer.score.remote(item.decoded.frame, item.decoded.produced_us, "kafka")
+        return item
+
+    def _advance(self, consumer: Any, producer: Any, item: _InFlight, prev: _InFlight | None) -> _InFlight:
+        """Take ``item``'s anomaly scores (retrying a failed call), finish ``prev``, start ``item``'s fraud call."""
+        if item.anomaly is not None:
+            first, d = [item.anomaly], item.decoded
+            item.scored = self._retry(
+                lambda: first.pop() if first else self.scorer.score.remote(d.frame, d.produced_us, "kafka"), "anomaly"
+            )
+            self.metrics.stage.labels(stage="anomaly").observe(time.perf_counter() - item.submitted)
+            self.metrics.set_model("anomaly", item.scored.anomaly_model)
+        if prev is not None:
+            self._finish(consumer, producer, prev)
+        item.response = self.fraud.decide.remote(item.scored) if item.scored is not None else None
+        return item
 
     def _finish(self, consumer: Any, producer: Any, item: _InFlight) -> None:
         """Wait for the decisions, flush dead letters, then commit: the at-least-once point."""
