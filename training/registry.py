@@ -22,7 +22,7 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -94,7 +94,8 @@ def _render_card(meta: dict[str, Any], card: str | None) -> str:
             lines += [f"## {title}", ""]
             lines += [f"- **{k}**: {v}" for k, v in meta[key].items()]
             lines.append("")
-    lines += ["## Configuration", "", "```json", json.dumps(meta.get("config", {}), indent=2, sort_keys=True), "```", ""]
+    config = json.dumps(meta.get("config", {}), indent=2, sort_keys=True)
+    lines += ["## Configuration", "", "```json", config, "```", ""]
     return "\n".join(lines)
 
 
@@ -182,7 +183,7 @@ class ModelRegistry:
                 meta = {
                     "kind": kind,
                     "version": number,
-                    "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                    "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
                     "config": _jsonable(config),
                     "metrics": _jsonable(metrics),
                     "privacy": _jsonable(privacy or {}),
