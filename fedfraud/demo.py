@@ -188,15 +188,7 @@ def _stage_train_anomaly(cfg: FedfraudConfig, args: DemoArgs, ctx: dict[str, Any
     from training.federated.trainer import run_federated
 
     cfg = update_section(cfg, "federated", rounds=args.rounds)
-    settings = RunSettings(
-        anomaly=cfg.anomaly,
-        federated=cfg.federated,
-        privacy=cfg.privacy,
-        encoder=cfg.encoder,
-        egograph=cfg.egograph,
-        data_dir=ctx["split"].history,
-        out_dir=ctx["registry"],
-    )
+    settings = RunSettings.from_config(cfg, ctx["split"].history, ctx["registry"])
     result = run_federated(settings)
     s = result.summary
     return StageResult(

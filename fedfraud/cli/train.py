@@ -66,16 +66,7 @@ def anomaly(
         ray_cpus=ray_cpus,
     )
     cfg = update_section(cfg, "privacy", epsilon_max=epsilon_max)
-    settings = RunSettings(
-        anomaly=cfg.anomaly,
-        federated=cfg.federated,
-        privacy=cfg.privacy,
-        encoder=cfg.encoder,
-        egograph=cfg.egograph,
-        data_dir=data,
-        out_dir=out,
-        resume=resume,
-    )
+    settings = RunSettings.from_config(cfg, data, out, resume=resume)
     if centralized:
         from training.federated.centralized import run_centralized
 

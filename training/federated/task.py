@@ -16,7 +16,7 @@ import logging
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from pydantic import BaseModel, ValidationError
@@ -29,6 +29,9 @@ from training.anomaly.engine import TrainStats, evaluate_fraud, evaluate_task, s
 from training.anomaly.model import AnomalyModel, pick_device
 from training.anomaly.run import checkpoint_dir
 from training.federated.config import FederatedConfig
+
+if TYPE_CHECKING:
+    from fedfraud.config import FedfraudConfig
 
 __all__ = ["MODEL_KEYS", "RunSettings", "bank_data", "build_model", "local_test", "local_train"]
 
@@ -86,6 +89,20 @@ class RunSettings:
     num_banks: int = 0
     publish: bool = True
     cache: str = ""
+
+    @classmethod
+    def from_config(cls, cfg: FedfraudConfig, data_dir: Path, out_dir: Path, resume: bool = False) -> RunSettings:
+        """The settings of a run from the typed config's sections (CLI, demo and benchmarks build runs here)."""
+        return cls(
+            anomaly=cfg.anomaly,
+            federated=cfg.federated,
+            privacy=cfg.privacy,
+            encoder=cfg.encoder,
+            egograph=cfg.egograph,
+            data_dir=Path(data_dir),
+            out_dir=Path(out_dir),
+            resume=resume,
+        )
 
     @staticmethod
     def defaults() -> dict[str, Any]:

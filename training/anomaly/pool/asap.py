@@ -8,12 +8,12 @@ from torch import Tensor
 from torch_geometric.nn import ASAPooling
 from torch_geometric.utils import add_remaining_self_loops, cumsum, scatter, softmax, to_dense_adj
 
-from training.anomaly.pool.base import GraphPooling, PoolResult
+from training.anomaly.pool.base import PoolResult, PyGSelectPooling
 
 __all__ = ["ASAPool"]
 
 
-class ASAPool(GraphPooling):
+class ASAPool(PyGSelectPooling):
     """ASAPooling with the parameters of :class:`torch_geometric.nn.ASAPooling` and a dense coarsening step.
 
     Cluster attention, fitness scoring and top-k selection follow PyG's
@@ -24,12 +24,7 @@ class ASAPool(GraphPooling):
     dozen nodes), so the product is a batched, differentiable ``bmm``.
     """
 
-    def __init__(self, in_channels: int, ratio: float = 0.5, max_nodes: int = 32) -> None:
-        super().__init__(in_channels, ratio, max_nodes)
-        self.op = ASAPooling(in_channels, ratio=ratio)
-
-    def reset_parameters(self) -> None:
-        self.op.reset_parameters()
+    op_class = ASAPooling
 
     def forward(
         self, x: Tensor, edge_index: Tensor, edge_weight: Tensor | None = None, batch: Tensor | None = None

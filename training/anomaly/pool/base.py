@@ -88,3 +88,26 @@ class GraphPooling(nn.Module, ABC):
     @staticmethod
     def _zero(x: Tensor) -> Tensor:
         return x.new_zeros(())
+
+
+class PyGSelectPooling(GraphPooling):
+    """A PyG pooling layer called as ``op(x, edge_index, edge_weight, batch)``, wrapped to the common contract.
+
+    Subclasses name the PyG class in ``op_class``; edge weights are filtered along with the kept edges.
+    """
+
+    op_class: type[nn.Module]
+
+    def __init__(self, in_channels: int, ratio: float = 0.5, max_nodes: int = 32) -> None:
+        super().__init__(in_channels, ratio, max_nodes)
+        self.op = self.op_class(in_channels, ratio=ratio)
+
+    def reset_parameters(self) -> None:
+        self.op.reset_parameters()
+
+    def forward(
+        self, x: Tensor, edge_index: Tensor, edge_weight: Tensor | None = None, batch: Tensor | None = None
+    ) -> PoolResult:
+        edge_weight, batch = self._defaults(x, edge_index, edge_weight, batch)
+        x, edge_index, edge_weight, batch, _, _ = self.op(x, edge_index, edge_weight, batch)
+        return PoolResult(x, edge_index, edge_weight, batch, self._zero(x))
