@@ -70,6 +70,15 @@ def _config(args: ScoringArgs) -> Any:
     return FedfraudConfig.model_validate(args.config)
 
 
+def _replica_setup(raw: dict[str, Any]) -> tuple[ScoringArgs, Any, Any]:
+    """Validated args, the typed config and the model registry: what every model-serving replica starts from."""
+    from training.registry import ModelRegistry
+
+    args = ScoringArgs.model_validate(raw)
+    cfg = _config(args)
+    return args, cfg, ModelRegistry(cfg.serving.registry_root)
+
+
 async def _watch_registry(
     poll_s: Callable[[], float], kind: str, registry: Any, current: Callable[[], str], load: Callable[[str], Any],
     swap: Callable[[Any], None],
@@ -163,13 +172,10 @@ class AnomalyScorer:
         from feature_store.privacy import PrivateFeaturizer
         from serving.kvstore import open_kv
         from serving.pipeline import AnomalyStage
-        from training.registry import ModelRegistry
 
-        self.args = ScoringArgs.model_validate(args)
-        cfg = _config(self.args)
+        self.args, cfg, self.registry = _replica_setup(args)
         s = cfg.serving
         self.serving = s
-        self.registry = ModelRegistry(s.registry_root)
         loader = _resolve(self.args.anomaly_loader)
         self._load = lambda v: loader(self.registry, v)
         client = OnlineStateClient.open(cfg.features, cfg.egograph)
@@ -264,13 +270,10 @@ class FraudDecider:
         from serving.kafka import make_producer
         from serving.kvstore import open_kv
         from serving.pipeline import FraudStage, fraud_config_for, load_fraud_model
-        from training.registry import ModelRegistry
 
-        self.args = ScoringArgs.model_validate(args)
-        cfg = _config(self.args)
+        self.args, cfg, self.registry = _replica_setup(args)
         s = cfg.serving
         self.serving = s
-        self.registry = ModelRegistry(s.registry_root)
         model, tag = load_fraud_model(self.registry, s.fraud_version)
         trained = self.registry.get("fraud", tag.rsplit(":v", 1)[-1]).config
         fraud_cfg = fraud_config_for(trained, getattr(cfg, "fraud", None))
