@@ -111,7 +111,9 @@ class CardholderState:
         """Fold row ``i`` of ``batch`` in; ``False`` (and no change) for a redelivered transaction."""
         ts = batch.ts_us[i]
         in_order = self.activity.tx_count == 0 or ts >= self.activity.last_seen_us
-        if not self.ego.update(batch.key[i], batch.merchant_hash[i], batch.lat[i], batch.lon[i], ts):
+        ego = self.ego
+        if not ego.update(batch.key[i], batch.merchant_hash[i], batch.lat[i], batch.lon[i], ts, batch.amount[i],
+                          batch.mcc[i]):
             return False
         self.activity.update(ts, batch.amount[i], batch.lat[i], batch.lon[i], batch.mcc[i], cell_deg)
         if in_order:

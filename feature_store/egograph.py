@@ -38,7 +38,7 @@ import bisect
 import logging
 import struct
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, UTC
 from typing import Literal, Protocol
@@ -51,6 +51,7 @@ from tqdm.auto import tqdm
 
 from feature_store.config import EgoGraphConfig, EncoderConfig
 from feature_store.encoders import merchant_hash, timestamps_us
+from feature_store.events import HISTORY_SIZE, RAW_EVENT_SIZE, history_summary, new_history, raw_event, update_history
 from feature_store.privacy import PrivateFeaturizer
 from feature_store.schema import Transaction
 
@@ -71,7 +72,9 @@ _US_PER_HOUR = 3600 * _US_PER_S
 _US_PER_DAY = 24 * _US_PER_HOUR
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MAGIC = b"FFEG"
-_VERSION = 1
+#: Version 2 appends the event history (:mod:`feature_store.events`); version 1 blobs load with an empty one.
+_VERSION = 2
+_HISTORY = struct.Struct(f"<{HISTORY_SIZE}d")
 # magic, version, flags, n_nodes, n_edges, n_ring, reserved, last_ts, last_merchant, n_transactions
 _HEADER = struct.Struct("<4sBBHHHHqQQ")
 _CRC = struct.Struct("<I")
@@ -102,6 +105,10 @@ class EgoGraphState:
     Per node: merchant hash, lat/lon and noise key of the creating transaction,
     first/last visit (µs) and visit count. Per edge: source and destination
     merchant hash, timestamp (µs) and noise key of the arriving transaction.
+    Per cardholder: the event ``history`` (:mod:`feature_store.events`), so every
+    transaction changes the state even when it adds no node or edge. After an
+    :meth:`update`, ``last_event`` is the raw event just applied and ``prior``
+    the history before it (transient; not serialized).
     """
 
     __slots__ = (
@@ -121,7 +128,11 @@ class EgoGraphState:
         "last_ts",
         "last_merchant",
         "n_transactions",
+        "history",
+        "last_event",
+        "prior",
     )
+    _TRANSIENT = ("cfg", "last_event", "prior")
 
     def __init__(self, cfg: EgoGraphConfig) -> None:
         self.cfg = cfg
@@ -140,6 +151,9 @@ class EgoGraphState:
         self.last_ts: int | None = None
         self.last_merchant: int = 0
         self.n_transactions: int = 0
+        self.history: np.ndarray = new_history()
+        self.last_event: np.ndarray | None = None
+        self.prior: np.ndarray | None = None
 
     # ------------------------------------------------------------------ inspection
     @property
@@ -159,12 +173,17 @@ class EgoGraphState:
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, EgoGraphState):
             return NotImplemented
-        return all(getattr(self, s) == getattr(other, s) for s in self.__slots__ if s != "cfg")
+        same = all(
+            getattr(self, s) == getattr(other, s) for s in self.__slots__ if s not in self._TRANSIENT and s != "history"
+        )
+        return same and np.array_equal(self.history, other.history)
 
     __hash__ = None  # type: ignore[assignment]  # mutable
 
     # ------------------------------------------------------------------ update
-    def update(self, key: int, merchant: int, lat: float, lon: float, ts_us: int) -> bool:
+    def update(
+        self, key: int, merchant: int, lat: float, lon: float, ts_us: int, amount: float, mcc: str
+    ) -> bool:
         """Apply one transaction; ``False`` (and no change) if its noise key was applied recently.
 
         Args:
@@ -173,6 +192,8 @@ class EgoGraphState:
             lat: merchant latitude in degrees.
             lon: merchant longitude in degrees.
             ts_us: event time, UTC microseconds since the epoch.
+            amount: transaction amount.
+            mcc: category / merchant category code.
         """
         key, merchant, ts_us = int(key), int(merchant), int(ts_us)
         if key in self.recent:
@@ -183,6 +204,13 @@ class EgoGraphState:
             del self.recent[0]
 
         self._forget_before(ts_us - int(cfg.horizon_days * _US_PER_DAY))
+        event = raw_event(
+            self.history, float(amount), str(mcc), ts_us / _US_PER_S, float(lat), float(lon),
+            merchant not in self.node_merchant,
+        )
+        self.prior = self.history.copy()
+        update_history(self.history, event)
+        self.last_event = event
         try:
             i = self.node_merchant.index(merchant)
         except ValueError:
@@ -219,7 +247,7 @@ class EgoGraphState:
         merchant = int(merchant_hash([tx.merchant_id])[0])
         delta = tx.timestamp - _EPOCH
         ts_us = (delta.days * 86_400 + delta.seconds) * _US_PER_S + delta.microseconds
-        return self.update(key, merchant, tx.lat, tx.lon, ts_us)
+        return self.update(key, merchant, tx.lat, tx.lon, ts_us, tx.amount, tx.mcc)
 
     def _add_node(self, merchant: int, key: int, lat: float, lon: float, ts_us: int) -> None:
         self.node_merchant.append(merchant)
@@ -271,8 +299,9 @@ class EgoGraphState:
         """The graph as PyG ``Data`` with private features only.
 
         ``x`` [n, d] float32 (L'), ``merchant`` [n] long (bucket), ``edge_index``
-        [2, e] long, ``edge_attr`` [e, d] float32 (T'). An empty state gives a
-        valid 0-node graph. No timestamps, coordinates or ids are included.
+        [2, e] long, ``edge_attr`` [e, d] float32 (T'), ``history`` [1, s]
+        float32 (:func:`feature_store.events.history_summary`). An empty state
+        gives a valid 0-node graph. No timestamps, coordinates or ids are included.
         """
         d = featurizer.encoder_cfg.dim
         n, e = self.num_nodes, self.num_edges
@@ -302,6 +331,7 @@ class EgoGraphState:
             torch.from_numpy(self._edge_index()),
             torch.from_numpy(edge_attr),
             torch.from_numpy(buckets.astype(np.int64)),
+            torch.from_numpy(history_summary(self.history)),
         )
 
     def _edge_index(self) -> np.ndarray:
@@ -344,14 +374,14 @@ class EgoGraphState:
             *self.edge_key,
             *self.recent,
         )
-        payload = header + body
+        payload = header + body + _HISTORY.pack(*self.history.tolist())
         return payload + _CRC.pack(zlib.crc32(payload))
 
     @staticmethod
     def max_serialized_bytes(cfg: EgoGraphConfig) -> int:
         """Size of :meth:`to_bytes` at the bounds (``max_nodes``, ``max_edges``, full ring)."""
         body = struct.calcsize(_body_format(cfg.max_nodes, cfg.max_edges, cfg.dedupe_ring))
-        return _HEADER.size + body + _CRC.size
+        return _HEADER.size + body + _HISTORY.size + _CRC.size
 
     @classmethod
     def from_bytes(cls, blob: bytes, cfg: EgoGraphConfig) -> EgoGraphState:
@@ -365,13 +395,16 @@ class EgoGraphState:
         magic, version, flags, n, e, r, _, last_ts, last_merchant, n_tx = _HEADER.unpack_from(payload)
         if magic != _MAGIC:
             raise CorruptStateError("not an ego-graph state (bad magic)")
-        if version != _VERSION:
+        if version not in (1, _VERSION):
             raise CorruptStateError(f"unsupported ego-graph state version {version}")
         fmt = _body_format(n, e, r)
-        if len(payload) != _HEADER.size + struct.calcsize(fmt):
+        history_size = _HISTORY.size if version >= 2 else 0
+        if len(payload) != _HEADER.size + struct.calcsize(fmt) + history_size:
             raise CorruptStateError("ego-graph state length does not match its header")
         values = struct.unpack_from(fmt, payload, _HEADER.size)
         state = cls(cfg)
+        if history_size:
+            state.history = np.array(_HISTORY.unpack_from(payload, _HEADER.size + struct.calcsize(fmt)))
         cuts = np.cumsum([0, n, n, n, n, n, n, n, e, e, e, e, r])
         cols = [list(values[a:b]) for a, b in zip(cuts[:-1], cuts[1:], strict=True)]
         (
@@ -398,8 +431,10 @@ class EgoGraphState:
         return state
 
 
-def _graph(x: torch.Tensor, edge_index: torch.Tensor, edge_attr: torch.Tensor, merchant: torch.Tensor) -> Data:
-    """``Data(x=, edge_index=, edge_attr=, merchant=)`` without PyG's per-attribute ``__setattr__`` overhead.
+def _graph(
+    x: torch.Tensor, edge_index: torch.Tensor, edge_attr: torch.Tensor, merchant: torch.Tensor, history: torch.Tensor
+) -> Data:
+    """``Data(x=, edge_index=, edge_attr=, merchant=, history=)`` without PyG's per-attribute ``__setattr__`` overhead.
 
     Filling the global store's mapping directly gives the very object the
     keyword constructor builds (same keys, same order) about 4x faster, which
@@ -407,7 +442,7 @@ def _graph(x: torch.Tensor, edge_index: torch.Tensor, edge_attr: torch.Tensor, m
     (``test_fast_graph_matches_keyword_constructor`` guards this against PyG changes).
     """
     data = Data()
-    mapping = {"x": x, "edge_index": edge_index, "edge_attr": edge_attr, "merchant": merchant}
+    mapping = {"x": x, "edge_index": edge_index, "edge_attr": edge_attr, "merchant": merchant, "history": history}
     if not x.shape[0]:
         mapping["num_nodes"] = 0  # not inferable from an empty x
     data._store._mapping.update(mapping)
@@ -426,6 +461,8 @@ class SnapshotPair:
 
     ``cardholder`` is the keyed pseudonym; ``is_fraud`` is the label of the
     transaction that produced G_t (``None`` if unlabelled), used only for evaluation.
+    ``event`` is that transaction's raw event and ``prior`` the cardholder's
+    history before it (:mod:`feature_store.events`), both bank-internal.
     """
 
     transaction_id: str
@@ -433,7 +470,9 @@ class SnapshotPair:
     previous: Data
     current: Data
     is_fraud: bool | None
-    split: Literal["train", "test"]
+    split: Literal["train", "val", "test"]
+    event: np.ndarray
+    prior: np.ndarray
 
     def __post_init__(self) -> None:
         for name, g in (("previous", self.previous), ("current", self.current)):
@@ -442,8 +481,10 @@ class SnapshotPair:
                 raise ValueError(f"SnapshotPair.{name} is not a consistent non-empty graph")
         if self.previous.x.shape[1] != self.current.x.shape[1]:
             raise ValueError("previous and current graphs differ in feature size")
-        if self.split not in ("train", "test"):
-            raise ValueError(f"split must be 'train' or 'test', got {self.split!r}")
+        if self.split not in ("train", "val", "test"):
+            raise ValueError(f"split must be 'train', 'val' or 'test', got {self.split!r}")
+        if self.event.shape != (RAW_EVENT_SIZE,) or self.prior.shape != (HISTORY_SIZE,):
+            raise ValueError("SnapshotPair.event / prior have the wrong shape")
 
 
 class _SnapshotAssembler:
@@ -481,7 +522,8 @@ class _SnapshotAssembler:
             self._edge_index = torch.from_numpy(state._edge_index())
             self._attr = torch.from_numpy(self._time[[row[k] for k in state.edge_key]])
             self._edges = (state.edge_key.copy(), state.edge_src.copy(), state.edge_dst.copy())
-        return _graph(self._x, self._edge_index, self._attr, self._buckets)
+        history = torch.from_numpy(history_summary(state.history))
+        return _graph(self._x, self._edge_index, self._attr, self._buckets, history)
 
 
 def active_cardholders(frame: pd.DataFrame, min_per_month: float) -> np.ndarray:
@@ -503,17 +545,18 @@ def iter_snapshot_pairs(
     cfg: EgoGraphConfig,
     min_transactions_per_month: float | None = None,
     progress: bool = False,
+    split_of: Callable[[str], str] | None = None,
 ) -> Iterator[SnapshotPair]:
     """Yield (G_{t-1}, G_t) for every transaction of every active cardholder, cardholder by cardholder.
 
     Each cardholder's rows are replayed in (timestamp, transaction_id) order
     through :meth:`EgoGraphState.update`; a transaction whose G_{t-1} is empty
     (the cardholder's first) or that is a duplicate yields nothing.
+    ``split_of`` maps a raw cardholder id to ``train`` / ``val`` / ``test``
+    (the caller's split; everything is ``train`` without one).
     """
-    from training.data.layout import split_of
-
     minimum = cfg.min_transactions_per_month if min_transactions_per_month is None else min_transactions_per_month
-    cols = ["transaction_id", "cardholder_id", "merchant_id", "timestamp", "lat", "lon"]
+    cols = ["transaction_id", "cardholder_id", "merchant_id", "timestamp", "lat", "lon", "amount", "mcc"]
     active = active_cardholders(frame, minimum) if len(frame) else np.array([], dtype=object)
     data = frame[frame["cardholder_id"].isin(active)]
     if len(data) < len(frame):
@@ -547,17 +590,19 @@ def iter_snapshot_pairs(
     merch_py = merchants.tolist()
     ts_py = ts_us.tolist()
     lat_py, lon_py = lat.tolist(), lon.tolist()
+    amount_py = data["amount"].to_numpy(dtype=np.float64).tolist()
+    mcc_py = data["mcc"].astype(str).tolist()
 
     for a, b in tqdm(
         zip(bounds[:-1], bounds[1:], strict=True), total=len(starts), disable=not progress, desc="ego graphs"
     ):
         assembler = _SnapshotAssembler(keys_py[a:b], feats.location[a:b], feats.time[a:b], feats.merchant[a:b])
-        split = split_of(str(holders[a]))
+        split = split_of(str(holders[a])) if split_of is not None else "train"
         pseudonym = feats.cardholder[a]
         state = EgoGraphState(cfg)
         previous: Data | None = None
         for i in range(a, b):
-            if not state.update(keys_py[i], merch_py[i], lat_py[i], lon_py[i], ts_py[i]):
+            if not state.update(keys_py[i], merch_py[i], lat_py[i], lon_py[i], ts_py[i], amount_py[i], mcc_py[i]):
                 continue
             current = assembler.data(state)
             if previous is not None:
@@ -569,6 +614,8 @@ def iter_snapshot_pairs(
                     current=current,
                     is_fraud=None if label is None else bool(label),
                     split=split,
+                    event=state.last_event,
+                    prior=state.prior,
                 )
             previous = current
 
@@ -579,6 +626,7 @@ def build_snapshot_pairs(
     cfg: EgoGraphConfig,
     min_transactions_per_month: float | None = None,
     progress: bool = False,
+    split_of: Callable[[str], str] | None = None,
 ) -> list[SnapshotPair]:
     """All pairs of :func:`iter_snapshot_pairs` as a list."""
-    return list(iter_snapshot_pairs(frame, featurizer, cfg, min_transactions_per_month, progress))
+    return list(iter_snapshot_pairs(frame, featurizer, cfg, min_transactions_per_month, progress, split_of))

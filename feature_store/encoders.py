@@ -48,6 +48,8 @@ import hashlib
 from collections.abc import Iterable
 
 import numpy as np
+
+from feature_store.geo import EARTH_RADIUS_KM
 import torch
 from torch import nn
 
@@ -102,7 +104,6 @@ _PHASE_PERIODS_S = np.array([60.0, 3600.0, 86_400.0, 30.436875 * 86_400, 365.242
 #: Time harmonics faster than one per hour get amplitude ``(f · 1 h) ** -0.3``, so the many saturated
 #: second/minute harmonics do not swamp the hour-to-day ones while sub-minute changes stay above the noise.
 _TIME_DECAY_REF_S, _TIME_DECAY = 3600.0, 0.3
-_EARTH_RADIUS_KM = 6371.0088
 
 
 def _location_frequencies(dim: int) -> tuple[np.ndarray, np.ndarray]:
@@ -115,7 +116,7 @@ def _location_frequencies(dim: int) -> tuple[np.ndarray, np.ndarray]:
     scale = np.arange(pairs) // n_axes
     top = max(int(scale[-1]), 1)
     longest, shortest = _LOCATION_WAVELENGTH_KM
-    omega = 2.0 * np.pi * _EARTH_RADIUS_KM / (longest * (shortest / longest) ** (scale / top))
+    omega = 2.0 * np.pi * EARTH_RADIUS_KM / (longest * (shortest / longest) ** (scale / top))
     return _ICOSAHEDRON_AXES[np.arange(pairs) % n_axes], omega
 
 

@@ -82,8 +82,17 @@ class GraphScorer(Protocol):
         """Q ``[n, k]`` of n graphs."""
         ...
 
+    @property
+    def uses_events(self) -> bool:
+        """True: call :meth:`score_events` (q_{t-1} + newest event); False: :meth:`score` (q_{t-1}, q_t)."""
+        ...
+
     def score(self, q_prev: np.ndarray, q_cur: np.ndarray) -> np.ndarray:
-        """AS = 1 − f(q_{t−1}, q_t) per row."""
+        """AS = 1 − f(q_{t−1}, q_t) per row (thesis readouts)."""
+        ...
+
+    def score_events(self, q_prev: np.ndarray, prior: np.ndarray, event: np.ndarray) -> np.ndarray:
+        """AS of each newest event against q_{t−1} (event readouts)."""
         ...
 
 
@@ -102,6 +111,10 @@ class _ScorerAdapter:
         q = getattr(q, "q", q)
         return q.detach().cpu().numpy() if hasattr(q, "detach") else np.asarray(q)
 
+    @property
+    def uses_events(self) -> bool:
+        return bool(getattr(self.inner, "uses_events", False))
+
     def score(self, q_prev: np.ndarray, q_cur: np.ndarray) -> np.ndarray:
         import torch
 
@@ -109,6 +122,13 @@ class _ScorerAdapter:
             out = self.inner.score(torch.from_numpy(q_prev), torch.from_numpy(q_cur))
         out = out.detach().cpu().numpy() if hasattr(out, "detach") else np.asarray(out)
         return out.astype(np.float64).reshape(-1)
+
+    def score_events(self, q_prev: np.ndarray, prior: np.ndarray, event: np.ndarray) -> np.ndarray:
+        import torch
+
+        with torch.inference_mode():
+            out = self.inner.score_events(torch.from_numpy(q_prev), prior, event)
+        return np.asarray(out, dtype=np.float64).reshape(-1)
 
     def __repr__(self) -> str:
         return f"{self.__class__.__name__}({self.tag})"
@@ -261,6 +281,7 @@ class AnomalyWork:
     cur_graph: list[int] = field(default_factory=list)  # row → graph index of G_t, -1 if not applied
     redelivered: list[bool] = field(default_factory=list)
     last_graph: dict[str, int] = field(default_factory=dict)
+    events: dict[int, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)  # row → (prior, raw event)
 
     @property
     def holders(self) -> list[str]:
@@ -331,6 +352,8 @@ class AnomalyStage:
                     work.graphs.append(ego.to_data(source, eps))
                     prev = len(work.graphs) - 1
             applied = state.apply(batch, i, self.cell_deg)
+            if applied:
+                work.events[i] = (ego.prior, ego.last_event)  # type: ignore[assignment]
             work.redelivered.append(not applied)
             work.prev_graph.append(prev)
             work.graphs.append(ego.to_data(source, eps))
@@ -351,8 +374,13 @@ class AnomalyStage:
                 q_prev = np.stack(
                     [q[work.prev_graph[i]] if work.prev_graph[i] >= 0 else work.prev_cached[i] for i in rows]
                 )
-                q_cur = q[[work.cur_graph[i] for i in rows]]
-                scores[rows] = model.score(q_prev.astype(np.float32), q_cur.astype(np.float32))
+                if model.uses_events:
+                    prior = np.stack([work.events[i][0] for i in rows])
+                    event = np.stack([work.events[i][1] for i in rows])
+                    scores[rows] = model.score_events(q_prev.astype(np.float32), prior, event)
+                else:
+                    q_cur = q[[work.cur_graph[i] for i in rows]]
+                    scores[rows] = model.score(q_prev.astype(np.float32), q_cur.astype(np.float32))
         with self.clock.section("anomaly.state_write"):
             self._write(work, q, scores)
         return ScoredBatch(

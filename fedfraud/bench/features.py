@@ -52,6 +52,8 @@ from pathlib import Path
 from typing import Literal, get_args
 
 import numpy as np
+
+from feature_store.geo import EARTH_RADIUS_KM, bearing_deg, haversine_km
 import pandas as pd
 
 from feature_store.config import EgoGraphConfig, EncoderConfig, PrivacyConfig
@@ -80,26 +82,8 @@ logger = logging.getLogger(__name__)
 
 #: Pearson correlations reported in thesis Table 4.3 (Euclidean embedding distance).
 THESIS_TABLE_4_3 = {"geodesic": 0.9509, "bearing": 0.8349, "time": 0.6294}
-_EARTH_RADIUS_KM = 6371.0088
 #: How ``N(0, δ/ε)`` of Algorithm 3 is read: δ/ε is the variance (production) or the standard deviation.
 NoiseReading = Literal["variance", "std"]
-
-
-def haversine_km(lat1: np.ndarray, lon1: np.ndarray, lat2: np.ndarray, lon2: np.ndarray) -> np.ndarray:
-    """Great-circle distance (km) between degree coordinates."""
-    p1, p2 = np.radians(lat1), np.radians(lat2)
-    dphi, dlam = p2 - p1, np.radians(lon2 - lon1)
-    a = np.sin(dphi / 2) ** 2 + np.cos(p1) * np.cos(p2) * np.sin(dlam / 2) ** 2
-    return 2 * _EARTH_RADIUS_KM * np.arcsin(np.sqrt(np.clip(a, 0.0, 1.0)))
-
-
-def bearing_deg(lat1: np.ndarray, lon1: np.ndarray, lat2: np.ndarray, lon2: np.ndarray) -> np.ndarray:
-    """Initial bearing (degrees clockwise from north, [0, 360)) from point 1 to point 2."""
-    p1, p2 = np.radians(lat1), np.radians(lat2)
-    dlam = np.radians(lon2 - lon1)
-    y = np.sin(dlam) * np.cos(p2)
-    x = np.cos(p1) * np.sin(p2) - np.sin(p1) * np.cos(p2) * np.cos(dlam)
-    return np.degrees(np.arctan2(y, x)) % 360.0
 
 
 def _destination(
@@ -107,7 +91,7 @@ def _destination(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Point reached from (lat, lon) along ``bearing`` (deg) after ``km``."""
     p1, l1, b = np.radians(lat), np.radians(lon), np.radians(bearing)
-    ang = km / _EARTH_RADIUS_KM
+    ang = km / EARTH_RADIUS_KM
     p2 = np.arcsin(np.sin(p1) * np.cos(ang) + np.cos(p1) * np.sin(ang) * np.cos(b))
     l2 = l1 + np.arctan2(np.sin(b) * np.sin(ang) * np.cos(p1), np.cos(ang) - np.sin(p1) * np.sin(p2))
     return np.degrees(p2), (np.degrees(l2) + 540.0) % 360.0 - 180.0
@@ -382,8 +366,11 @@ def _throughput(
     u_merch = merchant_hash([f"m{i}" for i in range(3 * ego.max_nodes)])[rng.integers(0, 3 * ego.max_nodes, m)].tolist()
     u_ts = (1_735_689_600_000_000 + np.cumsum(rng.exponential(1800e6, m)).astype(np.int64)).tolist()
     u_lat, u_lon = rng.uniform(30, 45, m).tolist(), rng.uniform(-120, -75, m).tolist()
+    u_amount = rng.lognormal(3.5, 1.0, m).tolist()
     state = EgoGraphState(ego)
-    rate, p50, p99 = _latencies(m, lambda i: state.update(u_keys[i], u_merch[i], u_lat[i], u_lon[i], u_ts[i]))
+    rate, p50, p99 = _latencies(
+        m, lambda i: state.update(u_keys[i], u_merch[i], u_lat[i], u_lon[i], u_ts[i], u_amount[i], "grocery_pos")
+    )
     bench.throughput.append(
         Measure(
             "EgoGraphState.update",
@@ -410,7 +397,7 @@ def _throughput(
 
     def serve_step(i: int) -> None:
         s = EgoGraphState.from_bytes(blob, ego)
-        s.update(u_keys[i] ^ 1, u_merch[i], u_lat[i], u_lon[i], u_ts[-1] + i)
+        s.update(u_keys[i] ^ 1, u_merch[i], u_lat[i], u_lon[i], u_ts[-1] + i, u_amount[i], "grocery_pos")
         s.to_bytes()
         s.to_data(feat, 0.5)
 

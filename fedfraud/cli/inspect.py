@@ -70,8 +70,9 @@ def register(app: typer.Typer) -> None:
         merchants = merchant_hash(rows["merchant_id"]).tolist()
         ts_us = timestamps_us(rows["timestamp"]).tolist()
         state = EgoGraphState(cfg.egograph)
-        for key, m, lat, lon, ts in zip(keys, merchants, rows["lat"], rows["lon"], ts_us, strict=True):
-            state.update(key, m, lat, lon, ts)
+        columns = (keys, merchants, rows["lat"], rows["lon"], ts_us, rows["amount"], rows["mcc"].astype(str))
+        for key, m, lat, lon, ts, amount, mcc in zip(*columns, strict=True):
+            state.update(key, m, lat, lon, ts, amount, mcc)
         names = dict(zip(merchants, rows["merchant_id"].astype(str), strict=True))
         eps = float(featurizer.epsilon([cardholder])[0])
 

@@ -51,7 +51,7 @@ def test_pooling_forward_contract(name, device):
 
 @pytest.mark.parametrize("name", POOLING_NAMES)
 def test_model_with_each_pooling_trains(name):
-    cfg = AnomalyConfig(pooling=name, hidden=16, disc_hidden=8)
+    cfg = AnomalyConfig(pooling=name, hidden=16, disc_hidden=8, readout="thesis")
     enc = EncoderConfig(dim=16, merchant_buckets=64)
     model = AnomalyModel(cfg, enc, max_nodes=12)
     out = model.embed(_graphs())

@@ -1,3 +1,4 @@
+import functools
 import struct
 import zlib
 
@@ -18,18 +19,19 @@ from feature_store.egograph import (
 from feature_store.encoders import merchant_hash
 from feature_store.privacy import PrivateFeaturizer
 from feature_store.schema import frame_to_transactions
+from training.data.layout import split_of
 
 ENC, PRIV = EncoderConfig(), PrivacyConfig()
 FEAT = PrivateFeaturizer(ENC, PRIV, b"bank-test-secret")
 T0 = 1_735_689_600 * 10**6  # 2025-01-01 UTC in µs
 H = 3600 * 10**6
 A, B, C, D = (int(m) for m in merchant_hash(["A", "B", "C", "D"]))
-GRAPH_KEYS = ("x", "merchant", "edge_index", "edge_attr")
+GRAPH_KEYS = ("x", "merchant", "edge_index", "edge_attr", "history")
 
 
 def _apply(state, stream):
     """stream: (key, merchant, hours after T0)."""
-    return [state.update(k, m, 40.0 + k * 0.01, -74.0, T0 + int(h * H)) for k, m, h in stream]
+    return [state.update(k, m, 40.0 + k * 0.01, -74.0, T0 + int(h * H), 10.0 + k, "grocery_pos") for k, m, h in stream]
 
 
 def _edges(state):
@@ -90,9 +92,10 @@ def test_bytes_round_trip_and_size():
     rng = np.random.default_rng(0)
     merchants = merchant_hash([f"m{i}" for i in range(80)])
     for i in range(500):  # 80 merchants: evictions
-        s.update(i, int(merchants[rng.integers(0, 80)]), rng.uniform(30, 45), rng.uniform(-120, -70), T0 + i * H // 3)
+        m = int(merchants[rng.integers(0, 80)])
+        s.update(i, m, rng.uniform(30, 45), rng.uniform(-120, -70), T0 + i * H // 3, rng.uniform(1, 500), "travel")
     for i in range(500, 600):  # then only known merchants: the edge list fills up
-        s.update(i, s.node_merchant[int(rng.integers(0, s.num_nodes))], 40.0, -74.0, T0 + i * H // 3)
+        s.update(i, s.node_merchant[int(rng.integers(0, s.num_nodes))], 40.0, -74.0, T0 + i * H // 3, 12.5, "home")
     assert s.num_nodes == cfg.max_nodes and s.num_edges == cfg.max_edges
     blob = s.to_bytes()
     back = EgoGraphState.from_bytes(blob, cfg)
@@ -156,7 +159,9 @@ def _stream_frame():
         rows, columns=["transaction_id", "cardholder_id", "merchant_id", "ts", "lat", "lon", "is_fraud"]
     )
     frame["timestamp"] = pd.to_datetime(frame.pop("ts"), unit="s", utc=True).astype("datetime64[us, UTC]")
-    frame["amount"], frame["mcc"], frame["geo_source"] = 10.0, "5411", "exact"
+    frame["amount"] = np.round(np.random.default_rng(5).lognormal(3.0, 1.0, len(frame)), 2)
+    frame["mcc"] = np.where(np.arange(len(frame)) % 3 == 0, "shopping_net", "5411")
+    frame["geo_source"] = "exact"
     frame["is_fraud"] = frame["is_fraud"].astype("boolean")
     return frame.sample(frac=1.0, random_state=1).reset_index(drop=True)  # order must not matter
 
@@ -173,7 +178,7 @@ def test_active_cardholders_filter():
 def test_batch_equals_incremental_with_round_trips(feat):
     cfg = EgoGraphConfig(max_nodes=4, max_edges=6)
     frame = _stream_frame()
-    pairs = build_snapshot_pairs(frame, feat, cfg)
+    pairs = build_snapshot_pairs(frame, feat, cfg, split_of=functools.partial(split_of, val_fraction=0.2))
     assert len(pairs) == 3 * 24  # first transaction of each cardholder has no G_{t-1}
     by_tx = {p.transaction_id: p for p in pairs}
     assert sum(bool(p.is_fraud) for p in pairs) == 3
@@ -192,7 +197,9 @@ def test_batch_equals_incremental_with_round_trips(feat):
             current = EgoGraphState.from_bytes(blob, cfg).to_data(feat, eps)
             if previous is not None:
                 pair = by_tx[tx.transaction_id]
-                assert pair.split in ("train", "test") and pair.cardholder != holder
+                assert pair.split in ("train", "val", "test") and pair.cardholder != holder
+                # the newest event and the history before it: identical in the batch and the serving path
+                assert np.array_equal(pair.event, state.last_event) and np.array_equal(pair.prior, state.prior)
                 for key in GRAPH_KEYS:
                     assert torch.equal(pair.current[key], current[key]), key
                     assert torch.equal(pair.previous[key], previous[key]), key
@@ -208,11 +215,14 @@ def test_batch_equals_incremental_with_round_trips(feat):
 def test_fast_graph_matches_keyword_constructor():
     x, ei = torch.rand(3, 8), torch.tensor([[0, 1], [1, 2]])
     ea, m = torch.rand(2, 8), torch.tensor([5, 6, 7])
-    fast, slow = _graph(x, ei, ea, m), Data(x=x, edge_index=ei, edge_attr=ea, merchant=m)
+    hist = torch.rand(1, 5)
+    fast, slow = _graph(x, ei, ea, m, hist), Data(x=x, edge_index=ei, edge_attr=ea, merchant=m, history=hist)
     assert type(fast) is Data and fast.keys() == slow.keys() and fast.num_nodes == slow.num_nodes == 3
     assert all(fast[k] is slow[k] for k in GRAPH_KEYS)
     fast.validate(raise_on_error=True)
-    empty = _graph(torch.zeros(0, 8), torch.zeros(2, 0, dtype=torch.long), torch.zeros(0, 8), torch.zeros(0).long())
+    empty = _graph(
+        torch.zeros(0, 8), torch.zeros(2, 0, dtype=torch.long), torch.zeros(0, 8), torch.zeros(0).long(), hist
+    )
     assert empty.num_nodes == 0
     batch = Batch.from_data_list([fast, slow])
     assert batch.num_nodes == 6 and batch.edge_index.shape == (2, 4)
@@ -221,7 +231,9 @@ def test_fast_graph_matches_keyword_constructor():
 def test_graph_carries_no_raw_values():
     frame = _stream_frame()
     pair = build_snapshot_pairs(frame, FEAT, EgoGraphConfig())[-1]
-    assert set(pair.current.keys()) == {"x", "merchant", "edge_index", "edge_attr"}
-    raw = np.concatenate([frame["lat"], frame["lon"], frame["timestamp"].astype("int64") // 10**6])
-    for key in ("x", "edge_attr"):
+    assert set(pair.current.keys()) == {"x", "merchant", "edge_index", "edge_attr", "history"}
+    raw = np.concatenate(
+        [frame["lat"], frame["lon"], frame["timestamp"].astype("int64") // 10**6, frame["amount"]]
+    )
+    for key in ("x", "edge_attr", "history"):
         assert not np.isin(pair.current[key].numpy().astype(np.float64), raw).any()

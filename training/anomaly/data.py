@@ -19,6 +19,7 @@ rebuild it.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -36,7 +37,8 @@ from torch_geometric.data import Data
 
 from fedfraud.errors import UserError
 from feature_store.config import EgoGraphConfig, EncoderConfig, PrivacyConfig
-from feature_store.egograph import active_cardholders, iter_snapshot_pairs
+from feature_store.egograph import SnapshotPair, active_cardholders, iter_snapshot_pairs
+from feature_store.events import HISTORY_SIZE, RAW_EVENT_SIZE
 from feature_store.privacy import PrivateFeaturizer, mu_gdp
 from training.anomaly.config import AnomalyConfig
 from training.anomaly.negatives import FeaturePool, NegativeSampler
@@ -46,19 +48,35 @@ __all__ = ["BankData", "BankPrivacy", "PairSet", "check_dataset", "load_bank_dat
 
 logger = logging.getLogger(__name__)
 
-_CACHE_VERSION = 1
+_CACHE_VERSION = 2
 
 
 @dataclass(frozen=True)
 class PairSet:
-    """Aligned lists of G_{t-1} and G_t graphs."""
+    """Aligned G_{t-1} and G_t graphs with the newest transaction's raw event and the history before it."""
 
     previous: list[Data]
     current: list[Data]
+    events: np.ndarray
+    priors: np.ndarray
 
     def __post_init__(self) -> None:
-        if len(self.previous) != len(self.current):
-            raise ValueError(f"PairSet: {len(self.previous)} previous vs {len(self.current)} current graphs")
+        n = len(self.previous)
+        if len(self.current) != n or self.events.shape != (n, RAW_EVENT_SIZE) or self.priors.shape != (
+            n,
+            HISTORY_SIZE,
+        ):
+            raise ValueError(
+                f"PairSet: {n} previous, {len(self.current)} current graphs, events {self.events.shape}, "
+                f"priors {self.priors.shape}"
+            )
+
+    @classmethod
+    def of(cls, pairs: list[SnapshotPair]) -> PairSet:
+        """A PairSet of snapshot pairs."""
+        events = np.array([p.event for p in pairs]).reshape(len(pairs), RAW_EVENT_SIZE)
+        priors = np.array([p.prior for p in pairs]).reshape(len(pairs), HISTORY_SIZE)
+        return cls([p.previous for p in pairs], [p.current for p in pairs], events, priors)
 
     def __len__(self) -> int:
         return len(self.current)
@@ -82,6 +100,7 @@ class BankData:
 
     bank: int
     train: PairSet
+    val: PairSet
     test: PairSet
     test_negatives: list[Data]
     fraud_eval: PairSet
@@ -163,27 +182,25 @@ def _build(
 ) -> BankData:
     featurizer = PrivateFeaturizer.for_bank(encoder_cfg, privacy_cfg, bank)
     rng = np.random.default_rng([cfg.seed, bank, 0])
-    train, test, normal = (
+    train, val, test, normal = (
         _Reservoir(cfg.max_train_pairs, rng),
+        _Reservoir(cfg.max_test_pairs, rng),
         _Reservoir(cfg.max_test_pairs, rng),
         _Reservoir(cfg.max_eval_normal, rng),
     )
-    fraud: list[tuple[Data, Data]] = []
-    for pair in iter_snapshot_pairs(frame, featurizer, ego_cfg, progress=progress):
-        item = (pair.previous, pair.current)
-        if pair.split == "train":
-            train.offer(item)
+    fraud: list[SnapshotPair] = []
+    splitter = functools.partial(split_of, val_fraction=cfg.val_fraction)
+    for pair in iter_snapshot_pairs(frame, featurizer, ego_cfg, progress=progress, split_of=splitter):
+        if pair.split != "test":
+            (train if pair.split == "train" else val).offer(pair)
             continue
-        test.offer(item)
+        test.offer(pair)
         if pair.is_fraud:
-            fraud.append(item)
+            fraud.append(pair)
         elif pair.is_fraud is not None:
-            normal.offer(item)
+            normal.offer(pair)
 
-    def pairset(items: list[tuple[Data, Data]]) -> PairSet:
-        return PairSet([p for p, _ in items], [c for _, c in items])
-
-    train_set, test_set = pairset(train.items), pairset(test.items)
+    train_set, val_set, test_set = PairSet.of(train.items), PairSet.of(val.items), PairSet.of(test.items)
     if len(train_set) == 0 or len(test_set) == 0:
         split = "training" if len(train_set) == 0 else "test"
         raise UserError(f"bank {bank} has no {split} transitions (no active {split} cardholder)")
@@ -206,15 +223,17 @@ def _build(
     return BankData(
         bank=bank,
         train=train_set,
+        val=val_set,
         test=test_set,
         test_negatives=negatives,
-        fraud_eval=pairset(eval_items),
+        fraud_eval=PairSet.of(eval_items),
         fraud_labels=np.r_[np.ones(len(fraud), dtype=bool), np.zeros(len(normal.items), dtype=bool)],
         fraud_weights=np.r_[np.ones(len(fraud)), np.full(len(normal.items), weight_normal)],
         pool=pool,
         privacy=privacy,
         counts={
             "train_pairs_seen": train.seen,
+            "val_pairs_seen": val.seen,
             "test_pairs_seen": test.seen,
             "fraud_test_pairs": len(fraud),
             "normal_test_pairs_seen": normal.seen,
@@ -244,6 +263,7 @@ def load_bank_data(
             "perturb_min",
             "perturb_max",
             "newest_share",
+            "val_fraction",
             "seed",
         }
     )

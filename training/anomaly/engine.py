@@ -29,6 +29,8 @@ from tqdm.auto import tqdm
 
 from training.anomaly.config import AnomalyConfig
 from training.anomaly.data import BankData, PairSet
+from training.anomaly.event_negatives import EventNegativeSampler, parse_mix
+from training.anomaly.heads import ContrastiveHead, event_targets
 from training.anomaly.model import AnomalyModel, score_pairs
 from training.anomaly.negatives import NegativeSampler
 
@@ -38,7 +40,9 @@ __all__ = [
     "TrainStats",
     "classification_metrics",
     "evaluate_fraud",
+    "evaluate_selection",
     "evaluate_task",
+    "event_loss",
     "sources_of",
     "train_model",
 ]
@@ -51,10 +55,11 @@ TASK_METRICS = ("loss", "accuracy", "precision", "recall", "f1", "roc_auc")
 
 @dataclass(frozen=True)
 class TrainSource:
-    """Training pairs of one bank with the sampler that perturbs them (from that bank's own pool)."""
+    """Training pairs of one bank with the samplers that perturb them (from that bank's own pool and events)."""
 
     pairs: PairSet
     sampler: NegativeSampler
+    event_sampler: EventNegativeSampler | None = None
 
     def __post_init__(self) -> None:
         if len(self.pairs) == 0:
@@ -78,7 +83,46 @@ class TrainStats:
 
 def sources_of(banks: Sequence[BankData], cfg: AnomalyConfig, max_nodes: int) -> list[TrainSource]:
     """One :class:`TrainSource` per bank, each sampler drawing foreign elements from its own bank."""
-    return [TrainSource(b.train, NegativeSampler.from_config(b.pool, cfg, max_nodes)) for b in banks]
+    return [
+        TrainSource(
+            b.train,
+            NegativeSampler.from_config(b.pool, cfg, max_nodes),
+            EventNegativeSampler(b.train.priors, b.train.events, parse_mix(cfg.negatives))
+            if cfg.readout == "contrastive"
+            else None,
+        )
+        for b in banks
+    ]
+
+
+def _event_loss(
+    model: AnomalyModel,
+    q: Tensor,
+    priors: np.ndarray,
+    events: np.ndarray,
+    samplers: Sequence[tuple[EventNegativeSampler | None, np.ndarray]],
+    rng: np.random.Generator,
+) -> Tensor:
+    """Loss of an event readout on real transitions (``q``: embeddings of their G_{t-1}).
+
+    next-event: the summed mean NLL of each head. contrastive: BCE of real vs
+    perturbed events; ``samplers`` lists (sampler, rows) so each row's negative
+    comes from its own bank.
+    """
+    if model.cfg.readout == "next-event":
+        targets = {h: torch.from_numpy(t).to(q.device) for h, t in event_targets(priors, events).items()}
+        nll = model.head.nll(q, targets)  # type: ignore[operator]
+        return torch.stack([v.mean() for v in nll.values()]).sum()
+    neg_priors, neg_events = priors.copy(), events.copy()
+    for sampler, rows in samplers:
+        if sampler is None:
+            raise ValueError("the contrastive readout needs an EventNegativeSampler")
+        neg_priors[rows], neg_events[rows], _ = sampler.perturb(priors[rows], events[rows], rng)
+    x_pos = ContrastiveHead.features(priors, events, q.device)
+    x_neg = ContrastiveHead.features(neg_priors, neg_events, q.device)
+    logits = torch.cat([model.head(q, x_pos), model.head(q, x_neg)])  # type: ignore[operator]
+    target = torch.cat([torch.ones(len(priors), device=q.device), torch.zeros(len(priors), device=q.device)])
+    return F.binary_cross_entropy_with_logits(logits, target)
 
 
 class _Optimizer:
@@ -165,19 +209,31 @@ def train_model(
         idx = np.array([rng.integers(sizes[w]) for w in which])
         total, count = 0.0, 0
         for a in range(0, samples_per_epoch, batch_size):
-            prevs, curs, negs = [], [], []
-            for w, i in zip(which[a : a + batch_size], idx[a : a + batch_size], strict=True):
-                src = sources[int(w)]
-                prevs.append(src.pairs.previous[int(i)])
-                curs.append(src.pairs.current[int(i)])
-                negs.append(src.sampler.perturb(src.pairs.current[int(i)], rng).graph)
-            b = len(prevs)
-            batch = Batch.from_data_list(prevs + curs + negs).to(device)
-            out = model.embed(batch)
-            q_prev, q_cur, q_neg = out.q[:b], out.q[b : 2 * b], out.q[2 * b :]
-            logits = torch.cat([model.logits(q_prev, q_cur), model.logits(q_prev, q_neg)])
-            target = torch.cat([torch.ones(b, device=device), torch.zeros(b, device=device)])
-            loss = F.binary_cross_entropy_with_logits(logits, target) + aux_weight * out.aux_loss
+            chosen = [
+                (sources[int(w)], int(i))
+                for w, i in zip(which[a : a + batch_size], idx[a : a + batch_size], strict=True)
+            ]
+            b = len(chosen)
+            prevs = [src.pairs.previous[i] for src, i in chosen]
+            if model.uses_events:  # only G_{t-1} is embedded; the newest event is scored against it
+                batch = Batch.from_data_list(prevs).to(device)
+                out = model.embed(batch)
+                priors = np.stack([src.pairs.priors[i] for src, i in chosen])
+                events = np.stack([src.pairs.events[i] for src, i in chosen])
+                rows_of: dict[int, list[int]] = {}
+                for row, (src, _) in enumerate(chosen):
+                    rows_of.setdefault(id(src), []).append(row)
+                samplers = [(chosen[r[0]][0].event_sampler, np.array(r)) for r in rows_of.values()]
+                loss = _event_loss(model, out.q, priors, events, samplers, rng) + aux_weight * out.aux_loss
+            else:
+                curs = [src.pairs.current[i] for src, i in chosen]
+                negs = [src.sampler.perturb(src.pairs.current[i], rng).graph for src, i in chosen]
+                batch = Batch.from_data_list(prevs + curs + negs).to(device)
+                out = model.embed(batch)
+                q_prev, q_cur, q_neg = out.q[:b], out.q[b : 2 * b], out.q[2 * b :]
+                logits = torch.cat([model.logits(q_prev, q_cur), model.logits(q_prev, q_neg)])
+                target = torch.cat([torch.ones(b, device=device), torch.zeros(b, device=device)])
+                loss = F.binary_cross_entropy_with_logits(logits, target) + aux_weight * out.aux_loss
             optimizer.zero_grad()
             (loss + optimizer.proximal(batch.merchant)).backward()
             optimizer.step()
@@ -188,6 +244,7 @@ def train_model(
         epoch_losses.append(total / max(count, 1))
         logger.debug("%s epoch=%d loss=%.4f", desc, _epoch + 1, epoch_losses[-1])
     stats = TrainStats(epoch_losses[0], epoch_losses[-1], steps, examples, time.perf_counter() - start)
+    logger.debug("%s steps=%d steps_per_second=%.1f", desc, stats.steps, stats.steps / max(stats.seconds, 1e-9))
     return stats, optimizer.state_dict()
 
 
@@ -206,8 +263,50 @@ def classification_metrics(is_anomaly: np.ndarray, score: np.ndarray, threshold:
     }
 
 
+def event_loss(model: AnomalyModel, pairs: PairSet, batch_size: int = 256, seed: int = 0) -> float:
+    """Mean event-readout loss on ``pairs`` in eval mode (contrastive negatives drawn with a fixed seed)."""
+    if len(pairs) == 0:
+        return float("nan")
+    device = next(model.parameters()).device
+    sampler = (
+        EventNegativeSampler(pairs.priors, pairs.events, parse_mix(model.cfg.negatives))
+        if model.cfg.readout == "contrastive"
+        else None
+    )
+    rng = np.random.default_rng(seed)
+    was_training = model.training
+    model.eval()
+    total = 0.0
+    try:
+        with torch.no_grad():
+            for a in range(0, len(pairs), batch_size):
+                rows = np.arange(a, min(a + batch_size, len(pairs)))
+                q = model.embed(Batch.from_data_list(pairs.previous[a : a + batch_size]).to(device)).q
+                priors, events = pairs.priors[rows], pairs.events[rows]
+                loss = _event_loss(model, q, priors, events, [(sampler, np.arange(len(rows)))], rng)
+                total += float(loss) * len(rows)
+    finally:
+        model.train(was_training)
+    return total / len(pairs)
+
+
+def evaluate_selection(model: AnomalyModel, bank: BankData, batch_size: int = 256) -> dict[str, float]:
+    """The model-selection metric on validation cardholders, ``val_loss`` (event readouts; else empty).
+
+    Thesis readouts have no validation task and keep the last round.
+    """
+    if not model.uses_events or len(bank.val) == 0:
+        return {}
+    return {"val_loss": event_loss(model, bank.val, batch_size)}
+
+
 def evaluate_task(model: AnomalyModel, bank: BankData, batch_size: int = 256) -> dict[str, float]:
-    """Metrics on the negative-sampling test task: each test transition vs its fixed perturbed twin."""
+    """Metrics on the negative-sampling test task: each test transition vs its fixed perturbed twin.
+
+    Event readouts have no graph twin: they report their own loss on test cardholders (``loss``).
+    """
+    if model.uses_events:
+        return {"loss": event_loss(model, bank.test, batch_size)}
     test = bank.test
     real = score_pairs(model, test.previous, test.current, batch_size)
     fake = score_pairs(model, test.previous, bank.test_negatives, batch_size)
@@ -227,7 +326,8 @@ def evaluate_fraud(model: AnomalyModel, bank: BankData, batch_size: int = 256) -
     labels, weights = bank.fraud_labels, bank.fraud_weights
     if not 0 < labels.sum() < len(labels):
         return {"fraud_roc_auc": float("nan"), "fraud_pr_auc": float("nan"), "fraud_n": float(labels.sum())}
-    score = score_pairs(model, bank.fraud_eval.previous, bank.fraud_eval.current, batch_size)
+    ev = bank.fraud_eval
+    score = score_pairs(model, ev.previous, ev.current, batch_size, ev.priors, ev.events)
     return {
         "fraud_roc_auc": float(roc_auc_score(labels, score, sample_weight=weights)),
         "fraud_pr_auc": float(average_precision_score(labels, score, sample_weight=weights)),

@@ -36,7 +36,9 @@ from torch_geometric.utils import scatter, to_undirected
 
 from feature_store.config import EncoderConfig
 from feature_store.encoders import MerchantEmbedding
-from training.anomaly.config import AnomalyConfig
+from feature_store.events import SUMMARY_SIZE
+from training.anomaly.config import AnomalyConfig, parse_heads
+from training.anomaly.heads import ContrastiveHead, NextEventHead, event_targets, nll_to_score
 from training.anomaly.pool import GraphPooling, resolve_pooling
 from training.anomaly.temporal import TemporalMessage
 
@@ -48,6 +50,7 @@ __all__ = [
     "embed_graphs",
     "pick_device",
     "score_embeddings",
+    "score_event_embeddings",
     "score_pairs",
 ]
 
@@ -82,8 +85,10 @@ class GraphEncoder(nn.Module):
             self.pools.append(resolve_pooling(cfg.pooling, cfg.hidden, cfg.ratio, size))
             width = cfg.hidden
             size = max(1, math.ceil(size * cfg.ratio))
-        self.newest = cfg.readout == "newest"
-        self.out_dim = (3 if self.newest else 2) * cfg.hidden
+        self.newest = cfg.readout == "thesis-newest"
+        # event readouts: the graph-level event history (feature_store.events.history_summary) joins the readout
+        self.history = nn.Linear(SUMMARY_SIZE, cfg.hidden) if cfg.uses_events else None
+        self.out_dim = (3 if self.newest or self.history is not None else 2) * cfg.hidden
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -95,6 +100,9 @@ class GraphEncoder(nn.Module):
         pool: GraphPooling
         for pool in self.pools:
             pool.reset_parameters()
+        if self.history is not None:
+            nn.init.xavier_uniform_(self.history.weight)
+            nn.init.zeros_(self.history.bias)
 
     def forward(self, batch: Batch | Data) -> EncoderOutput:
         # sparse gradient: a step touches a few hundred of the table's rows (see engine.train_model)
@@ -121,6 +129,8 @@ class GraphEncoder(nn.Module):
             q = q + torch.cat([global_mean_pool(x, vector, graphs), global_max_pool(x, vector, graphs)], dim=1)
         if newest is not None:
             q = torch.cat([q, newest], dim=1)
+        if self.history is not None:
+            q = torch.cat([q, torch.relu(self.history(batch.history.reshape(graphs, -1)))], dim=1)
         return EncoderOutput(q, aux)
 
 
@@ -147,7 +157,12 @@ class Discriminator(nn.Module):
 
 
 class AnomalyModel(nn.Module):
-    """Encoder + discriminator; the whole state_dict is what the federation averages."""
+    """Encoder + readout head; the whole state_dict is what the federation averages.
+
+    The head depends on ``cfg.readout``: :class:`Discriminator` for the thesis
+    readouts, :class:`~training.anomaly.heads.NextEventHead` or
+    :class:`~training.anomaly.heads.ContrastiveHead` for the event readouts.
+    """
 
     def __init__(self, cfg: AnomalyConfig, encoder_cfg: EncoderConfig, max_nodes: int) -> None:
         super().__init__()
@@ -155,14 +170,36 @@ class AnomalyModel(nn.Module):
         self.encoder_cfg = encoder_cfg
         self.max_nodes = max_nodes
         self.encoder = GraphEncoder(cfg, encoder_cfg, max_nodes)
-        self.discriminator = Discriminator(self.encoder.out_dim, cfg.disc_hidden, cfg.dropout)
+        q_dim = self.encoder.out_dim
+        if cfg.readout == "next-event":
+            self.head: nn.Module = NextEventHead(q_dim, cfg.disc_hidden, parse_heads(cfg.heads), cfg.dropout)
+        elif cfg.readout == "contrastive":
+            self.head = ContrastiveHead(q_dim, cfg.disc_hidden, cfg.dropout)
+        else:
+            self.discriminator = Discriminator(q_dim, cfg.disc_hidden, cfg.dropout)
+
+    @property
+    def uses_events(self) -> bool:
+        """Scores (q_{t-1}, newest event) instead of (q_{t-1}, q_t)."""
+        return self.cfg.uses_events
+
+    def event_scores(self, q_prev: Tensor, prior: np.ndarray, event: np.ndarray) -> Tensor:
+        """Anomaly score in [0, 1] of each newest event given q_{t-1} (event readouts only); high = unusual."""
+        if self.cfg.readout == "next-event":
+            targets = {
+                h: torch.from_numpy(t).to(q_prev.device) for h, t in event_targets(prior, event).items()
+            }
+            return nll_to_score(sum(self.head.nll(q_prev, targets).values()))  # type: ignore[operator]
+        if self.cfg.readout == "contrastive":
+            return torch.sigmoid(-self.head(q_prev, ContrastiveHead.features(prior, event, q_prev.device)))
+        raise ValueError(f"readout {self.cfg.readout!r} scores graph pairs, not events")
 
     def embed(self, batch: Batch | Data) -> EncoderOutput:
         """Q for every graph of a batch."""
         return self.encoder(batch)
 
     def logits(self, q_prev: Tensor, q_cur: Tensor) -> Tensor:
-        """Logit of f(q_{t-1}, q_t); f = sigmoid(logit)."""
+        """Logit of f(q_{t-1}, q_t); f = sigmoid(logit) (thesis readouts)."""
         return self.discriminator(q_prev, q_cur)
 
     @staticmethod
@@ -172,7 +209,10 @@ class AnomalyModel(nn.Module):
 
     def __repr__(self) -> str:
         cfg = self.cfg
-        return f"{self.__class__.__name__}(pooling={cfg.pooling}, layers={cfg.layers}, q_dim={self.encoder.out_dim})"
+        return (
+            f"{self.__class__.__name__}(pooling={cfg.pooling}, layers={cfg.layers}, readout={cfg.readout}, "
+            f"q_dim={self.encoder.out_dim})"
+        )
 
 
 def pick_device(name: str = "auto") -> torch.device:
@@ -211,17 +251,45 @@ def score_embeddings(model: AnomalyModel, q_prev: Tensor, q_cur: Tensor) -> np.n
         model.train(was_training)
 
 
+@torch.no_grad()
+def score_event_embeddings(model: AnomalyModel, q_prev: Tensor, prior: np.ndarray, event: np.ndarray) -> np.ndarray:
+    """Anomaly score of each newest event given q_{t-1} (event readouts), float64 numpy."""
+    was_training = model.training
+    model.eval()
+    try:
+        return model.event_scores(q_prev, prior, event).double().cpu().numpy()
+    finally:
+        model.train(was_training)
+
+
 def score_pairs(
-    model: AnomalyModel, previous: Sequence[Data], current: Sequence[Data], batch_size: int = 256
+    model: AnomalyModel,
+    previous: Sequence[Data],
+    current: Sequence[Data],
+    batch_size: int = 256,
+    prior: np.ndarray | None = None,
+    event: np.ndarray | None = None,
 ) -> np.ndarray:
-    """Anomaly scores of aligned (G_{t-1}, G_t) lists; a graph object shared by two pairs is embedded once."""
+    """Anomaly scores of aligned transitions; a graph object shared by two pairs is embedded once.
+
+    Event readouts score (G_{t-1}, newest event) and need ``prior`` / ``event``
+    (``[n, ·]``, :mod:`feature_store.events`); they never embed G_t.
+    """
+    if model.uses_events:
+        if prior is None or event is None or len(prior) != len(previous) or len(event) != len(previous):
+            raise ValueError("an event readout needs one prior history and one raw event per transition")
+        graphs = list(previous)
+    else:
+        graphs = [*previous, *current]
     unique: dict[int, int] = {}
-    graphs: list[Data] = []
-    for g in (*previous, *current):
+    distinct: list[Data] = []
+    for g in graphs:
         if id(g) not in unique:
-            unique[id(g)] = len(graphs)
-            graphs.append(g)
-    q = embed_graphs(model, graphs, batch_size)
+            unique[id(g)] = len(distinct)
+            distinct.append(g)
+    q = embed_graphs(model, distinct, batch_size)
     prev_idx = torch.tensor([unique[id(g)] for g in previous], dtype=torch.long, device=q.device)
+    if model.uses_events:
+        return score_event_embeddings(model, q[prev_idx], prior, event)  # type: ignore[arg-type]
     cur_idx = torch.tensor([unique[id(g)] for g in current], dtype=torch.long, device=q.device)
     return score_embeddings(model, q[prev_idx], q[cur_idx])

@@ -173,6 +173,8 @@ class NegativeSampler:
         if conf in ("C1", "C3") and not single:
             edge_index, edge_attr = self._topology(x.shape[0], edge_index, edge_attr, rng)
         out = Data(x=x, merchant=merchant, edge_index=edge_index, edge_attr=edge_attr, num_nodes=x.shape[0])
+        if "history" in g:  # the cardholder's event history is not what a graph negative perturbs
+            out.history = g.history
         check_graph(out, max(self.max_nodes, int(g.num_nodes)))
         return NegativeSample(out, conf)
 

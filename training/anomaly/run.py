@@ -107,7 +107,8 @@ def log_round(record: RoundRecord, total: int, mode: str) -> None:
     """One ``key=value`` line for the round (means over banks) plus one per bank at DEBUG."""
     s = record.summary
     parts = [f"mode={mode}", f"round={record.round}/{total}", f"train_loss={record.train_loss:.4f}"]
-    for key in ("loss", "accuracy", "precision", "recall", "f1", "roc_auc", "fraud_roc_auc", "fraud_pr_auc"):
+    keys = ("val_loss", "loss", "accuracy", "precision", "recall", "f1", "roc_auc", "fraud_roc_auc", "fraud_pr_auc")
+    for key in keys:
         if f"{key}_mean" in s:
             parts.append(f"test_{key}={s[f'{key}_mean']:.4f}±{s[f'{key}_std']:.4f}")
     parts.append(f"seconds={record.seconds:.1f}")
@@ -132,6 +133,32 @@ class Checkpoint:
     settings: dict[str, Any]
     optimizer: dict[str, Any] | None = None
     privacy: dict[int, dict[str, float]] = field(default_factory=dict)
+    best_round: int = 0
+    best_val_loss: float = math.inf
+    best_state_dict: dict[str, Tensor] | None = None
+
+    def offer(self, record: RoundRecord, state_dict: Mapping[str, Tensor]) -> None:
+        """Record a completed round; keep its weights as the best when its mean validation loss is the lowest.
+
+        Model selection uses validation cardholders only (``val_loss_mean``);
+        without one (thesis readouts) the latest round is the selected one.
+        """
+        self.round = record.round
+        self.state_dict = dict(state_dict)
+        self.history.append(record)
+        val = record.summary.get("val_loss_mean", math.nan)
+        if not math.isfinite(val):
+            self.best_round, self.best_state_dict = record.round, None
+        elif val < self.best_val_loss:
+            self.best_round, self.best_val_loss = record.round, val
+            self.best_state_dict = {k: v.detach().cpu().clone() for k, v in state_dict.items()}
+
+    @property
+    def selected(self) -> tuple[int, dict[str, Tensor]]:
+        """(round, weights) to publish: the best validation round, else the latest."""
+        if self.best_state_dict is not None:
+            return self.best_round, self.best_state_dict
+        return self.round, self.state_dict
 
     def save(self, directory: Path) -> Path:
         """Atomic write of ``checkpoint.pt`` (and ``history.json`` for people)."""
@@ -144,6 +171,9 @@ class Checkpoint:
             "settings": self.settings,
             "optimizer": self.optimizer,
             "privacy": self.privacy,
+            "best_round": self.best_round,
+            "best_val_loss": self.best_val_loss,
+            "best_state_dict": self.best_state_dict,
         }
         fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".pt", dir=directory)
         with os.fdopen(fd, "wb") as fh:
@@ -166,6 +196,9 @@ class Checkpoint:
             settings=dict(payload["settings"]),
             optimizer=payload.get("optimizer"),
             privacy={int(k): v for k, v in (payload.get("privacy") or {}).items()},
+            best_round=int(payload.get("best_round", 0)),
+            best_val_loss=float(payload.get("best_val_loss", math.inf)),
+            best_state_dict=payload.get("best_state_dict"),
         )
 
     def check_compatible(self, settings: Mapping[str, Any], keys: tuple[str, ...]) -> None:
@@ -201,22 +234,46 @@ def privacy_report(per_bank: Mapping[int, BankPrivacy | Mapping[str, float]]) ->
 
 
 def _card(mode: str, anomaly_cfg: AnomalyConfig, rounds: int, summary: Mapping[str, float]) -> str:
-    f1 = summary.get("f1_mean", float("nan"))
     auc = summary.get("fraud_roc_auc_mean", float("nan"))
+    encoder = (
+        f"a {anomaly_cfg.layers}-layer GCN with `{anomaly_cfg.pooling}` pooling (ratio {anomaly_cfg.ratio}) over each "
+        "cardholder's private dynamic ego graph"
+    )
+    if anomaly_cfg.readout == "next-event":
+        what = (
+            f"Anomaly model for card transactions: {encoder} and its event history embed G_(t-1); a next-event head "
+            f"predicts the next transaction's {anomaly_cfg.heads.replace(',', ', ')}. Trained {mode} for {rounds} "
+            "round(s) on real transactions only (no labels, no negatives).",
+            "**Score**: 1 - exp(-NLL/10), NLL = negative log-likelihood of the transaction under the model of this "
+            "cardholder's next transaction; high means unusual for this cardholder.",
+        )
+    elif anomaly_cfg.readout == "contrastive":
+        what = (
+            f"Anomaly model for card transactions: {encoder} embeds G_(t-1); a contrastive head tells the "
+            f"cardholder's real next transaction from event negatives ({anomaly_cfg.negatives}). Trained {mode} for "
+            f"{rounds} round(s) without labels.",
+            "**Score**: 1 - f(G_(t-1), event) in [0, 1]; high means unusual for this cardholder.",
+        )
+    else:
+        what = (
+            f"Anomaly model for card transactions (thesis readout): {encoder}, and a 2-layer discriminator "
+            f"f(q_prev, q_cur). Trained {mode} for {rounds} round(s) without labels, on perturbed graphs (C1 "
+            "topology, C2 node features, C3 both) as negatives.",
+            "**Score**: anomaly score = 1 - f(q_prev, q_cur) in [0, 1]; high means unusual for this cardholder.",
+        )
     return "\n".join(
         [
-            f"Anomaly model for card transactions: a {anomaly_cfg.layers}-layer GCN with `{anomaly_cfg.pooling}` "
-            f"pooling (ratio {anomaly_cfg.ratio}) over each cardholder's private dynamic ego graph, and a 2-layer "
-            f"discriminator f(q_prev, q_cur). Trained {mode} for {rounds} round(s) without labels, on perturbed "
-            "graphs (C1 topology, C2 node features, C3 both) as negatives.",
+            what[0],
             "",
-            "**Score**: anomaly score = 1 - f(q_prev, q_cur) in [0, 1]; high means unusual for this cardholder.",
+            what[1],
             "",
-            f"**Negative-sampling test F1** (mean over banks): {f1:.3f}. "
-            f"**ROC-AUC against real fraud labels**: {auc:.3f}.",
+            f"**ROC-AUC against real fraud labels** (in-training check on test cardholders): {auc:.3f}. The "
+            "benchmark (`fedfraud bench anomaly`) gives intervals and baselines.",
             "",
-            "**Inputs**: only noised location L' (nodes), noised time T' (edges) and hashed merchant buckets; no raw "
-            "coordinates, timestamps or ids. The featurizer must use the encoder config stored with the model.",
+            "**Inputs**: noised location L' (nodes), noised time T' (edges), hashed merchant buckets and a summary "
+            "of the cardholder's event history; the newest transaction enters as discretised fields or derived "
+            "features. No raw coordinates, timestamps or ids. The featurizer must use the encoder config stored "
+            "with the model.",
             "",
             "**Limits**: trained on the banks' own history; a cardholder's first transaction has no score; the "
             "score is a behaviour-change signal, not a fraud probability.",
@@ -235,14 +292,16 @@ def publish_run(
     config: dict[str, Any],
     history: list[RoundRecord],
     privacy: Mapping[int, BankPrivacy | Mapping[str, float]],
+    selected_round: int | None = None,
 ) -> ModelVersion:
-    """Publish the final weights with config, final metrics (mean/std and per bank), history and privacy."""
+    """Publish the selected weights with config, final metrics (mean/std and per bank), history and privacy."""
     if not history:
         raise ValueError("nothing to publish: no completed round")
     last = history[-1]
     metrics: dict[str, Any] = {
         "mode": mode,
         "rounds": last.round,
+        "selected_round": selected_round or last.round,
         **{k: v for k, v in last.summary.items()},
         "per_bank": {str(b): m for b, m in last.per_bank.items()},
         "seconds_per_round": float(np.mean([r.seconds for r in history])),
@@ -250,6 +309,7 @@ def publish_run(
             {
                 "round": r.round,
                 "train_loss": r.train_loss,
+                "val_loss_mean": r.summary.get("val_loss_mean"),
                 "f1_mean": r.summary.get("f1_mean"),
                 "roc_auc_mean": r.summary.get("roc_auc_mean"),
             }

@@ -1,8 +1,10 @@
 """Publishing the anomaly model to the registry and the scorer serving calls per micro-batch.
 
-Anomaly score convention: ``score = 1 − f(q_{t-1}, q_t)`` in [0, 1], where f
-is the discriminator's probability that G_{t-1} → G_t is a real transition of
-this cardholder. High means unusual.
+Anomaly score convention: in [0, 1], high means unusual for this cardholder.
+With the default ``next-event`` readout it is ``1 − exp(−NLL/10)`` of the
+transaction under the model of the cardholder's next transaction given
+G_{t-1}; with the thesis readout ``1 − f(q_{t-1}, q_t)``, f the
+discriminator's probability that G_{t-1} → G_t is a real transition.
 
 Serving keeps each cardholder's last embedding, so a transaction costs one
 graph embedding, not two::
@@ -17,7 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,9 +30,16 @@ from torch import Tensor
 from torch_geometric.data import Data
 
 from feature_store.config import EgoGraphConfig, EncoderConfig
-from feature_store.egograph import FeatureSource, iter_snapshot_pairs
+from feature_store.egograph import FeatureSource, SnapshotPair, iter_snapshot_pairs
 from training.anomaly.config import AnomalyConfig
-from training.anomaly.model import AnomalyModel, embed_graphs, pick_device, score_embeddings, score_pairs
+from training.anomaly.model import (
+    AnomalyModel,
+    embed_graphs,
+    pick_device,
+    score_embeddings,
+    score_event_embeddings,
+    score_pairs,
+)
 from training.registry import ModelRegistry, ModelVersion
 
 __all__ = ["KIND", "MODEL_FILE", "AnomalyScorer", "publish_anomaly_model"]
@@ -111,33 +120,67 @@ class AnomalyScorer:
         """q_t of each graph, ``[n, q_dim]`` float32 on CPU (cache it as the next q_{t-1})."""
         return embed_graphs(self.model, graphs, self.batch_size).float().cpu()
 
+    @property
+    def uses_events(self) -> bool:
+        """True when the readout scores (q_{t-1}, newest event): call :meth:`score_events`, not :meth:`score`."""
+        return self.model.uses_events
+
     def score(self, q_prev: Tensor, q_cur: Tensor) -> np.ndarray:
-        """Anomaly scores ``1 − f(q_{t-1}, q_t)`` for aligned rows, float64 ``[n]``."""
+        """Anomaly scores ``1 − f(q_{t-1}, q_t)`` for aligned rows, float64 ``[n]`` (thesis readouts)."""
         return score_embeddings(self.model, q_prev.to(self.device), q_cur.to(self.device))
 
-    def score_graphs(self, previous: Sequence[Data], current: Sequence[Data]) -> np.ndarray:
-        """Scores of aligned (G_{t-1}, G_t) lists when no cached q_{t-1} exists."""
-        return score_pairs(self.model, previous, current, self.batch_size)
+    def score_events(self, q_prev: Tensor, prior: np.ndarray, event: np.ndarray) -> np.ndarray:
+        """Anomaly scores of newest events against q_{t-1} (event readouts), float64 ``[n]``.
+
+        ``prior`` / ``event`` are :attr:`EgoGraphState.prior` / ``last_event``
+        of each transaction (:mod:`feature_store.events`).
+        """
+        return score_event_embeddings(self.model, q_prev.to(self.device), prior, event)
+
+    def score_graphs(
+        self,
+        previous: Sequence[Data],
+        current: Sequence[Data],
+        prior: np.ndarray | None = None,
+        event: np.ndarray | None = None,
+    ) -> np.ndarray:
+        """Scores of aligned transitions when no cached q_{t-1} exists (event readouts need prior/event)."""
+        return score_pairs(self.model, previous, current, self.batch_size, prior, event)
 
     def score_frame(self, frame: pd.DataFrame, featurizer: FeatureSource, chunk: int = 2048) -> np.ndarray:
         """Score every row of a bank's canonical frame by replaying its ego graphs; NaN where there is no
         transition (a cardholder's first transaction, a redelivery). Used to stack AS into the fraud model.
         """
         out = pd.Series(np.nan, index=frame["transaction_id"].astype(str).to_numpy())
-        ids: list[str] = []
-        prev: list[Data] = []
-        cur: list[Data] = []
-
-        def flush() -> None:
-            if ids:
-                out.loc[ids] = self.score_graphs(prev, cur)
-                ids.clear(), prev.clear(), cur.clear()
-
-        for pair in iter_snapshot_pairs(frame, featurizer, self.ego_cfg, min_transactions_per_month=0.0):  # type: ignore[arg-type]
-            ids.append(pair.transaction_id)
-            prev.append(pair.previous)
-            cur.append(pair.current)
-            if len(ids) >= chunk:
-                flush()
-        flush()
+        for ids, scores in self.iter_scores(frame, featurizer, chunk):
+            out.loc[ids] = scores
         return out.to_numpy(dtype=np.float64)
+
+    def iter_scores(
+        self, frame: pd.DataFrame, featurizer: FeatureSource, chunk: int = 2048, progress: bool = False
+    ) -> Iterator[tuple[list[str], np.ndarray]]:
+        """(transaction ids, scores) chunk by chunk, replaying each cardholder's ego graph in event order.
+
+        The transactions without a transition (a cardholder's first, a
+        redelivery) are not yielded. Memory is bounded by ``chunk`` graphs.
+        """
+        ids: list[str] = []
+        pairs: list[SnapshotPair] = []
+        pairs_of = iter_snapshot_pairs(
+            frame, featurizer, self.ego_cfg, min_transactions_per_month=0.0, progress=progress  # type: ignore[arg-type]
+        )
+        for pair in pairs_of:
+            ids.append(pair.transaction_id)
+            pairs.append(pair)
+            if len(ids) >= chunk:
+                yield ids, self._score_pairs(pairs)
+                ids, pairs = [], []
+        if ids:
+            yield ids, self._score_pairs(pairs)
+
+    def _score_pairs(self, pairs: list[SnapshotPair]) -> np.ndarray:
+        previous, current = [p.previous for p in pairs], [p.current for p in pairs]
+        if not self.uses_events:
+            return self.score_graphs(previous, current)
+        priors, events = np.stack([p.prior for p in pairs]), np.stack([p.event for p in pairs])
+        return self.score_graphs(previous, current, priors, events)

@@ -75,8 +75,17 @@ def read_manifest(root: Path) -> dict[str, Any]:
     return json.loads(path.read_text(encoding="utf-8"))
 
 
-def split_of(cardholder_id: str, test_fraction: float = 0.25, salt: str = "fedfraud-split") -> Literal["train", "test"]:
-    """Deterministic 75/25 (by default) train/test assignment by cardholder (thesis §4.5)."""
+def split_of(
+    cardholder_id: str, test_fraction: float = 0.25, salt: str = "fedfraud-split", val_fraction: float = 0.0
+) -> Literal["train", "val", "test"]:
+    """Deterministic 75/25 (by default) train/test assignment by cardholder (thesis §4.5).
+
+    With ``val_fraction`` > 0 that share of all cardholders is taken from the
+    training side as a validation split (settings and early stopping); the
+    test cardholders are the same whatever ``val_fraction`` is.
+    """
     digest = hashlib.blake2b(f"{salt}:{cardholder_id}".encode(), digest_size=8).digest()
     unit = int.from_bytes(digest, "big") / 2**64
-    return "test" if unit < test_fraction else "train"
+    if unit < test_fraction:
+        return "test"
+    return "val" if unit < test_fraction + val_fraction else "train"

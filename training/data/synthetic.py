@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+
+from feature_store.geo import haversine_km
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -202,13 +204,6 @@ class _People:
     card: np.ndarray = field(repr=False)
 
 
-def _haversine_km(lat1: np.ndarray, lon1: np.ndarray, lat2: np.ndarray, lon2: np.ndarray) -> np.ndarray:
-    p1, p2 = np.radians(lat1), np.radians(lat2)
-    dlat, dlon = p2 - p1, np.radians(lon2 - lon1)
-    a = np.sin(dlat / 2) ** 2 + np.cos(p1) * np.cos(p2) * np.sin(dlon / 2) ** 2
-    return 2 * 6371.0 * np.arcsin(np.sqrt(a))
-
-
 _SURNAMES = (
     "Kirlin", "Sporer", "Rippin", "Heller", "Lind", "Kutch", "Keeling", "Haley", "Stracke", "Abbott", "Bauch",
     "Corwin", "Dare", "Ebert", "Fisher", "Gislason", "Hahn", "Jast", "Kozey", "Lesch", "Mertz", "Nader",
@@ -241,7 +236,7 @@ def _build_world(config: GeneratorConfig, rng: np.random.Generator) -> _World:
         dtype=object,
     )
     lat, lon = np.array([r.lat for r in REGIONS]), np.array([r.lon for r in REGIONS])
-    dist = _haversine_km(lat[:, None], lon[:, None], lat[None, :], lon[None, :])
+    dist = haversine_km(lat[:, None], lon[:, None], lat[None, :], lon[None, :])
     return _World(m_region, m_cat, m_lat, m_lon, m_price, m_id, m, dist)
 
 

@@ -16,7 +16,7 @@ import torch
 from training.anomaly.engine import sources_of, train_model
 from training.anomaly.model import pick_device
 from training.anomaly.run import Checkpoint, RoundRecord, checkpoint_dir, log_round, publish_run
-from training.federated.task import RunSettings, bank_data, build_model, local_test
+from training.federated.task import RunSettings, bank_data, build_model, local_test, lr_factor
 from training.federated.trainer import RunResult, prepare
 from training.registry import ModelRegistry
 
@@ -54,24 +54,25 @@ def run_centralized(settings: RunSettings, threads: int = 1) -> RunResult:
             epochs=cfg.local_epochs,
             samples_per_epoch=cfg.samples_per_epoch * len(data),
             batch_size=cfg.batch_size,
-            lr=cfg.lr,
+            lr=cfg.lr * lr_factor(cfg, rnd, rounds),
             seed=[cfg.seed, 10_000, rnd],
             aux_weight=cfg.aux_weight,
             optimizer_state=checkpoint.optimizer,
         )
         per_bank = {b.bank: local_test(model, b, with_fraud=rnd == rounds) for b in data}
         record = RoundRecord(rnd, stats.loss_last, per_bank, time.perf_counter() - t0)
-        checkpoint.round, checkpoint.optimizer = rnd, opt_state
-        checkpoint.state_dict = model.state_dict()
-        checkpoint.history.append(record)
+        checkpoint.optimizer = opt_state
+        checkpoint.offer(record, model.state_dict())
         checkpoint.save(directory)
         log_round(record, rounds, "centralized")
     wall = time.perf_counter() - start
     version = None
     if settings.publish and checkpoint.history:
+        selected, weights = checkpoint.selected
         version = publish_run(
             ModelRegistry(settings.out_dir),
-            checkpoint.state_dict,
+            weights,
+            selected_round=selected,
             mode="centralized",
             anomaly_cfg=cfg,
             encoder_cfg=settings.encoder,

@@ -89,9 +89,11 @@ def run_federation(grid: Grid, settings: RunSettings, observer: ReplyObserver | 
         "seconds_per_round": [r.seconds for r in checkpoint.history],
     }
     if settings.publish and checkpoint.history:
+        selected, weights = checkpoint.selected
         version = publish_run(
             ModelRegistry(settings.out_dir),
-            checkpoint.state_dict,
+            weights,
+            selected_round=selected,
             mode="federated",
             anomaly_cfg=settings.anomaly,
             encoder_cfg=settings.encoder,

@@ -112,9 +112,7 @@ class AnomalyFedProx(FedProx):
         aggregated = super().aggregate_evaluate(server_round, replies)
         if per_bank and self._arrays is not None:
             record = RoundRecord(rnd, self._train_loss, per_bank, time.perf_counter() - self._started)
-            self.checkpoint.round = rnd
-            self.checkpoint.state_dict = self._arrays.to_torch_state_dict()
-            self.checkpoint.history.append(record)
+            self.checkpoint.offer(record, self._arrays.to_torch_state_dict())
             self.checkpoint.save(self.directory)
             log_round(record, self.total_rounds, "federated")
             self._bar.update(1)

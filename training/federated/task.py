@@ -13,6 +13,7 @@ clients in every train/evaluate message, so a client needs no other source.
 from __future__ import annotations
 
 import logging
+import math
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +26,14 @@ from fedfraud.errors import ConfigError
 from feature_store.config import EgoGraphConfig, EncoderConfig, PrivacyConfig
 from training.anomaly.config import AnomalyConfig
 from training.anomaly.data import BankData, load_bank_data
-from training.anomaly.engine import TrainStats, evaluate_fraud, evaluate_task, sources_of, train_model
+from training.anomaly.engine import (
+    TrainStats,
+    evaluate_fraud,
+    evaluate_selection,
+    evaluate_task,
+    sources_of,
+    train_model,
+)
 from training.anomaly.model import AnomalyModel, pick_device
 from training.anomaly.run import checkpoint_dir
 from training.federated.config import FederatedConfig
@@ -33,7 +41,7 @@ from training.federated.config import FederatedConfig
 if TYPE_CHECKING:
     from fedfraud.config import FedfraudConfig
 
-__all__ = ["MODEL_KEYS", "RunSettings", "bank_data", "build_model", "local_test", "local_train"]
+__all__ = ["MODEL_KEYS", "RunSettings", "bank_data", "build_model", "local_test", "local_train", "lr_factor"]
 
 logger = logging.getLogger(__name__)
 
@@ -60,6 +68,7 @@ MODEL_KEYS: tuple[str, ...] = (
     "ratio",
     "disc-hidden",
     "readout",
+    "heads",
     "data-dir",
     "encoder-dim",
     "encoder-variant",
@@ -210,6 +219,14 @@ def bank_data(settings: RunSettings, bank: int) -> BankData:
     return data
 
 
+def lr_factor(cfg: AnomalyConfig, round_: int, rounds: int) -> float:
+    """Learning-rate multiplier of round ``round_`` (1-based) of ``rounds``: 1, or cosine down to ``lr_min_factor``."""
+    if cfg.lr_schedule == "constant" or rounds <= 1:
+        return 1.0
+    progress = min(max(round_ - 1, 0) / (rounds - 1), 1.0)
+    return cfg.lr_min_factor + (1.0 - cfg.lr_min_factor) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
 def local_train(
     model: AnomalyModel, bank: BankData, settings: RunSettings, round_: int, proximal_mu: float
 ) -> TrainStats:
@@ -221,7 +238,7 @@ def local_train(
         epochs=cfg.local_epochs,
         samples_per_epoch=cfg.samples_per_epoch,
         batch_size=cfg.batch_size,
-        lr=cfg.lr,
+        lr=cfg.lr * lr_factor(cfg, round_, settings.federated.rounds),
         seed=[cfg.seed, bank.bank, round_],
         proximal_mu=proximal_mu,
         aux_weight=cfg.aux_weight,
@@ -230,8 +247,8 @@ def local_train(
 
 
 def local_test(model: AnomalyModel, bank: BankData, with_fraud: bool) -> dict[str, float]:
-    """Negative-sampling test metrics, plus real-label fraud metrics when ``with_fraud``."""
-    metrics = evaluate_task(model, bank)
+    """Validation loss (model selection), test-task metrics, and real-label fraud metrics when ``with_fraud``."""
+    metrics = {**evaluate_selection(model, bank), **evaluate_task(model, bank)}
     if with_fraud:
         metrics.update(evaluate_fraud(model, bank))
     return metrics
