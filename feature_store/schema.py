@@ -323,7 +323,12 @@ class Validator:
             labels = pd.Series(pd.NA, index=frame.index, dtype="boolean")
 
         if self.dedupe and "transaction_id" in text:
+            # An id is unique per card, not globally: card networks and generators (Sparkov with a fixed seed
+            # reuses trans_num across cards) repeat ids across cardholders, and every state keyed by id
+            # (ego-graph redelivery ring, decisions) lives per cardholder.
             ids = text["transaction_id"]
+            if "cardholder_id" in text:
+                ids = text["cardholder_id"].astype(str) + "\x1f" + ids.astype(str)
             ok_so_far = reason.isna()
             # Only rows that are otherwise valid compete for an id: a first occurrence
             # rejected for another reason must not make a later valid one a duplicate.
@@ -332,7 +337,7 @@ class Validator:
             # array on every call, which made a chunked ingest quadratic in the file size.
             seen = np.fromiter(map(self._seen.__contains__, ids.tolist()), dtype=bool, count=len(ids))
             dup_before = pd.Series(seen, index=ids.index) & ok_so_far
-            flag(dup_in_frame | dup_before, RejectReason.DUPLICATE_ID, "transaction_id seen before")
+            flag(dup_in_frame | dup_before, RejectReason.DUPLICATE_ID, "transaction_id seen before for this cardholder")
             self._seen.update(ids[reason.isna()].tolist())
 
         ok = reason.isna()

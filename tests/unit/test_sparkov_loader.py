@@ -102,9 +102,11 @@ def test_unix_time_alone_is_enough(tmp_path: Path) -> None:
 
 def test_chunk_boundaries_and_duplicates_across_chunks(tmp_path: Path) -> None:
     frame = _frame(2500)
-    frame.loc[1000, "trans_num"] = frame.loc[999, "trans_num"]  # straddles the first chunk boundary
-    frame.loc[2400, "trans_num"] = frame.loc[10, "trans_num"]  # two chunks apart
-    frame.loc[1001, "trans_num"] = frame.loc[1002, "trans_num"]  # within one chunk: the later row loses
+    for dup, first in ((1000, 999), (2400, 10), (1001, 1002)):  # across a chunk boundary, two chunks apart, within
+        frame.loc[dup, ["trans_num", "cc_num"]] = frame.loc[first, ["trans_num", "cc_num"]].to_numpy()
+    # the same id on another card is another transaction (Sparkov reuses trans_num across cards)
+    frame.loc[1500, "trans_num"] = frame.loc[20, "trans_num"]
+    frame.loc[1500, "cc_num"] = "4000111122223333"
     path = write_sparkov_csv(frame, tmp_path / "d.csv")
     report = ingest_csv(path, tmp_path / "out", IngestConfig(banks=4, chunk_rows=1000), progress=False)
     assert (report.accepted, report.rejected) == (2497, 3)
@@ -113,7 +115,8 @@ def test_chunk_boundaries_and_duplicates_across_chunks(tmp_path: Path) -> None:
         (1000, "duplicate_id"), (1002, "duplicate_id"), (2400, "duplicate_id")
     ]
     rows = _all_rows(tmp_path / "out")
-    assert rows["transaction_id"].is_unique and len(rows) == 2497
+    assert not rows.duplicated(["cardholder_id", "transaction_id"]).any() and len(rows) == 2497
+    assert rows["transaction_id"].duplicated().sum() == 1  # row 1500, on another card
     # Same data in one big chunk gives the same dataset: chunking is invisible.
     ingest_csv(path, tmp_path / "one", IngestConfig(banks=4, chunk_rows=100_000), progress=False)
     pd.testing.assert_frame_equal(rows, _all_rows(tmp_path / "one"))

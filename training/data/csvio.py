@@ -9,11 +9,14 @@ what is bad. This module never drops or judges a row.
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import gzip
 import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 import pandas as pd
@@ -63,11 +66,23 @@ class RawChunk:
             raise ValueError("RawChunk.rows must have one entry per frame row")
 
 
+def _text_stream(raw: BinaryIO) -> BinaryIO:
+    """``raw`` itself, or a gzip reader over it when the file starts with the gzip magic bytes."""
+    magic = raw.read(2)
+    raw.seek(0)
+    if magic == b"\x1f\x8b":
+        return gzip.GzipFile(fileobj=raw, mode="rb")  # type: ignore[return-value]
+    return contextlib.nullcontext(raw)  # type: ignore[return-value]
+
+
 def read_header(path: Path) -> CsvHeader:
     """Sniff delimiter (``|`` or ``,``) and column names from the first line of ``path``."""
     path = Path(path)
-    with path.open("rb") as fh:
-        first = fh.readline(1 << 20)
+    with path.open("rb") as raw, _text_stream(raw) as fh:
+        try:
+            first = fh.readline(1 << 20)
+        except (OSError, EOFError) as exc:  # a truncated or corrupt .gz
+            raise UserError(f"{path}: cannot read: {exc}") from None
     line = first.decode("utf-8", errors="surrogateescape").lstrip("\ufeff").rstrip("\r\n")
     if not line.strip():
         raise UserError(f"{path}: first line is empty, expected a CSV header")
@@ -103,7 +118,7 @@ def iter_csv(
         raise UserError(f"{header.path}: header lacks columns {missing}")
     size = header.path.stat().st_size
     next_row = 0
-    with header.path.open("rb") as fh, tqdm(
+    with header.path.open("rb") as source, _text_stream(source) as fh, tqdm(
         total=size, unit="B", unit_scale=True, desc=desc or header.path.name, disable=not progress, leave=False
     ) as bar:
         reader = pd.read_csv(
@@ -128,10 +143,12 @@ def iter_csv(
                 rows = np.arange(next_row, next_row + len(raw), dtype=np.int64)
                 next_row += len(raw)
                 yield RawChunk(frame=raw.reset_index(drop=True), rows=rows)
-                pos = fh.tell()
+                pos = source.tell()  # compressed bytes for a .gz: the bar still ends at the file size
                 bar.update(max(pos - last, 0))
                 last = pos
         except pd.errors.ParserError as exc:
             raise UserError(f"{header.path}: cannot parse CSV near data row {next_row}: {exc}") from None
+        except (OSError, EOFError) as exc:  # gzip: a truncated or corrupt stream
+            raise UserError(f"{header.path}: cannot read near data row {next_row}: {exc}") from None
         finally:
             reader.close()
