@@ -473,6 +473,7 @@ class SnapshotPair:
     split: Literal["train", "val", "test"]
     event: np.ndarray
     prior: np.ndarray
+    position: int = -1  # row position of the transaction in the frame given to iter_snapshot_pairs
 
     def __post_init__(self) -> None:
         for name, g in (("previous", self.previous), ("current", self.current)):
@@ -570,9 +571,10 @@ def iter_snapshot_pairs(
     if data.empty:
         return
     labels = data["is_fraud"] if "is_fraud" in data else pd.Series(pd.NA, index=data.index)
+    positions = pd.Series(np.arange(len(frame)), index=frame.index)[frame["cardholder_id"].isin(active)].to_numpy()
     data = (
         data[cols]
-        .assign(_label=labels.astype("boolean"))
+        .assign(_label=labels.astype("boolean"), _position=positions)
         .sort_values(["cardholder_id", "timestamp", "transaction_id"], kind="stable")
     )
     feats = featurizer.transform(data)
@@ -581,6 +583,7 @@ def iter_snapshot_pairs(
     lat = data["lat"].to_numpy(dtype=np.float64)
     lon = data["lon"].to_numpy(dtype=np.float64)
     tx_ids = data["transaction_id"].to_numpy()
+    position = data["_position"].to_numpy().tolist()
     label_arr = data["_label"].to_numpy(dtype=object, na_value=None)
     holders = data["cardholder_id"].to_numpy()
     starts = np.flatnonzero(np.r_[True, holders[1:] != holders[:-1]])
@@ -616,6 +619,7 @@ def iter_snapshot_pairs(
                     split=split,
                     event=state.last_event,
                     prior=state.prior,
+                    position=position[i],
                 )
             previous = current
 

@@ -151,26 +151,26 @@ class AnomalyScorer:
         """Score every row of a bank's canonical frame by replaying its ego graphs; NaN where there is no
         transition (a cardholder's first transaction, a redelivery). Used to stack AS into the fraud model.
         """
-        out = pd.Series(np.nan, index=frame["transaction_id"].astype(str).to_numpy())
-        for ids, scores in self.iter_scores(frame, featurizer, chunk):
-            out.loc[ids] = scores
-        return out.to_numpy(dtype=np.float64)
+        out = np.full(len(frame), np.nan, dtype=np.float64)
+        for positions, scores in self.iter_scores(frame, featurizer, chunk):
+            out[positions] = scores
+        return out
 
     def iter_scores(
         self, frame: pd.DataFrame, featurizer: FeatureSource, chunk: int = 2048, progress: bool = False
-    ) -> Iterator[tuple[list[str], np.ndarray]]:
-        """(transaction ids, scores) chunk by chunk, replaying each cardholder's ego graph in event order.
+    ) -> Iterator[tuple[list[int], np.ndarray]]:
+        """(row positions in ``frame``, scores) chunk by chunk, replaying each cardholder's ego graph in event order.
 
         The transactions without a transition (a cardholder's first, a
         redelivery) are not yielded. Memory is bounded by ``chunk`` graphs.
         """
-        ids: list[str] = []
+        ids: list[int] = []
         pairs: list[SnapshotPair] = []
         pairs_of = iter_snapshot_pairs(
             frame, featurizer, self.ego_cfg, min_transactions_per_month=0.0, progress=progress  # type: ignore[arg-type]
         )
         for pair in pairs_of:
-            ids.append(pair.transaction_id)
+            ids.append(pair.position)
             pairs.append(pair)
             if len(ids) >= chunk:
                 yield ids, self._score_pairs(pairs)
