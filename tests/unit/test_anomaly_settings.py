@@ -39,7 +39,7 @@ def test_settings_round_trip_and_errors():
     with pytest.raises(ConfigError, match="local-epochs"):
         RunSettings.from_flat({"local-epochs": 0})
     cfg = FedfraudConfig()
-    assert cfg.anomaly.layers == 5 and cfg.federated.proximal_mu >= 0
+    assert cfg.anomaly.layers == 2 and cfg.federated.proximal_mu >= 0
 
 
 
