@@ -113,7 +113,9 @@ def test_push_round_trip_and_sdk_compat(built) -> None:
     states = client.read_states(holders)
     assert [s.found for s in states] == [False] * 3  # first transaction: empty, no error
     for k, s in enumerate(states):
-        s.ego.update(key=100 + k, merchant=7, lat=40.0, lon=-74.0, ts_us=1_767_225_600_000_000 + k)
+        s.ego.update(
+            key=100 + k, merchant=7, lat=40.0, lon=-74.0, ts_us=1_767_225_600_000_000 + k, amount=12.5, mcc="home"
+        )
         s.activity.update(1_767_225_600_000_000 + k, 12.5 * (k + 1), 40.0, -74.0, "grocery_pos", 0.1)
         s.q_t = np.arange(4, dtype=np.float32) + k
     client.push_states(states)
@@ -134,7 +136,7 @@ def test_corrupt_blob_is_rebuilt_not_raised(built, blob: bytes, caplog: pytest.L
     cfg, store, client = built
     holder = f"corrupt-{len(blob)}"
     good = EgoGraphState(cfg.egograph)
-    good.update(key=1, merchant=2, lat=1.0, lon=2.0, ts_us=1_000_000)
+    good.update(key=1, merchant=2, lat=1.0, lon=2.0, ts_us=1_000_000, amount=3.0, mcc="home")
     damaged = blob if blob != b"truncated" else good.to_bytes()[:-7]
     frame = pd.DataFrame(
         {

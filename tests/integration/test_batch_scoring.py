@@ -1,0 +1,136 @@
+"""`fedfraud score` and serving share one scorer: identical anomaly scores, on a real Feast (SQLite) store.
+
+A tiny next-event model is trained and published; then bank 0 is scored twice:
+by batch scoring (``serving.batch.score_path``) and by the serving stage
+(``serving.pipeline.AnomalyStage``) reading and writing cardholder states
+through Feast in micro-batches, as the Kafka consumer does.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from fedfraud.cli.app import main
+from fedfraud.config import FedfraudConfig
+from training.anomaly.config import AnomalyConfig
+from training.anomaly.data import load_bank_data
+from training.anomaly.engine import evaluate_task, sources_of, train_model
+from training.anomaly.model import AnomalyModel
+from training.anomaly.run import RoundRecord, publish_run
+from training.data.config import GeneratorConfig
+from training.data.layout import read_bank
+from training.data.synthetic import generate_dataset
+from training.registry import ModelRegistry
+
+pytestmark = pytest.mark.integration
+
+CFG = FedfraudConfig()
+ANOMALY = AnomalyConfig(max_train_pairs=400, max_test_pairs=60, max_eval_normal=60, batch_size=32)
+
+
+@pytest.fixture(scope="module")
+def published(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    data = tmp_path_factory.mktemp("score-data")
+    generate_dataset(data, GeneratorConfig(banks=2, cardholders=40, days=14, seed=5), raw_csv=True, progress=False)
+    registry = tmp_path_factory.mktemp("score-registry")
+    bank = load_bank_data(data, 0, ANOMALY, CFG.encoder, CFG.privacy, CFG.egograph)
+    torch.manual_seed(0)
+    model = AnomalyModel(ANOMALY, CFG.encoder, CFG.egograph.max_nodes)
+    train_model(model, sources_of([bank], ANOMALY, CFG.egograph.max_nodes), epochs=3, samples_per_epoch=64,
+                batch_size=32, lr=3e-3, seed=0)
+    publish_run(ModelRegistry(registry), model.state_dict(), mode="centralized", anomaly_cfg=ANOMALY,
+                encoder_cfg=CFG.encoder, ego_cfg=CFG.egograph, config={}, history=[
+                    RoundRecord(1, 1.0, {0: evaluate_task(model, bank)}, 1.0)], privacy={0: bank.privacy})
+    return data, registry
+
+
+def test_batch_scores_equal_serving_scores(published: tuple[Path, Path], tmp_path: Path) -> None:
+    from feature_store.feast_store import apply_repo, open_store
+    from feature_store.offline import write_offline
+    from feature_store.online import OnlineStateClient
+    from feature_store.privacy import PrivateFeaturizer
+    from serving.batch import score_path
+    from serving.kvstore import open_kv
+    from serving.pipeline import AnomalyStage, load_anomaly_scorer
+
+    data, registry = published
+    out = tmp_path / "scores.parquet"
+    report = score_path(data, registry, out, progress=False)
+    batch = pd.read_parquet(out)
+    frame0 = read_bank(data, 0)
+    assert report.rows == len(batch) == len(frame0) + len(read_bank(data, 1))
+    assert list(batch.columns) == ["transaction_id", "cardholder", "bank", "timestamp", "anomaly_score"]
+    # a cardholder's first transaction has no G_{t-1}: no score; every other one has a score in [0, 1)
+    firsts = batch.sort_values("timestamp").groupby(["bank", "cardholder"]).head(1).index
+    assert batch.loc[firsts, "anomaly_score"].isna().all()
+    rest = batch.drop(index=firsts)["anomaly_score"]
+    assert rest.notna().all() and ((rest >= 0) & (rest < 1)).all()
+
+    features = CFG.features.model_copy(update={"project": "fedfraud_score_test"})
+    repo = tmp_path / "repo"
+    write_offline(data, repo, CFG.encoder, CFG.privacy, CFG.egograph, features.location_cell_deg, banks=[1],
+                  progress=False)
+    store = open_store(features, repo, "sqlite")
+    apply_repo(store)  # bank 0 is never materialized: serving starts from empty states, as a new bank would
+    stage = AnomalyStage(
+        OnlineStateClient(store, CFG.egograph, features.location_cell_deg),
+        PrivateFeaturizer.for_bank(CFG.encoder, CFG.privacy, 0),
+        open_kv(str(tmp_path / "kv.db")),
+        load_anomaly_scorer(ModelRegistry(registry)),
+        0,
+        features.location_cell_deg,
+        CFG.egograph.dedupe_ring,
+    )
+    ordered = frame0.sort_values(["timestamp", "transaction_id"], kind="stable").reset_index(drop=True)
+    served: dict[tuple[str, str], float] = {}
+    for start in range(0, len(ordered), 64):
+        part = ordered.iloc[start : start + 64]
+        scored = stage.score(part, np.zeros(len(part), dtype=np.int64))
+        for c, t, s in zip(scored.cardholder, scored.transaction_id, scored.anomaly_score, strict=True):
+            served[(c, t)] = s
+    mine = batch[batch["bank"] == 0]
+    want = np.array([served[(c, t)] for c, t in zip(mine["cardholder"], mine["transaction_id"], strict=True)])
+    got = mine["anomaly_score"].to_numpy()
+    assert np.array_equal(np.isnan(want), np.isnan(got))
+    np.testing.assert_allclose(got[~np.isnan(got)], want[~np.isnan(want)], rtol=0, atol=1e-6)
+    store.teardown()
+
+
+def test_score_cli_on_a_csv_rejects_bad_rows(published: tuple[Path, Path], tmp_path: Path, capsys) -> None:
+    data, registry = published
+    raw = data / "raw" / "transactions.csv"
+    bad = tmp_path / "with-bad-rows.csv"
+    lines = raw.read_text(encoding="utf-8").splitlines()
+    header, rows = lines[0], lines[1:300]
+    broken = rows[5].split("|")
+    amount = header.split("|").index("amt")
+    broken[amount] = "not-a-number"
+    bad.write_text("\n".join([header, *rows, "|".join(broken)]) + "\n", encoding="utf-8")
+    out = tmp_path / "scores.csv"
+    assert main(["score", str(bad), "--registry", str(registry), "--out", str(out)]) == 0
+    scored = pd.read_csv(out)
+    assert len(scored) == len(rows)  # every valid row, and the bad one is not silently dropped:
+    rejects = [json.loads(x) for x in (tmp_path / "scores.rejects.jsonl").read_text().splitlines()]
+    assert [r["reason"] for r in rejects] == ["bad_amount"]
+    assert "rejected 1 rows" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--out", "scores.xlsx"], "--out must end in .csv or .parquet"),
+        (["--registry", "no-such-registry"], "no anomaly model in registry"),
+    ],
+)
+def test_score_cli_errors_are_one_line(published, tmp_path, capsys, args, message) -> None:
+    data, registry = published
+    base = ["score", str(data), "--registry", str(registry), "--out", str(tmp_path / "s.csv")]
+    code = main(base + [str(tmp_path / a) if a.startswith(("scores", "no-such")) else a for a in args])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and message in err[0]
