@@ -449,6 +449,10 @@ def _graph(
     return data
 
 
+#: Placeholder of a snapshot's ``history`` until the cardholder's summaries are computed together.
+_NO_HISTORY = torch.zeros(1, 0)
+
+
 def _body_format(n: int, e: int, r: int) -> str:
     # nodes: merchant Q, key Q, lat d, lon d, first q, last q, visits I; edges: src H, dst H, ts q, key Q; ring Q
     return f"<{n}Q{n}Q{n}d{n}d{n}q{n}q{n}I{e}H{e}H{e}q{e}Q{r}Q"
@@ -511,7 +515,7 @@ class _SnapshotAssembler:
         self._edges: tuple[list[int], list[int], list[int]] | None = None
         self._x = self._buckets = self._edge_index = self._attr = torch.empty(0)
 
-    def data(self, state: EgoGraphState) -> Data:
+    def data(self, state: EgoGraphState, history: torch.Tensor) -> Data:
         row = self._row
         nodes_changed = self._nodes is None or self._nodes != (state.node_key, state.node_merchant)
         if nodes_changed:
@@ -523,7 +527,6 @@ class _SnapshotAssembler:
             self._edge_index = torch.from_numpy(state._edge_index())
             self._attr = torch.from_numpy(self._time[[row[k] for k in state.edge_key]])
             self._edges = (state.edge_key.copy(), state.edge_src.copy(), state.edge_dst.copy())
-        history = torch.from_numpy(history_summary(state.history))
         return _graph(self._x, self._edge_index, self._attr, self._buckets, history)
 
 
@@ -604,13 +607,18 @@ def iter_snapshot_pairs(
         pseudonym = feats.cardholder[a]
         state = EgoGraphState(cfg)
         previous: Data | None = None
+        graphs: list[Data] = []
+        histories: list[np.ndarray] = []
+        pending: list[SnapshotPair] = []
         for i in range(a, b):
             if not state.update(keys_py[i], merch_py[i], lat_py[i], lon_py[i], ts_py[i], amount_py[i], mcc_py[i]):
                 continue
-            current = assembler.data(state)
+            current = assembler.data(state, _NO_HISTORY)
+            graphs.append(current)
+            histories.append(state.history.copy())
             if previous is not None:
                 label = label_arr[i]
-                yield SnapshotPair(
+                pending.append(SnapshotPair(
                     transaction_id=str(tx_ids[i]),
                     cardholder=pseudonym,
                     previous=previous,
@@ -620,8 +628,14 @@ def iter_snapshot_pairs(
                     event=state.last_event,
                     prior=state.prior,
                     position=position[i],
-                )
+                ))
             previous = current
+        # the history summaries of the cardholder's snapshots in one vectorised call, not one per transaction
+        if graphs:
+            summaries = torch.from_numpy(history_summary(np.asarray(histories)))
+            for g, row in zip(graphs, summaries, strict=True):
+                g._store._mapping["history"] = row.reshape(1, -1).clone()  # own storage: pickles alone
+        yield from pending
 
 
 def build_snapshot_pairs(

@@ -38,7 +38,7 @@ CFG = AnomalyConfig(
     batch_size=32,
     samples_per_epoch=64,
 )
-THESIS = CFG.model_copy(update={"readout": "thesis"})
+THESIS = CFG.model_copy(update={"readout": "thesis", "layers": 5})  # the thesis setting
 READOUTS = {
     "next-event": CFG,
     "contrastive": CFG.model_copy(update={"readout": "contrastive"}),
