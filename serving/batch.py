@@ -117,6 +117,23 @@ def _load_models(registry: Path) -> tuple[Any, Any, Any, dict[str, str]]:
     return scorer, fraud, fraud_cfg, models
 
 
+_WORKER: dict[str, Any] = {}
+
+
+def _init_worker(registry: Path, privacy: dict[str, Any]) -> None:
+    """Load the models once per worker process (torch on one thread: the processes are the parallelism)."""
+    import torch
+
+    torch.set_num_threads(1)
+    scorer, fraud, fraud_cfg, _ = _load_models(registry)
+    _WORKER.update(scorer=scorer, fraud=fraud, fraud_cfg=fraud_cfg, privacy=PrivacyConfig.model_validate(privacy))
+
+
+def _score_in_worker(part: pd.DataFrame, bank: int) -> pd.DataFrame:
+    w = _WORKER
+    return _score_chunk(part, bank, w["scorer"], w["fraud"], w["fraud_cfg"], w["privacy"])
+
+
 def _score_chunk(
     part: pd.DataFrame, bank: int, scorer: Any, fraud: Any, fraud_cfg: Any, privacy_cfg: PrivacyConfig
 ) -> pd.DataFrame:
@@ -146,6 +163,26 @@ def _score_chunk(
     return out
 
 
+def _ordered(
+    chunks: Iterator[tuple[pd.DataFrame, int]], pool: Any, workers: int, scorer: Any, fraud: Any, fraud_cfg: Any,
+    privacy_cfg: PrivacyConfig,
+) -> Iterator[pd.DataFrame]:
+    """Scored chunks in input order: in this process, or ``2 × workers`` at a time in the pool."""
+    if pool is None:
+        for part, bank in chunks:
+            yield _score_chunk(part, bank, scorer, fraud, fraud_cfg, privacy_cfg)
+        return
+    from collections import deque
+
+    in_flight: deque[Any] = deque()
+    for part, bank in chunks:
+        in_flight.append(pool.submit(_score_in_worker, part, bank))
+        if len(in_flight) >= 2 * workers:
+            yield in_flight.popleft().result()
+    while in_flight:
+        yield in_flight.popleft().result()
+
+
 def score_path(
     path: Path,
     registry: Path,
@@ -154,9 +191,14 @@ def score_path(
     bank: int = 0,
     privacy_cfg: PrivacyConfig | None = None,
     chunk_rows: int = 50_000,
+    workers: int = 1,
     progress: bool = True,
 ) -> ScoreReport:
-    """Score a CSV (as bank ``bank``'s data) or an ingested dataset directory into ``out`` (.csv or .parquet)."""
+    """Score a CSV (as bank ``bank``'s data) or an ingested dataset directory into ``out`` (.csv or .parquet).
+
+    ``workers`` > 1 scores chunks of whole cardholders in that many processes
+    (each loads the models once); rows are still written in chunk order.
+    """
     path, out = Path(path), Path(out)
     if out.suffix not in _SUFFIXES:
         raise UserError(f"--out must end in .csv or .parquet, got {out.name!r}")
@@ -183,20 +225,32 @@ def score_path(
         if not (data / MANIFEST_FILE).exists() and not path.is_dir():
             raise UserError(f"{path}: nothing was ingested")
         writer = _Writer(out)
+        total = sum(pq.ParquetFile(data / f"bank_{b}" / "transactions.parquet").metadata.num_rows for b in banks)
+        chunks = (
+            (part, bank if not path.is_dir() else k)
+            for k in banks
+            for part in _cardholder_chunks(read_bank(data, k), chunk_rows)
+        )
+        pool = None
+        if workers > 1:
+            import concurrent.futures
+            import multiprocessing
+
+            pool = concurrent.futures.ProcessPoolExecutor(
+                workers, mp_context=multiprocessing.get_context("spawn"), initializer=_init_worker,
+                initargs=(Path(registry), privacy_cfg.model_dump()),
+            )
         try:
-            total = sum(pq.ParquetFile(data / f"bank_{b}" / "transactions.parquet").metadata.num_rows for b in banks)
             with tqdm(total=total, unit="tx", desc="score", disable=not progress) as bar:
-                for k in banks:
-                    frame = read_bank(data, k)
-                    for part in _cardholder_chunks(frame, chunk_rows):
-                        scored = _score_chunk(part, bank if not path.is_dir() else k, scorer, fraud, fraud_cfg,
-                                              privacy_cfg)
-                        writer.write(scored)
-                        report.rows += len(part)
-                        report.scored += int(np.isfinite(scored["anomaly_score"]).sum())
-                        bar.update(len(part))
+                for scored in _ordered(chunks, pool, workers, scorer, fraud, fraud_cfg, privacy_cfg):
+                    writer.write(scored)
+                    report.rows += len(scored)
+                    report.scored += int(np.isfinite(scored["anomaly_score"]).sum())
+                    bar.update(len(scored))
         finally:
             writer.close()
+            if pool is not None:
+                pool.shutdown(cancel_futures=True)
     report.seconds = time.perf_counter() - start
     logger.info("score rows=%d scored=%d rejected=%d seconds=%.1f rows_per_s=%.0f", report.rows, report.scored,
                 report.rejected, report.seconds, report.rows_per_s)

@@ -27,12 +27,15 @@ def register(app: typer.Typer) -> None:
         chunk_rows: Annotated[
             int, typer.Option("--chunk-rows", help="rows per scoring chunk (bounds memory)", min=1)
         ] = 50_000,
+        workers: Annotated[int, typer.Option("--workers", help="scoring processes (one per core)", min=1)] = 1,
     ) -> None:
         """Score every transaction: anomaly score; fraud score, decision and reasons when a fraud model exists."""
         from serving.batch import score_path
 
         cfg = config_of(ctx)
-        report = score_path(path, registry, out, bank=bank, privacy_cfg=cfg.privacy, chunk_rows=chunk_rows)
+        report = score_path(
+            path, registry, out, bank=bank, privacy_cfg=cfg.privacy, chunk_rows=chunk_rows, workers=workers
+        )
         models = ", ".join(f"{k}={v}" for k, v in report.models.items())
         typer.echo(
             f"scored {report.rows:,} transactions of {path} into {out} ({models}) in {report.seconds:.1f}s "
