@@ -37,7 +37,7 @@ class DemoArgs:
     banks: int = 5
     seed: int = 7
     holdout_days: float = 7.0
-    rounds: int = 3
+    rounds: int = 8
     stream_rate: float = 250.0
 
     def __post_init__(self) -> None:

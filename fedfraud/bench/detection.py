@@ -46,9 +46,9 @@ logger = logging.getLogger(__name__)
 
 #: Training budget of the bench runs (CPU-sized); every key is a RunSettings key.
 DETECTION_SETTINGS: dict[str, Any] = {
-    "rounds": 6,
-    "local-epochs": 2,
-    "samples-per-epoch": 2048,
+    "rounds": 10,
+    "local-epochs": 10,
+    "samples-per-epoch": 1024,
     "batch-size": 128,
     "max-train-pairs": 12000,
     "max-test-pairs": 2000,

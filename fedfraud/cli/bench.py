@@ -111,6 +111,22 @@ def anomaly(
     emit(result.to_markdown(), out)
 
 
+@bench_app.command("anomaly-ablation")
+def anomaly_ablation(
+    ctx: typer.Context,
+    csv: Annotated[Path, typer.Option("--csv", help="labelled Sparkov/Kaggle or TabFormer CSV (.csv or .csv.gz)")],
+    work: Annotated[Path, typer.Option("--work", help="data goes here")] = Path("out/bench-detection"),
+    steps: Annotated[int, typer.Option("--steps", min=8, help="optimizer steps per variant")] = 240,
+    out: OutOption = None,
+) -> None:
+    """Readouts and negative mixes side by side on validation cardholders (where the defaults were chosen)."""
+    from fedfraud.bench.ablation import run_ablation
+
+    readable_file(csv)
+    config_of(ctx)
+    emit(run_ablation(csv, work, steps=steps).to_markdown(), out)
+
+
 @bench_app.command("anomaly-thesis")
 def anomaly_thesis(
     ctx: typer.Context,

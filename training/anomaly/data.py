@@ -48,7 +48,7 @@ __all__ = ["BankData", "BankPrivacy", "PairSet", "check_dataset", "load_bank_dat
 
 logger = logging.getLogger(__name__)
 
-_CACHE_VERSION = 2
+_CACHE_VERSION = 3
 
 
 @dataclass(frozen=True)
@@ -59,6 +59,8 @@ class PairSet:
     current: list[Data]
     events: np.ndarray
     priors: np.ndarray
+    labels: np.ndarray | None = None  # is_fraud per pair, for evaluation only (never read by training)
+    cardholders: np.ndarray | None = None  # pseudonym per pair, for intervals over cardholders
 
     def __post_init__(self) -> None:
         n = len(self.previous)
@@ -76,7 +78,9 @@ class PairSet:
         """A PairSet of snapshot pairs."""
         events = np.array([p.event for p in pairs]).reshape(len(pairs), RAW_EVENT_SIZE)
         priors = np.array([p.prior for p in pairs]).reshape(len(pairs), HISTORY_SIZE)
-        return cls([p.previous for p in pairs], [p.current for p in pairs], events, priors)
+        labels = np.array([bool(p.is_fraud) for p in pairs], dtype=bool)
+        holders = np.array([p.cardholder for p in pairs], dtype=object)
+        return cls([p.previous for p in pairs], [p.current for p in pairs], events, priors, labels, holders)
 
     def __len__(self) -> int:
         return len(self.current)
