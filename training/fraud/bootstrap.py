@@ -10,6 +10,7 @@ model; a replicate only re-weights, which keeps 1,000 replicates cheap.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -106,7 +107,9 @@ def interval(point_by_seed: Sequence[float], boot_by_seed: np.ndarray) -> Interv
 
     ``boot_by_seed`` is ``[seeds, reps]``; replicates with NaN (no positives drawn) are dropped.
     """
-    boot = np.nanmean(np.asarray(boot_by_seed, dtype=np.float64), axis=0)
+    with warnings.catch_warnings():  # a replicate that drew no fraud is NaN in every seed
+        warnings.simplefilter("ignore", RuntimeWarning)
+        boot = np.nanmean(np.asarray(boot_by_seed, dtype=np.float64), axis=0)
     boot = boot[np.isfinite(boot)]
     point = float(np.nanmean(point_by_seed))
     if boot.size == 0:
