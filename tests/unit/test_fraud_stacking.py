@@ -75,7 +75,7 @@ def test_spend_ratio_is_causal_and_hand_computed():
     t0 = pd.Timestamp("2026-01-01", tz="UTC")
     frame = pd.DataFrame({
         "cardholder_id": ["a", "a", "b", "a", "a"],
-        "timestamp": [t0, t0 + pd.Timedelta(hours=1), t0, t0 + pd.Timedelta(days=2), t0 + pd.Timedelta(days=2, hours=1)],
+        "timestamp": [t0 + pd.Timedelta(hours=h) for h in (0, 1, 0, 48, 49)],
         "amount": [10.0, 20.0, 5.0, 40.0, 100.0],
     })
     s = spend_ratio_score(frame)

@@ -188,6 +188,7 @@ def federated_hist_train(
     rounds: int | None = None,
     max_bin: int | None = None,
     worker_address: Mapping[int, str] | None = None,
+    port: int | None = None,
     workdir: Path | None = None,
 ) -> dict[str, FraudModel]:
     """Train every job with histogram federation across ``banks``; one worker process per bank.
@@ -202,6 +203,7 @@ def federated_hist_train(
         rounds: boosting rounds (default ``cfg.num_boost_round``, the centralized model's).
         max_bin: XGBoost ``max_bin`` (default 256).
         worker_address: per rank, the address a worker dials instead of the server's (a test proxy).
+        port: the server's port (default: a free one).
         workdir: keep the session's files here instead of a temporary folder.
 
     Returns:
@@ -232,7 +234,7 @@ def federated_hist_train(
                 arrays[f"col_{key}"] = col
             np.savez(folder / f"rank_{rank}.npz", **arrays)
         files = make_tls_files(folder / "tls") if tls else None
-        port = _free_port()
+        port = _free_port() if port is None else port
         params = xgb_params(cfg, 1.0)
         params["nthread"] = 1
         if max_bin is not None:
