@@ -12,6 +12,11 @@ a model, pick a threshold or fit a stacked score's model):
   (positive control: a label-free score known to be informative) and
   ``Perm`` (negative control: ``Pos`` permuted within each bank, one
   permutation per seed);
+* ``FL−vel`` / ``FL−vel+Pos``: the positive control's own base, FL without
+  the amount-velocity columns (``amount_1h/24h/7d``), with and without
+  ``Pos`` stacked: there the score carries information the base lacks, so
+  the study must find a gain (``FL+Pos`` on the full base shows whether the
+  score is redundant with the hand features);
 * optionally ``FL-bagging`` (the Flower FedXgbBagging baseline).
 
 Noise: every metric comes with a 95 % interval from a bootstrap over test
@@ -107,10 +112,11 @@ class StudyReport:
             d = self.pooled_diff["FL+Perm − FL"]["pr_auc"]
             out.append(("negative control: FL+Perm − FL ≈ 0 (interval contains 0)", f"{d.fmt(100, 2, True)} points",
                         not d.excludes_zero))
-        if "FL+Pos − FL" in self.pooled_diff:
-            d = self.pooled_diff["FL+Pos − FL"]["pr_auc"]
+        pos_key = next((k for k in ("FL−vel+Pos − FL−vel", "FL+Pos − FL") if k in self.pooled_diff), None)
+        if pos_key is not None:
+            d = self.pooled_diff[pos_key]["pr_auc"]
             out.append((f"positive control: design detects a +{POSITIVE_CONTROL_GAIN:g}-point effect "
-                        "(FL+Pos − FL >= 2, interval above 0)", f"{d.fmt(100, 2, True)} points",
+                        f"({pos_key} >= {POSITIVE_CONTROL_GAIN:g}, interval above 0)", f"{d.fmt(100, 2, True)} points",
                         100 * d.point >= POSITIVE_CONTROL_GAIN and d.low > 0))
         return out
 
@@ -177,6 +183,8 @@ def run_study(
     seeds: int | None = None,
     reps: int | None = None,
     with_bagging: bool = False,
+    ablate: Sequence[str] = (),
+    positive: str = "Pos",
     num_cpus: int = 2,
     info: dict[str, object] | None = None,
 ) -> StudyReport:
@@ -190,6 +198,9 @@ def run_study(
         seeds: model seeds (default ``cfg.eval_seeds``); seed k is ``cfg.seed + k``.
         reps: bootstrap replicates (default ``cfg.bootstrap_reps``).
         with_bagging: also train the Flower FedXgbBagging baseline (``FL-bagging``).
+        ablate: features left out of the positive control's base (``FL−vel``); the ``positive`` score is
+            then stacked onto that base (``FL−vel+Pos``), where it carries information the base lacks.
+        positive: the source name of the positive control.
         num_cpus: Ray CPUs for the bagging simulation.
         info: provenance printed in the report header.
     """
@@ -217,21 +228,25 @@ def run_study(
         varies = name is not None and len(sources[name]) > 1
         return list(range(seeds)) if (varies or not deterministic) else [0]
 
-    # --- federated: one session, every job
+    # --- federated: one session, every job. (label, stacked score, dropped features) per FL variant
+    fl_specs: list[tuple[str, str | None, tuple[str, ...]]] = [("FL", None, ())]
+    fl_specs += [(f"FL+{n}", n, ()) for n in sources]
+    if ablate and positive in sources:
+        fl_specs += [("FL−vel", None, tuple(ablate)), (f"FL−vel+{positive}", positive, tuple(ablate))]
     jobs: list[HistJob] = []
     extra: dict[str, dict[int, np.ndarray]] = {}
-    for name in (None, *sources):
+    for label_, name, drop in fl_specs:
         for k in slots(name):
             key = None if name is None else f"{name}#{k}"
-            if key is not None:
+            if key is not None and key not in extra:
                 extra[key] = {b: np.asarray(per_seed(name, k)[b], dtype=np.float32) for b in order}
-            jobs.append(HistJob(f"FL{'' if name is None else '+' + name}#{k}", key, seed_values[k]))
+            jobs.append(HistJob(f"{label_}#{k}", key, seed_values[k], drop))
     t0 = time.perf_counter()
     fl = federated_hist_train(banks, cfg.model_copy(update={"nthread": 1}), jobs, extra_columns=extra,
                               tls=cfg.federated_tls, timeout_s=cfg.federated_timeout_s)
     fl_seconds = time.perf_counter() - t0
 
-    # --- variant -> per seed slot: (per bank model, per bank score column or None)
+    # --- variant -> per seed slot: (per bank model, stacked score name or None, seed slot)
     variants: dict[str, list[tuple[dict[int, FraudModel], str | None, int]]] = {}
     local_cache: dict[int, dict[int, FraudModel]] = {}
     central_cache: dict[int, FraudModel] = {}
@@ -243,15 +258,14 @@ def run_study(
             central_cache[mk] = train_centralized(dict(banks), False, c)
         variants.setdefault("Local", []).append((local_cache[mk], None, k))
         variants.setdefault("Central", []).append((dict.fromkeys(order, central_cache[mk]), None, k))
-        for name in (None, *sources):
+        for label_, name, _ in fl_specs:
             slot = k if k in slots(name) else 0
-            model = fl[f"FL{'' if name is None else '+' + name}#{slot}"]
-            label = "FL" if name is None else f"FL+{name}"
-            variants.setdefault(label, []).append((dict.fromkeys(order, model), name, k))
+            variants.setdefault(label_, []).append((dict.fromkeys(order, fl[f"{label_}#{slot}"]), name, k))
     if with_bagging:
         bag = train_federated(dict(banks), cfg, ("base",), num_cpus=num_cpus)["base"]
         variants["FL-bagging"] = [(dict.fromkeys(order, bag), None, k) for k in range(seeds)]
-    names = ["Local", "FL", *[f"FL+{n}" for n in sources], "Central", *(["FL-bagging"] if with_bagging else [])]
+    names = ["Local", "FL", *[f"FL+{n}" for n in sources], "Central",
+             *[lab for lab, _, drop in fl_specs if drop], *(["FL-bagging"] if with_bagging else [])]
 
     # --- test scores
     tests = {b: banks[b].of_split("test") for b in order}
@@ -309,6 +323,8 @@ def run_study(
     pooled = {v: summarize(points[v], draws[v]) for v in names}
     comparisons = [("FL − Local", "FL", "Local"), ("FL − Central", "FL", "Central")]
     comparisons += [(f"FL+{n} − FL", f"FL+{n}", "FL") for n in sources]
+    if "FL−vel" in names:
+        comparisons.append((f"FL−vel+{positive} − FL−vel", f"FL−vel+{positive}", "FL−vel"))
     if with_bagging:
         comparisons.append(("FL − FL-bagging", "FL", "FL-bagging"))
     pooled_diff = {label_: diff(points[a], points[b], draws[a], draws[b]) for label_, a, b in comparisons}

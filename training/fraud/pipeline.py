@@ -106,8 +106,12 @@ def stacking_study(cfg: FedfraudConfig, data: Path, registry: Path, anomaly_vers
                                  if manifest_shares and not Path(data).is_dir() else ""),
             "rows": rows, "as_source": as_note,
         }
-        return run_study(banks, fc, sources, seeds=seeds, reps=reps, with_bagging=with_bagging, num_cpus=num_cpus,
-                         info=info)
+        names = next(iter(banks.values())).names
+        # the positive control's base lacks the amount-velocity columns (amount_1h, amount_24h, amount_7d)
+        ablate = tuple(n for n in names if n.startswith("amount_") and n[len("amount_"):][:1].isdigit())
+        ablate = ablate if controls else ()
+        return run_study(banks, fc, sources, seeds=seeds, reps=reps, with_bagging=with_bagging, ablate=ablate,
+                         num_cpus=num_cpus, info=info)
 
 
 def _train_variant(cfg: FedfraudConfig, banks: dict[int, FraudFeatures], bank: int) -> FraudModel:

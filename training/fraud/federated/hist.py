@@ -72,12 +72,14 @@ class HistJob:
     """One model to train federated: a name, whether it uses an AS column (and which), and its seed.
 
     ``as_key`` names an entry of ``extra_columns`` given to :func:`federated_hist_train`
-    (the stacked score); ``None`` trains without the anomaly-score column.
+    (the stacked score); ``None`` trains without the anomaly-score column. ``drop``
+    leaves further features out (the ablated base of the positive control).
     """
 
     name: str
     as_key: str | None = None
     seed: int = 7
+    drop: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -260,7 +262,7 @@ def federated_hist_train(
                     "address": (worker_address or {}).get(rank, f"localhost:{port}"),
                     "data": str(folder / f"rank_{rank}.npz"), "out": str(folder), "params": params,
                     "rounds": rounds, "cap": cfg.max_scale_pos_weight, "bins": cfg.threshold_bins,
-                    "jobs": [{"name": j.name, "as_key": j.as_key, "seed": j.seed} for j in jobs],
+                    "jobs": [{"name": j.name, "as_key": j.as_key, "seed": j.seed, "drop": list(j.drop)} for j in jobs],
                     "tls": None if files is None else {"server_cert": str(files.server_cert),
                                                        "client_key": str(files.client_key),
                                                        "client_cert": str(files.client_cert)},
@@ -312,12 +314,12 @@ def _collect(folder: Path, order: list[int], names: tuple[str, ...], jobs: Seque
             other.load_model(bytearray(raw[r]))
             if other.get_dump() != reference:
                 raise RuntimeError(f"job {job.name}: bank rank {r} holds different trees than rank 0")
-        used = tuple(n for n in names if job.as_key is not None or n != ANOMALY_FEATURE)
+        used = tuple(n for n in names if n not in job.drop and (job.as_key is not None or n != ANOMALY_FEATURE))
         models[job.name] = FraudModel(
             booster, names, used, float(info["threshold"]), "federated",
             {"banks": order, "rounds": rounds, "protocol": "xgboost-federated-hist", "tls": tls,
              "valid_f1": info["valid_f1"], "scale_pos_weight": info["scale_pos_weight"],
-             "session_seconds": wall, "as_key": job.as_key, "seed": job.seed},
+             "session_seconds": wall, "as_key": job.as_key, "seed": job.seed, "dropped": list(job.drop)},
         )
     logger.info("fraud_federated_hist banks=%d jobs=%d rounds=%d tls=%s wall_s=%.1f", len(order), len(jobs),
                 rounds, tls, wall)
@@ -350,13 +352,13 @@ def _worker(spec_path: Path) -> None:
     train, valid = split == "train", split == "valid"
     with collective.CommunicatorContext(**comm):
         for job in spec["jobs"]:
-            if job["as_key"] is None:
-                cols = [i for i in range(len(names)) if i != as_idx]
-                Xj = X[:, cols]
-            else:
-                Xj = X.copy()
+            Xj = X.copy()
+            if job["as_key"] is not None:
                 Xj[:, as_idx] = extra[job["as_key"]]
-            used = [n for n in names if job["as_key"] is not None or n != ANOMALY_FEATURE]
+            keep = [i for i, n in enumerate(names)
+                    if n not in job["drop"] and (job["as_key"] is not None or i != as_idx)]
+            Xj = Xj[:, keep]
+            used = [names[i] for i in keep]
             y = label[train]
             counts = collective.allreduce(np.asarray([np.sum(y == 1), np.sum(y == 0)], dtype=np.float64),
                                           collective.Op.SUM)
