@@ -95,6 +95,9 @@ def stacking_study(cfg: FedfraudConfig, data: Path, registry: Path, anomaly_vers
             sources["AS"] = [{b: anomaly_scores_for(f, PrivateFeaturizer.for_bank(scorer.encoder_cfg, cfg.privacy, b),
                                                     scorer) for b, f in frames.items()}]
             as_note = f"published {tag} (NOT cross-fitted: in-sample on its training cardholders)"
+        if "AS" in sources:
+            finite = sum(int(np.isfinite(a).sum()) for a in sources["AS"][0].values())
+            as_note += f"; AS coverage {finite / max(sum(len(f) for f in frames.values()), 1):.3f}"
         if controls:
             pos = crossfit_anomaly_scores(frames, folds, spend_ratio_fit_and_score)
             sources["Pos"] = [pos]
