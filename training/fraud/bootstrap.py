@@ -111,7 +111,8 @@ def interval(point_by_seed: Sequence[float], boot_by_seed: np.ndarray) -> Interv
         warnings.simplefilter("ignore", RuntimeWarning)
         boot = np.nanmean(np.asarray(boot_by_seed, dtype=np.float64), axis=0)
     boot = boot[np.isfinite(boot)]
-    point = float(np.nanmean(point_by_seed))
+    finite = np.asarray(point_by_seed, dtype=np.float64)
+    point = float(np.mean(finite[np.isfinite(finite)])) if np.isfinite(finite).any() else float("nan")
     if boot.size == 0:
         return Interval(point, float("nan"), float("nan"))
     low, high = np.quantile(boot, [0.025, 0.975])

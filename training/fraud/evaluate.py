@@ -335,7 +335,7 @@ def run_study(
         rows = bank_of_row == b
         sub = {v: ranked_bank[b][v] for v in ("Local", "FL")}
         bd = metric_draws(sub, holder_codes[rows], counts, cfg.fpr_target)
-        per_bank[b] = {v: {m: Interval(float(np.nanmean([p[m] for p in bank_points[b][v]])), math.nan, math.nan)
+        per_bank[b] = {v: {m: interval([p[m] for p in bank_points[b][v]], np.full((1, 1), np.nan))
                            for m in METRICS} for v in names}
         bank_diff[b] = {"FL − Local": diff(bank_points[b]["FL"], bank_points[b]["Local"], bd["FL"],
                                            bd["Local"])["pr_auc"]}
