@@ -96,7 +96,9 @@ def fraud(
     ] = None,
     bank: Annotated[int, typer.Option("--bank", help="which bank's model to publish with --variant local")] = 0,
     no_anomaly_score: Annotated[bool, typer.Option("--no-anomaly-score", help="train without the AS feature")] = False,
-    rounds: Annotated[int | None, typer.Option("--rounds", min=1, help="federated rounds")] = None,
+    rounds: Annotated[
+        int | None, typer.Option("--rounds", min=1, help="FedXgbBagging rounds (--variant federated-bagging)")
+    ] = None,
 ) -> None:
     """Train the XGBoost fraud model on fraud features + the federated anomaly score and publish it (kind fraud)."""
     from training.fraud.pipeline import train_and_publish
