@@ -173,3 +173,11 @@ def test_bad_anomaly_source_and_missing_model_are_one_line_errors(world, tmp_pat
                  "--registry", str(tmp_path / "empty"), "--anomaly-score", "registry"])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and "fedfraud train anomaly" in err[0]
+
+
+@pytest.mark.slow
+def test_bagging_variant_is_still_selectable(world):
+    assert main(["--log-level", "WARNING", *FAST, "train", "fraud", "--data", str(world["data"]), "--out",
+                 str(world["registry"]), "--variant", "federated-bagging", "--rounds", "3"]) == 0
+    model = FraudModel.from_registry(world["registry"])
+    assert model.variant == "federated" and model.meta["rounds"] == 3 and "protocol" not in model.meta
