@@ -195,3 +195,46 @@ def test_default_anomaly_adapter_crossfits_with_todays_anomaly_api(world):
         s = scores[b]
         assert s.shape == (len(f),) and np.isfinite(s).mean() > 0.5
         assert np.nanmin(s) >= 0 and np.nanmax(s) <= 1  # AS = 1 − f(q_{t−1}, q_t)
+
+
+@pytest.mark.slow
+def test_server_refuses_a_bank_with_an_untrusted_certificate(tmp_path, free_port):
+    """Mutual TLS is enforced: a worker whose client certificate the server does not trust never joins
+    (gRPC keeps retrying, so the symptom is a hang that the timeout ends; no model is produced)."""
+    import json
+    import subprocess
+    import sys
+
+    from training.fraud.federated.hist import _child_env, _wait_for_port, make_tls_files
+    from training.fraud.model import xgb_params
+
+    good, bad = make_tls_files(tmp_path / "a"), make_tls_files(tmp_path / "b")
+    banks = _integer_banks((200,))
+    np.savez(tmp_path / "rank_0.npz", X=banks[0].X, label=banks[0].label, split=banks[0].split.astype(str),
+             names=np.asarray(NAMES))
+    server = subprocess.Popen(
+        [sys.executable, "-m", "training.fraud.federated.hist", "server", "--port", str(free_port), "--world", "1",
+         "--timeout", "60", "--server-key", str(good.server_key), "--server-cert", str(good.server_cert),
+         "--client-cert", str(good.client_cert)], env=_child_env(), stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL)
+    try:
+        _wait_for_port(free_port, server, 30)
+        spec = {"rank": 0, "world": 1, "address": f"localhost:{free_port}", "data": str(tmp_path / "rank_0.npz"),
+                "out": str(tmp_path), "params": {**xgb_params(FraudConfig(), 1.0), "nthread": 1}, "rounds": 2,
+                "cap": 200.0, "bins": 10, "jobs": [{"name": "m", "as_key": None, "seed": 1, "drop": []}],
+                "tls": {"server_cert": str(good.server_cert), "client_key": str(bad.client_key),
+                        "client_cert": str(bad.client_cert)}}
+        (tmp_path / "spec.json").write_text(json.dumps(spec), encoding="utf-8")
+        worker = subprocess.Popen([sys.executable, "-m", "training.fraud.federated.hist", "worker",
+                                   str(tmp_path / "spec.json")], env=_child_env(), stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.DEVNULL)
+        try:
+            code = worker.wait(timeout=25)
+        except subprocess.TimeoutExpired:
+            worker.kill()
+            worker.wait()
+            code = None
+        assert code != 0 and not (tmp_path / "rank_0.m.json").exists()
+    finally:
+        server.kill()
+        server.wait()
