@@ -40,3 +40,16 @@ def existing_dir(path: Path, what: str = "directory") -> Path:
     if not path.is_dir():
         raise UserError(f"{what} {path} is not a directory")
     return path
+
+
+def parse_shares(text: str | None) -> tuple[float, ...] | None:
+    """``"0.3,0.25,0.2,0.2,0.05"`` → a tuple of bank shares, or a one-line :class:`UserError`."""
+    if text is None:
+        return None
+    try:
+        shares = tuple(float(part) for part in text.split(","))
+    except ValueError:
+        raise UserError(f"--bank-shares {text!r}: expected comma-separated numbers such as 0.5,0.5") from None
+    if len(shares) < 2 or any(s <= 0 for s in shares) or abs(sum(shares) - 1.0) > 1e-6:
+        raise UserError(f"--bank-shares {text!r}: need at least 2 positive shares that sum to 1")
+    return shares

@@ -1,9 +1,10 @@
 """``fedfraud eval``: evaluations that need labels. ``eval stacking`` is the thesis Table 4.2 study.
 
 ``eval stacking`` trains the fraud model locally (each bank alone), federated
-(Flower FedXgbBagging on Ray) and centralized, each with and without the
-federated anomaly score, and prints F1 / PR-AUC / recall at 1 % FPR per bank
-as a markdown block for ``docs/benchmarks.md``.
+(histogram-based XGBoost federation) and centralized, plus federated with a
+stacked score (the cross-fitted anomaly score and two controls), and prints
+PR-AUC / recall at 1 % FPR / F1 with 95 % cardholder-bootstrap intervals,
+pooled and per bank, as a markdown block for ``docs/benchmarks.md``.
 """
 
 from __future__ import annotations
@@ -34,20 +35,36 @@ def stacking(
     data: DataOption,
     fmt: FormatOption = None,
     banks: BanksOption = None,
+    bank_shares: Annotated[
+        str | None,
+        typer.Option("--bank-shares", help="CSV only: cardholder share per bank, e.g. 0.3,0.25,0.2,0.2,0.05"),
+    ] = None,
     registry: RegistryOption = Path("artifacts"),
     anomaly_version: AnomalyVersionOption = "latest",
-    rounds: Annotated[int | None, typer.Option("--rounds", min=1, help="federated rounds")] = None,
+    anomaly_score: Annotated[
+        str, typer.Option("--anomaly-score", help="crossfit (out-of-fold AS), registry (published model) or none")
+    ] = "crossfit",
+    controls: Annotated[bool, typer.Option("--controls/--no-controls", help="positive and permuted controls")] = True,
+    with_bagging: Annotated[bool, typer.Option("--with-bagging", help="also Flower FedXgbBagging")] = False,
+    seeds: Annotated[int | None, typer.Option("--seeds", min=1, help="model seeds (default fraud.eval_seeds)")] = None,
+    reps: Annotated[int | None, typer.Option("--reps", min=50, help="bootstrap replicates (cardholders)")] = None,
+    rounds: Annotated[int | None, typer.Option("--rounds", min=1, help="FedXgbBagging rounds (--with-bagging)")] = None,
     num_cpus: Annotated[int, typer.Option("--num-cpus", min=1, max=2, help="Ray CPUs for the simulation")] = 2,
     out: Annotated[Path | None, typer.Option("--out", help="also write the markdown block here")] = None,
 ) -> None:
-    """Local / FL / centralized fraud models with and without the anomaly score (thesis Table 4.2)."""
+    """Local / FL / Central, stacked scores and controls, with 95 % cardholder-bootstrap intervals."""
     from fedfraud.cli.bench import emit
+    from fedfraud.cli.common import parse_shares
     from training.fraud.pipeline import stacking_study
 
-    cfg = update_section(config_of(ctx), "ingest", format=fmt, banks=banks)
+    shares = parse_shares(bank_shares)
+    if shares is not None and banks is None:
+        banks = len(shares)
+    cfg = update_section(config_of(ctx), "ingest", format=fmt, banks=banks, bank_shares=shares)
     if rounds is not None:
         cfg = update_section(cfg, "fraud", federated_rounds=rounds)
-    report = stacking_study(cfg, data, registry, anomaly_version, num_cpus=num_cpus)
+    report = stacking_study(cfg, data, registry, anomaly_version, anomaly_source=anomaly_score, controls=controls,
+                            with_bagging=with_bagging, seeds=seeds, reps=reps, num_cpus=num_cpus)
     emit(report.to_markdown(), out)
 
 

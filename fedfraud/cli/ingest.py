@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from fedfraud.cli.common import config_of, readable_file
+from fedfraud.cli.common import config_of, parse_shares, readable_file
 from fedfraud.config import update_section
 
 
@@ -25,14 +25,20 @@ def register(app: typer.Typer) -> None:
             str | None, typer.Option("--partition", help="hash (IID by cardholder) or region (non-IID by home state)")
         ] = None,
         chunk_rows: Annotated[int | None, typer.Option("--chunk-rows", help="rows per chunk (bounds memory)")] = None,
+        bank_shares: Annotated[
+            str | None, typer.Option("--bank-shares", help="share of cardholders per bank, e.g. 0.3,0.25,0.2,0.2,0.05")
+        ] = None,
     ) -> None:
         """Validate a transaction CSV and write it as per-bank canonical parquet plus rejects and manifest."""
         from training.data.ingest import ingest_csv
         from training.data.layout import REJECTS_FILE
 
         readable_file(path)
+        shares = parse_shares(bank_shares)
+        if shares is not None and banks is None:
+            banks = len(shares)
         cfg = update_section(config_of(ctx), "ingest", format=fmt, banks=banks, partition=partition,
-                             chunk_rows=chunk_rows)
+                             chunk_rows=chunk_rows, bank_shares=shares)
         report = ingest_csv(path, out, cfg.ingest)
         typer.echo(f"ingested {path} ({report.format}) into {out}: accepted={report.accepted} "
                    f"rejected={report.rejected} in {report.seconds:.1f}s ({report.rows_per_s:,.0f} rows/s)")

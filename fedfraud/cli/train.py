@@ -91,10 +91,14 @@ def fraud(
     out: Annotated[Path, typer.Option("--out", help="registry root; the anomaly model is read from here too")] = Path(
         "artifacts"
     ),
-    variant: Annotated[str | None, typer.Option("--variant", help="federated, centralized or local")] = None,
+    variant: Annotated[
+        str | None, typer.Option("--variant", help="federated (histogram), federated-bagging, centralized or local")
+    ] = None,
     bank: Annotated[int, typer.Option("--bank", help="which bank's model to publish with --variant local")] = 0,
     no_anomaly_score: Annotated[bool, typer.Option("--no-anomaly-score", help="train without the AS feature")] = False,
-    rounds: Annotated[int | None, typer.Option("--rounds", min=1, help="federated rounds")] = None,
+    rounds: Annotated[
+        int | None, typer.Option("--rounds", min=1, help="FedXgbBagging rounds (--variant federated-bagging)")
+    ] = None,
 ) -> None:
     """Train the XGBoost fraud model on fraud features + the federated anomaly score and publish it (kind fraud)."""
     from training.fraud.pipeline import train_and_publish

@@ -1,5 +1,10 @@
-"""Fraud model end to end: a Sparkov CSV → AS from a real (tiny) anomaly model → six variants incl. one
-Flower FedXgbBagging simulation (2 SuperNodes, 3 rounds) → the Table 4.2 markdown; plus publish and score."""
+"""Fraud model end to end.
+
+* histogram federation (real ``xgboost.federated`` server + one worker process per bank, mutual TLS)
+  builds the centralized model's trees: same predictions to 1e-6 on integer features;
+* what leaves a bank, read off the real gRPC requests by a recording proxy between one bank and the server;
+* ``eval stacking`` on a Sparkov-layout CSV prints the study tables; CLI errors are one line.
+"""
 
 import numpy as np
 import pandas as pd
@@ -15,12 +20,96 @@ from training.data.ingest import ingest_csv
 from training.data.synthetic import RAW_CSV, generate_dataset
 from training.fraud.config import FraudConfig
 from training.fraud.dataset import bank_features, load_anomaly_scorer
+from training.fraud.features import FraudFeatures
+from training.fraud.federated.hist import HistJob, federated_hist_train
+from training.fraud.federated.wire import RecordingProxy
 from training.fraud.model import FraudModel
+from training.fraud.train import train_centralized
 from training.registry import ModelRegistry
 
 pytestmark = pytest.mark.integration
 
 FAST = ["--set", "fraud.num_boost_round=20", "--set", "fraud.threshold_bins=200"]
+NAMES = ("f0", "f1", "f2", "anomaly_score")
+
+
+def _integer_banks(sizes, levels=6, seed=0):
+    """Banks whose features take ``levels`` (< max_bin) distinct values, so the merged sketch is exact."""
+    rng = np.random.default_rng(seed)
+    banks = {}
+    for b, n in enumerate(sizes):
+        X = rng.integers(0, levels, size=(n, len(NAMES))).astype(np.float32)
+        y = (rng.random(n) < 0.03 + 0.05 * X[:, 0] + 0.04 * (X[:, 1] == b)).astype(np.float32)
+        split = np.where(rng.random(n) < 0.2, "valid", "train").astype(object)
+        ids = np.asarray([f"b{b}-{i}" for i in range(n)], dtype=object)
+        banks[b] = FraudFeatures(X, NAMES, ids, ids, y, split)
+    return banks
+
+
+def test_histogram_federation_equals_centralized():
+    cfg = FraudConfig(num_boost_round=12, max_depth=3, nthread=1, threshold_bins=100)
+    banks = _integer_banks((700, 500, 300))
+    fl = federated_hist_train(banks, cfg, [HistJob("base"), HistJob("as", "score")], tls=True, timeout_s=180,
+                              extra_columns={"score": {b: d.X[:, 3] for b, d in banks.items()}})
+    X = np.concatenate([d.X for d in banks.values()])
+    for key, use_as in (("base", False), ("as", True)):
+        central = train_centralized(banks, use_as, cfg)
+        assert fl[key].uses_anomaly_score is use_as and fl[key].meta["tls"] is True
+        np.testing.assert_allclose(fl[key].scores(X), central.scores(X), rtol=0, atol=1e-6)
+        assert fl[key].booster.get_dump() == central.booster.get_dump()  # the very same trees
+        # federated threshold: the lower edge of the max-F1 bin of the summed validation histograms
+        assert abs(fl[key].threshold - central.threshold) <= 1 / cfg.threshold_bins
+
+
+def test_what_leaves_a_bank_on_the_wire(free_port):
+    """Bank 0's every request to the server, decoded: control values, quantile sketch, per-node gradient
+    histograms, our two sums; nothing per row. Plaintext so the proxy can read it (TLS hides it in production).
+    """
+    levels, depth = 5, 2
+    cfg = FraudConfig(num_boost_round=2, max_depth=depth, nthread=1, threshold_bins=10)
+    banks = _integer_banks((3000, 2000), levels=levels, seed=1)
+    proxy = RecordingProxy(free_port)
+    try:
+        federated_hist_train(banks, cfg, [HistJob("base")], tls=False, timeout_s=180, port=free_port,
+                             worker_address={0: f"127.0.0.1:{proxy.port}"})
+    finally:
+        proxy.close()
+    messages = proxy.messages()
+    buffers = [m.send_buffer for m in messages]
+    train = banks[0].of_split("train")
+    n_features, total_bins = 3, 3 * levels
+    assert len(messages) > 10
+    # 1. nothing row-sized: the largest buffer is far below one float per training row, and no id is sent
+    assert max(len(b) for b in buffers) <= 16 * total_bins * 2 < 4 * len(train)
+    assert b"b0-" not in bytes(proxy.sent)
+    # 2. our global class counts (for scale_pos_weight) as two doubles
+    pos, neg = float(train.label.sum()), float((train.label == 0).sum())
+    assert any(len(b) == 16 and np.array_equal(np.frombuffer(b, "<f8"), [pos, neg]) for b in buffers)
+    # 3. the root gradient histogram of the first tree: per (feature, bin) Σ w(p − y) and Σ w p(1 − p), p = 0.5
+    pos_all = sum(float(d.of_split("train").label.sum()) for d in banks.values())
+    neg_all = sum(float((d.of_split("train").label == 0).sum()) for d in banks.values())
+    spw = min(max(neg_all / pos_all, 1.0), cfg.max_scale_pos_weight)
+    w = np.where(train.label == 1, spw, 1.0)
+    expected = np.zeros((total_bins, 2))
+    for f in range(n_features):
+        for v in range(levels):
+            rows = train.X[:, f] == v
+            expected[f * levels + v] = [np.sum(w[rows] * (0.5 - train.label[rows])), np.sum(w[rows] * 0.25)]
+    histograms = [np.frombuffer(b, "<f8").reshape(-1, 2) for b in buffers if len(b) == 16 * total_bins]
+    # gradients are float32 per row, summed in float64: equal to float32 precision
+    assert histograms and np.allclose(histograms[0], expected, rtol=1e-5, atol=1e-4)
+    # ... which is what it reveals: the bank's count of frauds and of legit rows per (feature, value)
+    grad, hess = histograms[0][:, 0], histograms[0][:, 1]
+    frauds = (hess / 0.25 - 2 * grad) / (2 * spw)  # from H = (n_neg + spw n_pos)/4 and G = (n_neg − spw n_pos)/2
+    true_frauds = [np.sum(train.label[train.X[:, f] == v]) for f in range(n_features) for v in range(levels)]
+    assert np.allclose(frauds, true_frauds, atol=1e-3)
+    # 4. the quantile sketch (float32 summaries) carries the feature values: the bin boundaries
+    sketch = [np.frombuffer(b, "<f4") for m, b in zip(messages, buffers, strict=True) if m.fields.get(4) == 1]
+    assert sketch and set(range(levels)) <= set(np.concatenate(sketch).tolist())
+    # 5. per node histograms only: at most one per node of each tree, plus the validation histograms (int64)
+    assert len(histograms) <= cfg.num_boost_round * (2**depth - 1)
+    valid_hist = [np.frombuffer(b, "<i8") for b in buffers if len(b) == 8 * 2 * cfg.threshold_bins]
+    assert valid_hist and valid_hist[-1].sum() == int(np.sum(banks[0].split == "valid"))
 
 
 @pytest.fixture(scope="module")
@@ -41,16 +130,16 @@ def world(tmp_path_factory):
 
 def test_eval_stacking_on_sparkov_csv(world, capsys):
     code = main(["--log-level", "WARNING", *FAST, "eval", "stacking", "--data", str(world["csv"]),
-                 "--format", "sparkov", "--banks", "2", "--registry", str(world["registry"]), "--rounds", "3"])
+                 "--format", "sparkov", "--bank-shares", "0.7,0.3", "--registry", str(world["registry"]),
+                 "--anomaly-score", "registry", "--seeds", "2", "--reps", "50"])
     out = capsys.readouterr().out
     assert code == 0, out
-    assert "| bank | frauds | Local | Local+AS | FL | FL+AS | Central | Central+AS | FL+AS − FL |" in out
-    for title in ("F1 at the validation-chosen threshold", "PR-AUC", "Recall at 1% FPR", "stacking gain FL+AS − FL",
-                  "federated gap Central+AS − FL+AS", "Targets"):
-        assert title in out
-    assert "anomaly:v1" in out and "FedXgbBagging, 3 rounds" in out
+    for title in ("**Pooled over all banks' test cardholders**", "**Differences, pooled**", "**Bank's-eye view**",
+                  "| FL − Local |", "| FL+AS − FL |", "| FL+Pos − FL |", "| FL+Perm − FL |", "**Targets**",
+                  "test frauds=", "mutual TLS", "anomaly:v1 (NOT cross-fitted"):
+        assert title in out, title
     rows = [line for line in out.splitlines() if line.startswith("| 0 |") or line.startswith("| 1 |")]
-    assert len(rows) == 3 * 2  # two banks in each of the three metric tables
+    assert len(rows) == 2  # the bank's-eye table
 
 
 def test_csv_without_labels_is_one_line_error(world, tmp_path, capsys):
@@ -58,24 +147,94 @@ def test_csv_without_labels_is_one_line_error(world, tmp_path, capsys):
     unlabelled = tmp_path / "unlabelled.csv"
     raw.drop(columns=["is_fraud"]).to_csv(unlabelled, sep="|", index=False)
     code = main(["--log-level", "ERROR", "eval", "stacking", "--data", str(unlabelled),
-                 "--registry", str(world["registry"])])
+                 "--registry", str(world["registry"]), "--anomaly-score", "none"])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and err[0].startswith("error: evaluation needs labels")
-    # ... but scoring unlabelled transactions works
+    # ... but scoring unlabelled transactions works, with the default (histogram-federated) variant
     assert main(["--log-level", "WARNING", *FAST, "train", "fraud", "--data", str(world["data"]), "--out",
-                 str(world["registry"]), "--variant", "centralized"]) == 0
+                 str(world["registry"])]) == 0
     ingested = tmp_path / "ingested"
     ingest_csv(unlabelled, ingested, IngestConfig(banks=2), progress=False)
     scorer, _ = load_anomaly_scorer(world["registry"])
     feats = bank_features(ingested, 0, FraudConfig(), EncoderConfig(), PrivacyConfig(), scorer)
     assert not feats.has_labels and np.isfinite(feats.X[:, -1]).mean() > 0.5
     model = FraudModel.from_registry(world["registry"])
+    assert model.variant == "federated" and model.meta["protocol"] == "xgboost-federated-hist"
     decisions = model.predict_batch(feats.X[:25])
     assert len(decisions) == 25 and all(0 <= d.score <= 1 and len(d.top_reasons) == 3 for d in decisions)
 
 
-def test_no_anomaly_model_is_one_line_error(world, tmp_path, capsys):
+def test_bad_anomaly_source_and_missing_model_are_one_line_errors(world, tmp_path, capsys):
     code = main(["--log-level", "ERROR", "eval", "stacking", "--data", str(world["data"]),
-                 "--registry", str(tmp_path / "empty")])
+                 "--anomaly-score", "magic"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and err[0].startswith("error: --anomaly-score")
+    code = main(["--log-level", "ERROR", "eval", "stacking", "--data", str(world["data"]),
+                 "--registry", str(tmp_path / "empty"), "--anomaly-score", "registry"])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and "fedfraud train anomaly" in err[0]
+
+
+@pytest.mark.slow
+def test_bagging_variant_is_still_selectable(world):
+    assert main(["--log-level", "WARNING", *FAST, "train", "fraud", "--data", str(world["data"]), "--out",
+                 str(world["registry"]), "--variant", "federated-bagging", "--rounds", "3"]) == 0
+    model = FraudModel.from_registry(world["registry"])
+    assert model.variant == "federated" and model.meta["rounds"] == 3 and "protocol" not in model.meta
+
+
+def test_default_anomaly_adapter_crossfits_with_todays_anomaly_api(world):
+    from fedfraud.config import load_config
+    from training.data.layout import list_banks, read_bank
+    from training.fraud.stacking import anomaly_fit_and_score, cardholder_folds, crossfit_anomaly_scores
+
+    frames = {b: read_bank(world["data"], b) for b in list_banks(world["data"])}
+    folds = cardholder_folds({b: f["cardholder_id"].to_numpy() for b, f in frames.items()}, k=2, seed=0)
+    scores = crossfit_anomaly_scores(frames, folds, anomaly_fit_and_score(load_config(None, []), rounds=1))
+    for b, f in frames.items():
+        s = scores[b]
+        assert s.shape == (len(f),) and np.isfinite(s).mean() > 0.5
+        assert np.nanmin(s) >= 0 and np.nanmax(s) <= 1  # AS = 1 − f(q_{t−1}, q_t)
+
+
+@pytest.mark.slow
+def test_server_refuses_a_bank_with_an_untrusted_certificate(tmp_path, free_port):
+    """Mutual TLS is enforced: a worker whose client certificate the server does not trust never joins
+    (gRPC keeps retrying, so the symptom is a hang that the timeout ends; no model is produced)."""
+    import json
+    import subprocess
+    import sys
+
+    from training.fraud.federated.hist import _child_env, _wait_for_port, make_tls_files
+    from training.fraud.model import xgb_params
+
+    good, bad = make_tls_files(tmp_path / "a"), make_tls_files(tmp_path / "b")
+    banks = _integer_banks((200,))
+    np.savez(tmp_path / "rank_0.npz", X=banks[0].X, label=banks[0].label, split=banks[0].split.astype(str),
+             names=np.asarray(NAMES))
+    server = subprocess.Popen(
+        [sys.executable, "-m", "training.fraud.federated.hist", "server", "--port", str(free_port), "--world", "1",
+         "--timeout", "60", "--server-key", str(good.server_key), "--server-cert", str(good.server_cert),
+         "--client-cert", str(good.client_cert)], env=_child_env(), stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL)
+    try:
+        _wait_for_port(free_port, server, 30)
+        spec = {"rank": 0, "world": 1, "address": f"localhost:{free_port}", "data": str(tmp_path / "rank_0.npz"),
+                "out": str(tmp_path), "params": {**xgb_params(FraudConfig(), 1.0), "nthread": 1}, "rounds": 2,
+                "cap": 200.0, "bins": 10, "jobs": [{"name": "m", "as_key": None, "seed": 1, "drop": []}],
+                "tls": {"server_cert": str(good.server_cert), "client_key": str(bad.client_key),
+                        "client_cert": str(bad.client_cert)}}
+        (tmp_path / "spec.json").write_text(json.dumps(spec), encoding="utf-8")
+        worker = subprocess.Popen([sys.executable, "-m", "training.fraud.federated.hist", "worker",
+                                   str(tmp_path / "spec.json")], env=_child_env(), stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.DEVNULL)
+        try:
+            code = worker.wait(timeout=25)
+        except subprocess.TimeoutExpired:
+            worker.kill()
+            worker.wait()
+            code = None
+        assert code != 0 and not (tmp_path / "rank_0.m.json").exists()
+    finally:
+        server.kill()
+        server.wait()

@@ -10,18 +10,20 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
 import numpy as np
+import pandas as pd
 
 from fedfraud.errors import UserError
 from feature_store.schema import ValidationResult, Validator
 from training.data import sparkov, tabformer
 from training.data.config import IngestConfig
 from training.data.csvio import REGION_HINT, CsvHeader, RawChunk, read_header
-from training.data.partition import partitioner
+from training.data.partition import partitioner, share_banks
 from training.data.writer import DatasetSummary, DatasetWriter
 
 __all__ = ["LOADERS", "IngestReport", "detect_format", "ingest_csv", "loader", "validate_chunk"]
@@ -102,6 +104,19 @@ def validate_chunk(validator: Validator, chunk: RawChunk) -> tuple[ValidationRes
     return ValidationResult(accepted=result.accepted, rejects=rejects), ok
 
 
+def _assigner(config: IngestConfig) -> Callable[[pd.Series, pd.Series | None, int], np.ndarray]:
+    """The partition function: by mode, or by ``bank_shares`` when unequal bank sizes are asked for."""
+    if config.bank_shares is None:
+        return partitioner(config.partition)
+    shares = config.bank_shares
+
+    def by_shares(ids: pd.Series, hints: pd.Series | None, banks: int) -> np.ndarray:
+        del hints, banks
+        return share_banks(ids, shares)
+
+    return by_shares
+
+
 def ingest_csv(path: Path, out: Path, config: IngestConfig, progress: bool = True) -> IngestReport:
     """Turn a Sparkov/Kaggle or TabFormer CSV into ``out/bank_<k>/transactions.parquet`` + manifest + rejects."""
     path = Path(path)
@@ -110,7 +125,7 @@ def ingest_csv(path: Path, out: Path, config: IngestConfig, progress: bool = Tru
     module = loader(fmt)
     if not module.matches(header.columns):
         raise UserError(f"{path}: header does not have the {fmt} columns")
-    assign = partitioner(config.partition)
+    assign = _assigner(config)
     started = time.perf_counter()
     validator = Validator(dedupe=True)
     writer = DatasetWriter(out, config.banks)
@@ -121,7 +136,8 @@ def ingest_csv(path: Path, out: Path, config: IngestConfig, progress: bool = Tru
         writer.add(result.accepted, banks)
         writer.add_rejects(result.rejects)
     summary = writer.finish(
-        {"format": fmt, "source": str(path.resolve()), "partition": config.partition, "chunk_rows": config.chunk_rows}
+        {"format": fmt, "source": str(path.resolve()), "partition": config.partition,
+         "bank_shares": list(config.bank_shares) if config.bank_shares else None, "chunk_rows": config.chunk_rows}
     )
     seconds = time.perf_counter() - started
     report = IngestReport.from_summary(summary, fmt)

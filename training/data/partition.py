@@ -25,7 +25,7 @@ import pandas as pd
 
 from training.data.geo import geo_tables
 
-__all__ = ["PARTITIONERS", "hash_banks", "partitioner", "region_banks", "state_bank_map"]
+__all__ = ["PARTITIONERS", "hash_banks", "partitioner", "region_banks", "share_banks", "state_bank_map"]
 
 
 def _hash_bank(cardholder_id: str, banks: int) -> int:
@@ -38,6 +38,25 @@ def hash_banks(cardholder_ids: pd.Series, home_states: pd.Series | None, banks: 
     del home_states  # same signature as region_banks; hashing ignores geography
     codes, uniques = pd.factorize(cardholder_ids.astype(str), sort=False)
     per_unique = np.fromiter((_hash_bank(u, banks) for u in uniques), dtype=np.int64, count=len(uniques))
+    return per_unique[codes] if len(codes) else np.zeros(0, dtype=np.int64)
+
+
+def _unit(cardholder_id: str) -> float:
+    digest = hashlib.blake2b(f"fedfraud-share:{cardholder_id}".encode("utf-8", "surrogateescape"), digest_size=8)
+    return int.from_bytes(digest.digest(), "big") / 2**64
+
+
+def share_banks(cardholder_ids: pd.Series, shares: tuple[float, ...]) -> np.ndarray:
+    """IID bank of each row with unequal bank sizes: a stable hash of the cardholder mapped onto ``shares``.
+
+    Lets a study include a deliberately small bank (e.g. 5 % of cardholders) without giving up the
+    "one cardholder, one bank, whatever the chunking" property of :func:`hash_banks`.
+    """
+    edges = np.cumsum(np.asarray(shares, dtype=np.float64))
+    edges[-1] = 1.0 + 1e-12
+    codes, uniques = pd.factorize(cardholder_ids.astype(str), sort=False)
+    units = np.fromiter((_unit(u) for u in uniques), dtype=np.float64, count=len(uniques))
+    per_unique = np.searchsorted(edges, units, side="right").astype(np.int64)
     return per_unique[codes] if len(codes) else np.zeros(0, dtype=np.int64)
 
 

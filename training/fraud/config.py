@@ -40,7 +40,11 @@ class FraudConfig(BaseModel):
     nthread: int = Field(2, ge=1, description="XGBoost threads; the dev machine has 2 cores")
     seed: int = 7
 
-    # -- federated (Flower FedXgbBagging)
+    # -- federated, histogram-based (xgboost.federated; the default variant "federated")
+    federated_tls: bool = Field(True, description="mutual TLS between banks and the server (throwaway certificates)")
+    federated_timeout_s: float = Field(1800.0, gt=0, description="wall-clock limit of one federation session")
+
+    # -- federated, Flower FedXgbBagging (variant "federated-bagging", kept for comparison)
     federated_rounds: int = Field(60, ge=1, description="server rounds; each bank adds one tree per round")
     federated_eta_scaling: bool = Field(
         True,
@@ -60,8 +64,16 @@ class FraudConfig(BaseModel):
     fpr_target: float = Field(0.01, gt=0, lt=1, description="report recall at this false-positive rate")
     top_reasons: int = Field(3, ge=1, le=32, description="features listed as the reasons of a decision")
 
+    # -- stacking study (`fedfraud eval stacking`)
+    stacking_folds: int = Field(5, ge=2, le=20, description="cardholder folds of the cross-fitted anomaly score")
+    eval_seeds: int = Field(5, ge=1, le=50, description="model seeds per variant")
+    bootstrap_reps: int = Field(1000, ge=50, description="cardholder-bootstrap replicates for 95 % intervals")
+    crossfit_anomaly_rounds: int = Field(
+        1, ge=1, description="budget of the default cross-fit anomaly adapter (rounds x 1 epoch x 64 pairs per bank)"
+    )
+
     # -- what `fedfraud train fraud` publishes
-    variant: Literal["local", "federated", "centralized"] = "federated"
+    variant: Literal["local", "federated", "federated-bagging", "centralized"] = "federated"
     use_anomaly_score: bool = True
 
     @model_validator(mode="after")

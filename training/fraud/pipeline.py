@@ -16,7 +16,7 @@ from training.registry import ModelRegistry, ModelVersion
 
 if TYPE_CHECKING:
     from fedfraud.config import FedfraudConfig
-    from training.fraud.evaluate import StackingReport
+    from training.fraud.evaluate import StudyReport
     from training.fraud.model import FraudModel
 
 __all__ = ["load_fraud_banks", "stacking_study", "train_and_publish"]
@@ -44,17 +44,77 @@ def load_fraud_banks(cfg: FedfraudConfig, data: Path, registry: Path, anomaly_ve
 
 
 def stacking_study(cfg: FedfraudConfig, data: Path, registry: Path, anomaly_version: str = "latest",
-                   num_cpus: int = 2) -> StackingReport:
-    """``fedfraud eval stacking``: the six variants on ``data`` (labels required)."""
-    from training.fraud.evaluate import run_stacking
+                   anomaly_source: str = "crossfit", controls: bool = True, with_bagging: bool = False,
+                   seeds: int | None = None, reps: int | None = None, num_cpus: int = 2) -> StudyReport:
+    """``fedfraud eval stacking``: Local / FL / Central and stacked scores, with cardholder-bootstrap intervals.
 
+    ``anomaly_source``: ``crossfit`` (AS cross-fitted over cardholder folds with the default adapter of
+    :mod:`training.fraud.stacking`), ``registry`` (the published anomaly model: in-sample on its own
+    training cardholders, kept only for comparison) or ``none``.
+    """
+    from fedfraud.errors import UserError
+    from training.data.layout import list_banks, read_bank
+    from training.fraud.dataset import anomaly_scores_for, bank_features
+    from training.fraud.evaluate import run_study
+    from training.fraud.stacking import (
+        anomaly_fit_and_score,
+        cardholder_folds,
+        crossfit_anomaly_scores,
+        permuted_within_bank,
+        spend_ratio_fit_and_score,
+    )
+
+    if anomaly_source not in ("crossfit", "registry", "none"):
+        raise UserError(f"--anomaly-score {anomaly_source!r}: choose crossfit, registry or none")
+    fc = cfg.fraud
+    seeds = fc.eval_seeds if seeds is None else seeds
     with ExitStack() as stack:
-        banks, info = load_fraud_banks(cfg, data, registry, anomaly_version, stack, require_labels=True)
-        if len(banks) < 2:
-            from fedfraud.errors import UserError
+        root = stack.enter_context(materialize(data, cfg.ingest))
+        ids = list_banks(root)
+        if len(ids) < 2:
+            raise UserError(f"{data} holds {len(ids)} bank; the federated variants need at least 2 (use --banks)")
+        frames = {b: read_bank(root, b) for b in ids}
+        for b, f in frames.items():
+            if f["is_fraud"].isna().any():
+                raise UserError(f"evaluation needs labels: {int(f['is_fraud'].isna().sum())} transactions of bank "
+                                f"{b} have no is_fraud (scoring works without labels; training and evaluation do not)")
+        banks = {b: bank_features(root, b, fc, cfg.encoder, cfg.privacy, None) for b in ids}
+        folds = cardholder_folds({b: f["cardholder_id"].astype(str).to_numpy() for b, f in frames.items()},
+                                 fc.stacking_folds, fc.seed)
+        sources: dict[str, list[dict[int, np.ndarray]]] = {}
+        as_note = "none"
+        if anomaly_source == "crossfit":
+            fit = anomaly_fit_and_score(cfg, rounds=fc.crossfit_anomaly_rounds)
+            sources["AS"] = [crossfit_anomaly_scores(frames, folds, fit)]
+            as_note = (f"cross-fitted over {fc.stacking_folds} cardholder folds, default adapter "
+                       f"(today's anomaly GNN, {fc.crossfit_anomaly_rounds} round x 1 epoch x 64 pairs per bank)")
+        elif anomaly_source == "registry":
+            from feature_store.privacy import PrivateFeaturizer
 
-            raise UserError(f"{data} holds {len(banks)} bank; the federated variants need at least 2 (use --banks)")
-        return run_stacking(banks, cfg.fraud, num_cpus=num_cpus, info=info)
+            scorer, tag = load_anomaly_scorer(registry, anomaly_version)
+            sources["AS"] = [{b: anomaly_scores_for(f, PrivateFeaturizer.for_bank(scorer.encoder_cfg, cfg.privacy, b),
+                                                    scorer) for b, f in frames.items()}]
+            as_note = f"published {tag} (NOT cross-fitted: in-sample on its training cardholders)"
+        if "AS" in sources:
+            finite = sum(int(np.isfinite(a).sum()) for a in sources["AS"][0].values())
+            as_note += f"; AS coverage {finite / max(sum(len(f) for f in frames.values()), 1):.3f}"
+        if controls:
+            pos = crossfit_anomaly_scores(frames, folds, spend_ratio_fit_and_score)
+            sources["Pos"] = [pos]
+            sources["Perm"] = [permuted_within_bank(pos, fc.seed + k) for k in range(seeds)]
+        rows = sum(len(b) for b in banks.values())
+        manifest_shares = cfg.ingest.bank_shares
+        info: dict[str, Any] = {
+            "data": f"{data}" + (f" (bank shares {','.join(f'{s:g}' for s in manifest_shares)})"
+                                 if manifest_shares and not Path(data).is_dir() else ""),
+            "rows": rows, "as_source": as_note,
+        }
+        names = next(iter(banks.values())).names
+        # the positive control's base lacks the amount-velocity columns (amount_1h, amount_24h, amount_7d)
+        ablate = tuple(n for n in names if n.startswith("amount_") and n[len("amount_"):][:1].isdigit())
+        ablate = ablate if controls else ()
+        return run_study(banks, fc, sources, seeds=seeds, reps=reps, with_bagging=with_bagging, ablate=ablate,
+                         num_cpus=num_cpus, info=info)
 
 
 def _train_variant(cfg: FedfraudConfig, banks: dict[int, FraudFeatures], bank: int) -> FraudModel:
@@ -69,9 +129,18 @@ def _train_variant(cfg: FedfraudConfig, banks: dict[int, FraudFeatures], bank: i
         return train_local(banks[bank], fc.use_anomaly_score, fc, bank)
     if fc.variant == "centralized":
         return train_centralized(banks, fc.use_anomaly_score, fc)
-    return train_federated(banks, fc, ("as" if fc.use_anomaly_score else "base",))[
-        "as" if fc.use_anomaly_score else "base"
-    ]
+    if fc.variant == "federated-bagging":
+        key = "as" if fc.use_anomaly_score else "base"
+        return train_federated(banks, fc, (key,))[key]
+    from training.fraud.federated.hist import HistJob, federated_hist_train
+
+    extra = None
+    if fc.use_anomaly_score:
+        col = next(iter(banks.values())).names.index(ANOMALY_FEATURE)
+        extra = {"AS": {b: d.X[:, col] for b, d in banks.items()}}
+    job = HistJob("model", "AS" if fc.use_anomaly_score else None, fc.seed)
+    return federated_hist_train(banks, fc, [job], extra_columns=extra, tls=fc.federated_tls,
+                                timeout_s=fc.federated_timeout_s)["model"]
 
 
 def train_and_publish(cfg: FedfraudConfig, data: Path, out: Path, bank: int = 0,
@@ -92,7 +161,11 @@ def train_and_publish(cfg: FedfraudConfig, data: Path, out: Path, bank: int = 0,
             "inputs": "noised L'/T' (personalized LDP private shuffle, Algorithm 3) + the bank's own amount, MCC, "
                       "timestamp and merchant bucket; AS from the federated anomaly model",
             "epsilon_range": [cfg.privacy.epsilon_min, cfg.privacy.epsilon_max], "delta": cfg.privacy.delta,
-            "leaves_a_bank": "federated: XGBoost trees and validation score histograms; never rows",
+            "leaves_a_bank": (
+                "federated (histogram): per-feature quantile sketches (bin boundaries), per-node gradient/hessian "
+                "histograms summed by the server, training fraud/legit counts and validation score histograms; "
+                "federated-bagging: XGBoost trees and validation score histograms; never rows"
+            ),
         }
         config = {"fraud": cfg.fraud.model_dump(), "encoder": cfg.encoder.model_dump(),
                   "anomaly_model": info["anomaly_model"], "data": info["data"], "banks": sorted(banks)}

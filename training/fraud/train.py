@@ -1,4 +1,9 @@
-"""Train the fraud model three ways: each bank alone, federated (Flower on Ray), centralized (upper bound).
+"""Train the fraud model: each bank alone, federated, centralized (upper bound).
+
+Federated has two implementations: histogram federation
+(:mod:`training.fraud.federated.hist`, the default: the centralized model's
+trees without pooling rows) and Flower FedXgbBagging (:func:`train_federated`,
+kept for comparison as variant ``federated-bagging``).
 
 All three share the features (:mod:`training.fraud.features`), the XGBoost
 parameters (:func:`training.fraud.model.xgb_params`) and the threshold rule
@@ -48,6 +53,9 @@ def train_federated(
     rounds: int | None = None,
 ) -> dict[str, FraudModel]:
     """FedXgbBagging across the banks in a Flower simulation (one SuperNode per bank, Ray backend).
+
+    Variant ``federated-bagging``; the default ``federated`` is histogram federation
+    (:func:`training.fraud.federated.hist.federated_hist_train`).
 
     Returns one model per feature set (``"base"``: no AS, ``"as"``: with AS),
     each with the threshold the server chose from the banks' validation histograms.
