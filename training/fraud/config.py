@@ -69,7 +69,7 @@ class FraudConfig(BaseModel):
     eval_seeds: int = Field(5, ge=1, le=50, description="model seeds per variant")
     bootstrap_reps: int = Field(1000, ge=50, description="cardholder-bootstrap replicates for 95 % intervals")
     crossfit_anomaly_rounds: int = Field(
-        1, ge=1, description="budget of the default cross-fit anomaly adapter (rounds x 1 epoch x 64 pairs per bank)"
+        1, ge=1, description="centralized rounds of the default cross-fit anomaly adapter (anomaly section budget)"
     )
 
     # -- what `fedfraud train fraud` publishes

@@ -86,8 +86,10 @@ def stacking_study(cfg: FedfraudConfig, data: Path, registry: Path, anomaly_vers
         if anomaly_source == "crossfit":
             fit = anomaly_fit_and_score(cfg, rounds=fc.crossfit_anomaly_rounds)
             sources["AS"] = [crossfit_anomaly_scores(frames, folds, fit)]
-            as_note = (f"cross-fitted over {fc.stacking_folds} cardholder folds, default adapter "
-                       f"(today's anomaly GNN, {fc.crossfit_anomaly_rounds} round x 1 epoch x 64 pairs per bank)")
+            an = cfg.anomaly
+            as_note = (f"cross-fitted over {fc.stacking_folds} cardholder folds, default adapter (anomaly readout "
+                       f"{an.readout}, centralized, {fc.crossfit_anomaly_rounds} round(s) x {an.local_epochs} epochs x "
+                       f"{an.samples_per_epoch} transitions per bank)")
         elif anomaly_source == "registry":
             from feature_store.privacy import PrivateFeaturizer
 

@@ -151,18 +151,18 @@ def spend_ratio_fit_and_score(train_frames: dict[int, pd.DataFrame],
     return {b: spend_ratio_score(f) for b, f in score_frames.items()}
 
 
-def anomaly_fit_and_score(cfg: FedfraudConfig, rounds: int = 1, local_epochs: int = 1,
-                          samples_per_epoch: int = 64, threads: int = 1) -> FitAndScore:
-    """Default adapter on today's anomaly API: fit the GNN centrally on the train frames, score the rest.
+def anomaly_fit_and_score(cfg: FedfraudConfig, rounds: int = 1, threads: int = 1) -> FitAndScore:
+    """Default adapter: fit the anomaly model centrally on the train frames, score the others.
 
-    Deliberately cheap (``rounds`` × ``local_epochs`` × ``samples_per_epoch`` pairs per bank) and
-    isolated here: when the anomaly model is rewritten, only this function changes. Scoring replays
-    ego graphs (``AnomalyScorer.score_frame``), about 30 ms per transition on a CPU.
+    The budget is ``rounds`` centralized rounds of the configured anomaly
+    training (``local_epochs`` × ``samples_per_epoch`` transitions per bank per
+    round: 400 steps of 128 at the defaults), with validation-round selection
+    as in ``fedfraud train anomaly --centralized``. Scoring replays ego graphs
+    (``AnomalyScorer.score_frame``).
     """
     from fedfraud.config import update_section
 
-    budget = update_section(cfg, "anomaly", local_epochs=local_epochs, samples_per_epoch=samples_per_epoch)
-    budget = update_section(budget, "federated", rounds=rounds)
+    budget = update_section(cfg, "federated", rounds=rounds)
 
     def fit_and_score(train_frames: dict[int, pd.DataFrame],
                       score_frames: dict[int, pd.DataFrame]) -> dict[int, np.ndarray]:
