@@ -217,11 +217,11 @@ def _stage_train_anomaly(cfg: FedfraudConfig, args: DemoArgs, ctx: dict[str, Any
 
 
 def _stage_train_fraud(cfg: FedfraudConfig, args: DemoArgs, ctx: dict[str, Any]) -> StageResult:
-    """Federated XGBoost fraud model with the anomaly score as a feature (stacking)."""
+    """Histogram-federated XGBoost fraud model with the anomaly score as a feature; FL vs Local for the live bank."""
     from training.fraud.pipeline import train_and_publish
 
     t0 = time.perf_counter()
-    version, metrics = train_and_publish(cfg, ctx["split"].history, ctx["registry"])
+    version, metrics = train_and_publish(cfg, ctx["split"].history, ctx["registry"], bank=cfg.serving.bank_id)
     return StageResult(
         "train fraud",
         time.perf_counter() - t0,

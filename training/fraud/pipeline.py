@@ -169,6 +169,18 @@ def train_and_publish(cfg: FedfraudConfig, data: Path, out: Path, bank: int = 0,
                 "federated-bagging: XGBoost trees and validation score histograms; never rows"
             ),
         }
+        if cfg.fraud.variant != "local" and bank in banks:
+            # the bank's-eye figure: what joining the federation buys this bank on its own test cardholders
+            from training.fraud.train import train_local
+
+            own = banks[bank].of_split("test")
+            if 0 < own.label.sum() < len(own):
+                local = train_local(banks[bank], cfg.fraud.use_anomaly_score, cfg.fraud, bank)
+                for name, mdl in (("federation", model), ("local", local)):
+                    mm = classification_metrics(own.label, mdl.scores(own.X), mdl.threshold, cfg.fraud.fpr_target)
+                    metrics[f"bank{bank}_{name}_pr_auc"] = mm.pr_auc
+                    metrics[f"bank{bank}_{name}_recall_at_fpr"] = mm.recall_at_fpr
+                metrics[f"bank{bank}_test_frauds"] = int(own.label.sum())
         config = {"fraud": cfg.fraud.model_dump(), "encoder": cfg.encoder.model_dump(),
                   "anomaly_model": info["anomaly_model"], "data": info["data"], "banks": sorted(banks)}
         version = model.publish(ModelRegistry(out), config=config, metrics=metrics, privacy=privacy)
