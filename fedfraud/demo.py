@@ -193,7 +193,7 @@ def _stage_train_anomaly(cfg: FedfraudConfig, args: DemoArgs, ctx: dict[str, Any
     settings = RunSettings.from_config(cfg, ctx["split"].history, ctx["registry"])
     result = run_federated(settings)
     # label-free score against the labels of held-out test cardholders, with label-free baselines beside it
-    quality = evaluate_published(ctx["split"].history, ctx["registry"], cfg.privacy)
+    quality = evaluate_published(ctx["split"].history, ctx["registry"], cfg.privacy, labels_from=ctx["data"])
     summary: dict[str, Any] = {
         "model": result.version,
         "rounds": result.rounds,

@@ -270,13 +270,15 @@ def _auc(label: np.ndarray, score: np.ndarray) -> float:
 
 
 def evaluate_published(
-    data: Path, registry: Path, privacy_cfg: Any, resamples: int = 300, split: str = "test"
+    data: Path, registry: Path, privacy_cfg: Any, resamples: int = 300, split: str = "test",
+    labels_from: Path | None = None,
 ) -> dict[str, Any]:
     """The published anomaly model on one split's cardholders: intervals, baselines, counts, per scenario.
 
     Used by the demo report. Per-scenario ROC-AUC (each fraud scenario's
     transactions against all legitimate ones) is computed when the dataset
-    has the generator's ``labels.parquet``.
+    has the generator's ``labels.parquet`` (or ``labels_from`` has, for a
+    hold-out copy of a generated dataset).
     """
     from training.data.layout import bank_dir, list_banks
 
@@ -297,7 +299,7 @@ def evaluate_published(
         ),
         "score_ms_per_tx": ms_per_tx,
     }
-    labels = [bank_dir(Path(data), b) / "labels.parquet" for b in list_banks(Path(data))]
+    labels = [bank_dir(Path(labels_from or data), b) / "labels.parquet" for b in list_banks(Path(data))]
     if all(p.exists() for p in labels):
         scen = pd.concat([pd.read_parquet(p).assign(bank=int(p.parent.name.split("_")[1])) for p in labels])
         merged = rows.merge(scen, on=["bank", "transaction_id"], how="left")

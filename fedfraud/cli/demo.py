@@ -25,7 +25,7 @@ def register(app: typer.Typer) -> None:
         banks: Annotated[int, typer.Option(help="number of banks")] = 5,
         seed: Annotated[int, typer.Option(help="random seed")] = 7,
         holdout_days: Annotated[float, typer.Option(help="last days streamed live instead of trained on")] = 7.0,
-        rounds: Annotated[int, typer.Option(help="federated rounds of the anomaly model")] = 3,
+        rounds: Annotated[int, typer.Option(help="federated rounds of the anomaly model")] = 8,
         rate: Annotated[float, typer.Option(help="offered stream load in tx/s (0: as fast as possible)")] = 250.0,
     ) -> None:
         """Generate → ingest → hold out → private features → train anomaly (Flower) → train fraud →
