@@ -13,6 +13,7 @@ from typing import Annotated
 import typer
 
 from fedfraud.cli.common import config_of, readable_file
+from fedfraud.errors import UserError
 
 __all__ = ["bench_app", "emit", "register"]
 
@@ -91,7 +92,12 @@ def serving(
 @bench_app.command("anomaly")
 def anomaly(
     ctx: typer.Context,
-    csv: Annotated[Path, typer.Option("--csv", help="labelled Sparkov/Kaggle or TabFormer CSV (.csv or .csv.gz)")],
+    csv: Annotated[
+        Path | None, typer.Option("--csv", help="labelled Sparkov/Kaggle or TabFormer CSV (.csv or .csv.gz)")
+    ] = None,
+    data: Annotated[
+        Path | None, typer.Option("--data", help="or: a generated/ingested dataset dir (per-scenario table)")
+    ] = None,
     work: Annotated[Path, typer.Option("--work", help="data, registries and caches go here")] = Path(
         "out/bench-detection"
     ),
@@ -103,11 +109,14 @@ def anomaly(
     """Label-free anomaly score vs label-free baselines on third-party data, split by cardholder, with 95% CIs."""
     from fedfraud.bench.detection import run_detection_bench
 
-    readable_file(csv)
+    if (csv is None) == (data is None):
+        raise UserError("give exactly one of --csv FILE or --data DIR")
+    if csv is not None:
+        readable_file(csv)
     config_of(ctx)
     overrides = {"rounds": rounds} if rounds else {}
     modes = ("federated",) if federated_only else ("federated", "centralized")
-    result = run_detection_bench(csv, work, overrides=overrides, modes=modes, resamples=resamples)
+    result = run_detection_bench(csv, work, overrides=overrides, modes=modes, resamples=resamples, data=data)
     emit(result.to_markdown(), out)
 
 
