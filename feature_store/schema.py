@@ -13,7 +13,8 @@ multi-GB CSV ingest (in chunks) and a Kafka micro-batch (a few hundred rows).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -25,6 +26,7 @@ import pyarrow as pa
 
 __all__ = [
     "CANONICAL_COLUMNS",
+    "MAX_AMOUNT",
     "MAX_TEXT_LEN",
     "REQUIRED_COLUMNS",
     "TEXT_COLUMNS",
@@ -40,6 +42,14 @@ __all__ = [
 #: Longest accepted value of any text field. Real ids are far shorter; a longer
 #: value is a corrupt row or an attack on downstream stores.
 MAX_TEXT_LEN = 256
+
+#: Largest accepted amount. Far above any card authorisation, far below where
+#: float arithmetic (rounding to cents, sums of spend) overflows to inf.
+MAX_AMOUNT = 1e9
+
+#: Accepted timestamps on every path (ingest and stream): POSIX 1970 .. 2100.
+#: The stream can narrow this relative to the wall clock (``Validator(max_future_s=...)``).
+MIN_EPOCH_S, MAX_EPOCH_S = 0, 4102444800
 
 TEXT_COLUMNS: tuple[str, ...] = ("transaction_id", "cardholder_id", "merchant_id", "mcc")
 REQUIRED_COLUMNS: tuple[str, ...] = (
@@ -84,7 +94,11 @@ class RejectReason(StrEnum):
     TEXT_TOO_LONG = "text_too_long"
     INVALID_UTF8 = "invalid_utf8"
     BAD_LABEL = "bad_label"
+    BAD_TYPE = "bad_type"  # a JSON boolean, object or array where a number or a string belongs
     MALFORMED = "malformed"  # not a record at all (e.g. undecodable Kafka message)
+    OVERSIZED = "oversized"  # a message larger than the configured cap, not parsed
+    CONFLICTING_DUPLICATE = "conflicting_duplicate"  # a transaction_id reused with different content
+    PROCESSING_ERROR = "processing_error"  # scoring raised for this record alone, after bounded retries
 
 
 @dataclass(frozen=True, slots=True)
@@ -234,7 +248,7 @@ def _parse_timestamp(series: pd.Series) -> pd.Series:
     result = pd.Series(pd.NaT, index=series.index, dtype="datetime64[us, UTC]")
     if is_num.any():
         secs = numeric[is_num]
-        ok = secs.between(0, 4102444800)  # 1970 .. 2100
+        ok = secs.between(MIN_EPOCH_S, MAX_EPOCH_S)
         result.loc[secs[ok].index] = pd.to_datetime(secs[ok], unit="s", utc=True)
     rest = ~is_num & series.notna()
     if rest.any():
@@ -266,10 +280,23 @@ class Validator:
         dedupe: reject a transaction_id already seen by this validator (in this
             frame or an earlier one). Batch ingest wants this; a stream consumer
             handles redelivery idempotently downstream and may turn it off.
+        max_future_s: reject timestamps more than this far ahead of ``clock()``
+            (a live stream; None for historical files).
+        max_age_days: reject timestamps more than this many days before ``clock()``.
+        clock: wall-clock seconds (injectable for tests).
     """
 
-    def __init__(self, dedupe: bool = True) -> None:
+    def __init__(
+        self,
+        dedupe: bool = True,
+        max_future_s: float | None = None,
+        max_age_days: float | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.dedupe = dedupe
+        self.max_future_s = max_future_s
+        self.max_age_days = max_age_days
+        self.clock = clock
         self._seen: set[str] = set()
 
     def validate(self, frame: pd.DataFrame, row_offset: int = 0) -> ValidationResult:
@@ -297,12 +324,23 @@ class Validator:
                 continue
             flag(_has_bad_utf8(frame[col]), RejectReason.INVALID_UTF8, col)
             text[col] = _as_text(frame[col])
-            too_long = text[col].str.len().fillna(0) > MAX_TEXT_LEN
+            too_long = text[col].str.len().astype("float64") > MAX_TEXT_LEN  # None → NaN → False
             flag(too_long, RejectReason.TEXT_TOO_LONG, f"{col} longer than {MAX_TEXT_LEN}")
 
         ts = _parse_timestamp(frame["timestamp"]) if "timestamp" in frame else None
         if ts is not None:
             flag(ts.isna(), RejectReason.BAD_TIMESTAMP, "unparseable timestamp")
+            secs = (ts - pd.Timestamp(0, tz="UTC")) / pd.Timedelta(seconds=1)  # NaT → NaN
+            flag(ts.notna() & ~secs.between(MIN_EPOCH_S, MAX_EPOCH_S), RejectReason.BAD_TIMESTAMP,
+                 "timestamp outside 1970..2100")
+            if self.max_future_s is not None or self.max_age_days is not None:
+                now = self.clock()
+                if self.max_future_s is not None:
+                    flag(ts.notna() & (secs > now + self.max_future_s), RejectReason.BAD_TIMESTAMP,
+                         f"timestamp more than {self.max_future_s:g} s in the future")
+                if self.max_age_days is not None:
+                    flag(ts.notna() & (secs < now - self.max_age_days * 86400), RejectReason.BAD_TIMESTAMP,
+                         f"timestamp more than {self.max_age_days:g} days old")
 
         def numeric(col: str) -> pd.Series:
             if col not in frame:
@@ -313,6 +351,7 @@ class Validator:
         flag(amount.isna(), RejectReason.BAD_AMOUNT, "amount is not a number")
         flag(~np.isfinite(amount), RejectReason.BAD_AMOUNT, "amount is not finite")
         flag(amount < 0, RejectReason.BAD_AMOUNT, "amount is negative")
+        flag(amount > MAX_AMOUNT, RejectReason.BAD_AMOUNT, f"amount above {MAX_AMOUNT:.0e}")
         flag(~lat.between(-90.0, 90.0), RejectReason.LAT_OUT_OF_RANGE, "lat must be in [-90, 90]")
         flag(~lon.between(-180.0, 180.0), RejectReason.LON_OUT_OF_RANGE, "lon must be in [-180, 180]")
 
@@ -368,9 +407,75 @@ class Validator:
         return ValidationResult(accepted=accepted, rejects=rejects)
 
     def validate_records(self, records: Sequence[Mapping[str, Any]], row_offset: int = 0) -> ValidationResult:
-        """Validate dict records (e.g. decoded Kafka messages) with the same rules as frames."""
-        frame = pd.DataFrame.from_records(list(records), columns=list(CANONICAL_COLUMNS))
-        return self.validate(frame, row_offset=row_offset)
+        """Validate dict records (e.g. decoded JSON messages) with the same rules as frames.
+
+        JSON types are judged first, per record: a boolean, object or array
+        where a number or a string belongs is ``bad_type`` (pandas would turn
+        ``true`` into 1.0 and ``{"a": 1}`` into a string), and a number that is
+        not finite is ``bad_amount``/``lat_out_of_range``/... before any
+        arithmetic can overflow on it.
+        """
+        typed: list[Mapping[str, Any]] = []
+        kept: list[int] = []
+        early: list[tuple[int, str, str]] = []
+        for i, record in enumerate(records):
+            problem = _json_type_problem(record)
+            if problem is None:
+                typed.append(record)
+                kept.append(i)
+            else:
+                early.append((i + row_offset, problem[0].value, problem[1]))
+        frame = pd.DataFrame.from_records(
+            [{c: r.get(c) for c in CANONICAL_COLUMNS} for r in typed], columns=list(CANONICAL_COLUMNS)
+        )
+        result = self.validate(frame, row_offset=0)
+        if not early:
+            if row_offset:
+                rejects = result.rejects.assign(row=result.rejects["row"] + row_offset)
+                return ValidationResult(accepted=result.accepted, rejects=rejects)
+            return result
+        index = np.asarray(kept, dtype=np.int64) + row_offset
+        late = result.rejects.assign(row=index[result.rejects["row"].to_numpy(dtype=np.int64)])
+        first = pd.DataFrame(early, columns=["row", "reason", "detail"]).astype({"row": "int64"})
+        rejects = pd.concat([first, late], ignore_index=True).sort_values("row", kind="stable").reset_index(drop=True)
+        return ValidationResult(accepted=result.accepted, rejects=rejects)
+
+
+_NUMERIC_FIELDS: dict[str, RejectReason] = {
+    "amount": RejectReason.BAD_AMOUNT,
+    "lat": RejectReason.LAT_OUT_OF_RANGE,
+    "lon": RejectReason.LON_OUT_OF_RANGE,
+}
+
+
+def _json_type_problem(record: Any) -> tuple[RejectReason, str] | None:
+    """Why a decoded JSON record cannot be a transaction by its types alone, else None."""
+    if not isinstance(record, Mapping):
+        return RejectReason.MALFORMED, f"{type(record).__name__}, expected an object"
+    for col in (*TEXT_COLUMNS, "timestamp", "geo_source"):
+        value = record.get(col)
+        if isinstance(value, (bool, dict, list)):
+            return RejectReason.BAD_TYPE, f"{col} is a JSON {_json_name(value)}"
+        if isinstance(value, float) and not math.isfinite(value):
+            return RejectReason.BAD_TYPE, f"{col} is a non-finite number"
+        if isinstance(value, int) and abs(value) >= 10**20:
+            return RejectReason.BAD_TYPE, f"{col} is an integer of {len(str(abs(value)))} digits"
+    for col, reason in _NUMERIC_FIELDS.items():
+        value = record.get(col)
+        if isinstance(value, (bool, dict, list)):
+            return RejectReason.BAD_TYPE, f"{col} is a JSON {_json_name(value)}"
+        if isinstance(value, int) and abs(value) > 10**15:
+            return reason, f"{col} out of range ({len(str(abs(value)))}-digit integer)"
+        if isinstance(value, float) and not math.isfinite(value):
+            return reason, f"{col} is not finite"
+    label = record.get("is_fraud")
+    if isinstance(label, (dict, list)):
+        return RejectReason.BAD_TYPE, f"is_fraud is a JSON {_json_name(label)}"
+    return None
+
+
+def _json_name(value: Any) -> str:
+    return {bool: "boolean", dict: "object", list: "array"}.get(type(value), type(value).__name__)
 
 
 def frame_to_transactions(frame: pd.DataFrame) -> list[Transaction]:

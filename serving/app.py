@@ -25,18 +25,19 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from fastapi import Body, FastAPI, HTTPException, Response
+from fastapi import Depends, FastAPI, HTTPException, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 from ray import serve
 from ray.serve import Application
 from ray.serve.handle import DeploymentHandle
 
-from serving.kafka import DecodedBatch, decode_messages, dlq_value, json_bytes, now_us
+from serving.kafka import DecodedBatch, decode_messages, dlq_headers, dlq_value, json_bytes, now_us
 from serving.metrics import CONTENT_TYPE, PipelineMetrics, StageClock
+from serving.poison import Outage
 
 __all__ = ["AnomalyScorer", "FraudDecider", "Gateway", "ScoringArgs", "build_app"]
 
@@ -255,6 +256,12 @@ class AnomalyScorer:
     def model_tag(self) -> str:
         return self.stage.model.tag
 
+    def ready(self) -> bool:
+        """One read of both state stores (Feast online store, scores KV); raises when either is unreachable."""
+        self.stage.client.read_states(["__readyz__"])
+        self.stage.kv.get_many("scores", ["__readyz__"])
+        return True
+
     def profile(self, reset: bool = False) -> dict[str, dict[str, float]]:
         """CPU/wall seconds per section of this replica's stage (:class:`serving.pipeline.StageClock`)."""
         return self.stage.clock.snapshot(reset)
@@ -320,10 +327,16 @@ class _InFlight:
     offsets: dict[Any, int]
     decoded: DecodedBatch
     started: float
+    dlq: list[Any] = field(default_factory=list)  # send futures of the decode stage's dead letters
     anomaly: Any = None  # scorer response, submitted, not yet taken
     submitted: float = 0.0
     scored: Any = None
     response: Any = None  # fraud response
+    failed: bool = False  # a stage ran out of attempts: bisect at finish
+
+
+class _StageFailed(RuntimeError):
+    """A stage call failed ``stage_max_attempts`` times in a row."""
 
 
 @dataclass(frozen=True)
@@ -342,24 +355,60 @@ class _HttpMessage:
 api = FastAPI(title="fedfraud scoring")
 
 
+#: Bodies longer than this are refused before they are read, whatever the config says (the config's
+#: ``http_max_body_bytes``, checked in the endpoint, may only be smaller).
+_HARD_BODY_CAP = 64 << 20
+
+
+async def _capped_body(request: Request) -> bytes:
+    """The raw body, read in chunks and refused with 413 as soon as it passes the hard cap."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > _HARD_BODY_CAP:
+        raise HTTPException(413, f"body over {_HARD_BODY_CAP} bytes")
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > _HARD_BODY_CAP:
+            raise HTTPException(413, f"body over {_HARD_BODY_CAP} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _json(body: dict[str, Any], status_code: int = 200) -> Response:
+    """A JSON response through :func:`serving.kafka.json_bytes` (numpy scalars, NaN as null), like the topics."""
+    return Response(json_bytes(body), status_code=status_code, media_type="application/json")
+
+
 @serve.deployment(ray_actor_options={"num_cpus": 0.25}, health_check_period_s=5)
 @serve.ingress(api)
 class Gateway:
     """Kafka consumer loop + HTTP endpoints; owns the delivery counters."""
 
     def __init__(self, scorer: DeploymentHandle, fraud: DeploymentHandle, args: dict[str, Any]) -> None:
+        from feature_store.schema import Validator
+
         self.args = ScoringArgs.model_validate(args)
         cfg = _config(self.args)
         self.serving = cfg.serving
+        self.guards = cfg.serving.guards
         self.scorer = scorer
         self.fraud = fraud
         self.metrics = PipelineMetrics()
         self.clock = StageClock()
         self.max_poll_records = self.serving.consumer.max_poll_records
         self.depth = self.args.pipeline_depth
+        g = self.guards
+        self.validator = Validator(dedupe=False, max_future_s=g.max_future_s, max_age_days=g.max_age_days)
         self._stop = threading.Event()
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
+        self._retrying_since: float | None = None  # monotonic start of the current run of failed tries
+        self._progress = time.monotonic()  # last commit (or start)
+        self._lag = 0
+        self._inflight = 0  # consumed, not yet committed
+        self._broker_error: str | None = None
+        self._producer: Any = None
         _tune_gc(self.serving.gc_threshold)
         if self.args.consume:
             self._thread = threading.Thread(target=self._run, name="fedfraud-consumer", daemon=True)
@@ -370,9 +419,27 @@ class Gateway:
         self.max_poll_records = int(user_config.get("max_poll_records", self.max_poll_records))
         self.depth = int(user_config.get("pipeline_depth", self.depth))
 
+    def problems(self) -> list[str]:
+        """Why this replica is not healthy right now (empty: healthy); the one source of /healthz and Serve."""
+        out: list[str] = []
+        if self._thread is None:
+            return out
+        now = time.monotonic()
+        if self._error is not None or not self._thread.is_alive():
+            out.append(f"consumer loop not running: {self._error!r}")
+        if self._retrying_since is not None and now - self._retrying_since > self.guards.retry_budget_s:
+            out.append(f"a micro-batch has been retrying for {now - self._retrying_since:.0f}s")
+        if (self._lag > 0 or self._inflight > 0) and now - self._progress > self.guards.stall_s:
+            idle = now - self._progress
+            out.append(f"stalled: lag {self._lag}, {self._inflight} in flight, no commit for {idle:.0f}s")
+        if self._broker_error is not None:
+            out.append(f"broker unreachable: {self._broker_error}")
+        return out
+
     def check_health(self) -> None:
-        if self._error is not None:
-            raise RuntimeError(f"consumer loop failed: {self._error!r}")
+        problems = self.problems()
+        if problems:
+            raise RuntimeError("; ".join(problems))
 
     def __del__(self) -> None:
         self._stop.set()
@@ -388,37 +455,50 @@ class Gateway:
             self._error = exc
 
     def _retry(self, submit: Callable[[], Any], stage: str) -> Any:
-        """Run a stage call until it succeeds; idempotent stages make a retry after a crash safe."""
-        delay = 0.2
-        while True:
+        """Run a stage call up to ``stage_max_attempts`` times with backoff; :class:`_StageFailed` after.
+
+        Idempotent stages make a retry after a crash safe. The attempts are
+        bounded so a poison record cannot hold the partition forever: the
+        caller then bisects the batch (:meth:`_bisect`).
+        """
+        delay = self.guards.retry_backoff_s
+        for attempt in range(1, self.guards.stage_max_attempts + 1):
             try:
-                response = submit()
-                deadline = time.monotonic() + self.serving.stage_timeout_s
-                while True:  # wait in slices so a shutdown is not held up by a dead stage
-                    try:
-                        return response.result(timeout_s=1.0)
-                    except TimeoutError:
-                        if self._stop.is_set() or time.monotonic() > deadline:
-                            raise
+                result = self._wait(submit())
+                self._retrying_since = None
+                return result
             except Exception as exc:
                 if self._stop.is_set():
                     raise
+                if self._retrying_since is None:
+                    self._retrying_since = time.monotonic()
                 self.metrics.retries.labels(stage=stage).inc()
-                log.warning("stage=%s failed (%s); retrying the same micro-batch in %.1fs", stage,
-                            exc.__class__.__name__, delay)
+                log.warning("stage=%s attempt %d/%d failed (%s: %s)", stage, attempt, self.guards.stage_max_attempts,
+                            exc.__class__.__name__, str(exc)[:200])
+                if attempt == self.guards.stage_max_attempts:
+                    raise _StageFailed(stage) from exc
                 time.sleep(delay)
                 delay = min(delay * 2, 2.0)
+        raise AssertionError("unreachable")
+
+    def _wait(self, response: Any) -> Any:
+        """A handle response's result, in slices so a shutdown is not held up by a dead stage."""
+        deadline = time.monotonic() + self.serving.stage_timeout_s
+        while True:
+            try:
+                return response.result(timeout_s=1.0)
+            except TimeoutError:
+                if self._stop.is_set() or time.monotonic() > deadline:
+                    raise
 
     def _consume(self) -> None:
         from kafka import TopicPartition
 
-        from feature_store.schema import Validator
         from serving.kafka import make_consumer, make_producer
 
         s = self.serving
         consumer = make_consumer(self.args.bootstrap_servers, s.consumer, s.topics.transactions)
-        producer = make_producer(self.args.bootstrap_servers, s.producer, client_id="fedfraud-dlq")
-        validator = Validator(dedupe=False)  # redelivery is handled idempotently downstream
+        producer = self._producer = make_producer(self.args.bootstrap_servers, s.producer, client_id="fedfraud-dlq")
         scoring: _InFlight | None = None  # anomaly call in flight (overlaps decoding the next batch)
         prev: _InFlight | None = None  # fraud call in flight (overlaps scoring the next batch)
         last_lag = 0.0
@@ -430,18 +510,21 @@ class Gateway:
                 with self.clock.section("gateway.poll"):
                     polled = consumer.poll(timeout_ms=5 if busy else 100, max_records=self.max_poll_records)
                 msgs = [m for part in polled.values() for m in part]
+                if time.monotonic() - last_lag > 1.0:
+                    self._update_lag(consumer)
+                    last_lag = time.monotonic()
                 if not msgs:
                     if scoring is not None:
                         prev, scoring = self._advance(consumer, producer, scoring, prev), None
                     elif prev is not None:
                         self._finish(consumer, producer, prev)
                         prev = None
-                    if time.monotonic() - last_lag > 1.0:
-                        self._update_lag(consumer)
-                        last_lag = time.monotonic()
+                    else:
+                        self._progress = time.monotonic()  # idle with nothing in flight is not a stall
                     continue
                 t0 = time.perf_counter()
                 self.metrics.consumed.inc(len(msgs))
+                self._inflight += len(msgs)
                 self.metrics.inflight.inc(len(msgs))
                 self.metrics.batch_size.observe(len(msgs))
                 offsets: dict[Any, int] = {}
@@ -449,14 +532,12 @@ class Gateway:
                     for m in msgs:
                         tp = TopicPartition(m.topic, m.partition)
                         offsets[tp] = max(offsets.get(tp, -1), m.offset + 1)
-                    decoded = decode_messages(msgs, validator)
-                    for dead in decoded.dead:
-                        headers = [("reason", dead.reason.encode()), ("detail", dead.detail.encode()[:256])]
-                        producer.send(s.topics.dlq, key=dead.key, value=dlq_value(dead), headers=headers)
+                    decoded = decode_messages(msgs, self.validator, self.guards.max_message_bytes)
+                    dlq = [self._dead_letter(producer, dead) for dead in decoded.dead]
                 self.metrics.stage.labels(stage="decode").observe(time.perf_counter() - t0)
                 if scoring is not None:  # batch k+1 is scored only after batch k: per-cardholder order
                     prev, scoring = self._advance(consumer, producer, scoring, prev), None
-                current = self._submit_anomaly(_InFlight(offsets, decoded, t0))
+                current = self._submit_anomaly(_InFlight(offsets, decoded, t0, dlq))
                 if self.depth == 0:
                     self._finish(consumer, producer, self._advance(consumer, producer, current, prev))
                     prev = None
@@ -467,10 +548,17 @@ class Gateway:
             if prev is not None:
                 self._finish(consumer, producer, prev)
         finally:
-            producer.flush()
-            producer.close()
-            consumer.close()
-            log.info("consumer stopped")
+            try:
+                producer.flush(timeout=5)
+            finally:
+                producer.close(timeout=5)
+                consumer.close()
+                log.info("consumer stopped")
+
+    def _dead_letter(self, producer: Any, dead: Any) -> Any:
+        """Send one dead letter (payload capped); returns the send future, checked before the commit."""
+        value = dlq_value(dead, self.guards.dlq_payload_bytes)
+        return producer.send(self.serving.topics.dlq, key=dead.key, value=value, headers=dlq_headers(dead))
 
     def _submit_anomaly(self, item: _InFlight) -> _InFlight:
         """Start the anomaly call of ``item`` (none for a batch of only dead letters)."""
@@ -483,54 +571,135 @@ class Gateway:
         """Take ``item``'s anomaly scores (retrying a failed call), finish ``prev``, start ``item``'s fraud call."""
         if item.anomaly is not None:
             first, d = [item.anomaly], item.decoded
-            item.scored = self._retry(
-                lambda: first.pop() if first else self.scorer.score.remote(d.frame, d.produced_us, "kafka"), "anomaly"
-            )
-            self.metrics.stage.labels(stage="anomaly").observe(time.perf_counter() - item.submitted)
-            self.metrics.set_model("anomaly", item.scored.anomaly_model)
+            try:
+                item.scored = self._retry(
+                    lambda: first.pop() if first else self.scorer.score.remote(d.frame, d.produced_us, "kafka"),
+                    "anomaly",
+                )
+                item.scored.content = d.content
+                self.metrics.stage.labels(stage="anomaly").observe(time.perf_counter() - item.submitted)
+                self.metrics.set_model("anomaly", item.scored.anomaly_model)
+            except _StageFailed:
+                item.failed = True
         if prev is not None:
             self._finish(consumer, producer, prev)
         item.response = self.fraud.decide.remote(item.scored) if item.scored is not None else None
         return item
 
     def _finish(self, consumer: Any, producer: Any, item: _InFlight) -> None:
-        """Wait for the decisions, flush dead letters, then commit: the at-least-once point."""
-        from kafka.errors import CommitFailedError
+        """Wait for the decisions, send copies and dead letters, confirm every send, then commit.
+
+        The commit is the at-least-once point: it happens only after the
+        broker acknowledged every decision, copy and dead letter of the batch.
+        """
+        from kafka.errors import KafkaError
         from kafka.structs import OffsetAndMetadata
 
+        from serving.kafka import confirm_sent
+
         records: list[dict[str, Any]] = []
-        if item.scored is not None:
+        d = item.decoded
+        if item.scored is not None and not item.failed:
             t2 = time.perf_counter()
             first = [item.response]
-
-            def submit() -> Any:
-                resp = first.pop() if first else self.fraud.decide.remote(item.scored)
-                return resp
-
-            records = self._retry(submit, "fraud")
+            try:
+                records = self._retry(lambda: first.pop() if first else self.fraud.decide.remote(item.scored), "fraud")
+            except _StageFailed:
+                item.failed = True
             self.metrics.stage.labels(stage="fraud").observe(time.perf_counter() - t2)
+        delay = self.guards.retry_backoff_s
+        while item.failed:
+            try:
+                records = self._bisect(d)
+                break
+            except Outage as exc:  # nothing is dead-lettered in an outage; health turns red after the budget
+                if self._stop.is_set():
+                    raise
+                log.warning("outage while scoring (%s); retrying in %.1fs", exc, delay)
+                time.sleep(delay)
+                delay = min(delay * 2, 5.0)
+        futures = list(item.dlq)
+        dead_reasons = [dead.reason for dead in d.dead]
         with self.clock.section("gateway.commit"):
-            if item.decoded.dead:
-                producer.flush()
+            futures += self._rejects_and_copies(producer, d, records, dead_reasons)
+            if futures:
+                confirm_sent(producer, futures)  # DeliveryError: the loop stops uncommitted; Serve restarts it
             try:
                 consumer.commit({tp: OffsetAndMetadata(off, "", -1) for tp, off in item.offsets.items()})
-            except CommitFailedError as exc:  # lost the partitions in a rebalance: the new owner redelivers
-                log.warning("commit failed after rebalance (%s); messages will be redelivered", exc)
-        self._account(records, item.decoded)
+            except KafkaError as exc:  # lost the partitions in a rebalance: the new owner redelivers
+                log.warning("commit failed (%s); the batch will be redelivered and re-emitted as redelivered", exc)
+        self._progress = time.monotonic()
+        self._account(records, d, dead_reasons)
 
-    def _account(self, records: list[dict[str, Any]], decoded: DecodedBatch) -> None:
+    def _rejects_and_copies(self, producer: Any, d: DecodedBatch, records: list[dict[str, Any]],
+                            dead_reasons: list[str]) -> list[Any]:
+        """Dead-letter rows the stages rejected, emit in-batch copies; return the send futures."""
+        from serving.kafka import DeadLetter
+
+        futures: list[Any] = []
+
+        def dead_letter(msg: Any, reason: str, detail: str) -> None:
+            dead = DeadLetter(msg.key, msg.value, reason, detail, msg.topic, msg.partition, msg.offset)
+            futures.append(self._dead_letter(producer, dead))
+            dead_reasons.append(reason)
+
+        for i, r in enumerate(records):
+            if r["decision"] == "rejected":
+                dead_letter(d.sources[i], r["reject_reason"], r.get("detail", "rejected by the scoring stages"))
+        for msg, row in d.copies:
+            r = records[row]
+            if r["decision"] == "rejected":
+                dead_letter(msg, r["reject_reason"], "copy of a rejected transaction in the same batch")
+            else:
+                copy = {**r, "redelivered": True}
+                futures.append(producer.send(self.serving.topics.decisions, key=r["cardholder"].encode(),
+                                             value=json_bytes(copy)))
+                records.append(copy)
+        return futures
+
+    def _bisect(self, d: DecodedBatch) -> list[dict[str, Any]]:
+        """Score ``d`` in halves, serially, until the records that fail alone are found (:mod:`serving.poison`).
+
+        Returns one record per frame row, in frame order: a decision, or a
+        ``rejected`` record with reason ``processing_error`` for a row that
+        failed on its own. Raises :class:`serving.poison.Outage` when no record
+        is to blame, so nothing is dead-lettered in an outage.
+        """
+        from serving.poison import isolate_failures
+
+        if not len(d.frame):
+            return []
+        out: dict[int, dict[str, Any]] = {}
+
+        def run(rows: list[int]) -> None:
+            piece = d.frame.iloc[rows].reset_index(drop=True)
+            scored = self._wait(self.scorer.score.remote(piece, d.produced_us[rows], "kafka"))
+            scored.content = [d.content[i] for i in rows] if d.content else []
+            out.update(zip(rows, self._wait(self.fraud.decide.remote(scored)), strict=True))
+
+        log.warning("bisecting a micro-batch of %d rows to find the records that fail", len(d.frame))
+        errors = isolate_failures(range(len(d.frame)), run)
+        for i, why in errors.items():
+            out[i] = {"transaction_id": str(d.frame["transaction_id"].iloc[i]), "decision": "rejected",
+                      "reject_reason": "processing_error", "detail": why}
+        self._retrying_since = None
+        return [out[i] for i in range(len(d.frame))]
+
+    def _account(self, records: list[dict[str, Any]], decoded: DecodedBatch, dead_reasons: list[str]) -> None:
         m = self.metrics
-        for dead in decoded.dead:
-            m.dead.labels(reason=dead.reason).inc()
-        m.decided.inc(len(records))
+        for reason in dead_reasons:
+            m.dead.labels(reason=reason).inc()
+        decided = [r for r in records if r["decision"] != "rejected"]
+        m.decided.inc(len(decided))
         m.inflight.dec(decoded.n_input)
+        self._inflight -= decoded.n_input
         redelivered = 0
-        for r in records:
+        for r in decided:
             m.e2e.observe(max(r["decided_us"] - r["produced_us"], 0) / 1e6)
             redelivered += bool(r.get("redelivered"))
         m.redelivered.inc(redelivered)
-        if records:
-            m.set_model("fraud", records[-1]["models"]["fraud"])
+        if decided:
+            m.set_model("fraud", decided[-1]["models"]["fraud"])
 
     def _update_lag(self, consumer: Any) -> None:
         try:
@@ -538,41 +707,86 @@ class Gateway:
             if not parts:
                 return
             ends = consumer.end_offsets(list(parts))
-            self.metrics.lag.set(sum(max(ends[tp] - consumer.position(tp), 0) for tp in parts))
-        except Exception:  # lag is best-effort observability
-            log.debug("lag update failed", exc_info=True)
+            self._lag = sum(max(ends[tp] - consumer.position(tp), 0) for tp in parts)
+            self.metrics.lag.set(self._lag)
+            self._broker_error = None
+        except Exception as exc:  # the broker did not answer: health says so
+            self._broker_error = f"{exc.__class__.__name__}: {str(exc)[:200]}"
+            log.warning("broker unreachable: %s", self._broker_error)
 
     # ------------------------------------------------------------------ HTTP
     @api.post("/score")
-    async def score(self, payload: Any = Body(...)) -> dict[str, Any]:
-        """One transaction (JSON object) or a batch (JSON array) → decision records, synchronously."""
-        items = payload if isinstance(payload, list) else [payload]
+    async def score(self, body: bytes = Depends(_capped_body)) -> Response:
+        """One transaction (JSON object) or a batch (JSON array) → decision records, synchronously.
+
+        Bad input never yields a 500: a body over ``http_max_body_bytes`` or a
+        batch over ``http_max_batch`` is 413; a body that is not JSON (or uses
+        NaN/Infinity) is 422; a single transaction that fails validation is 422
+        with its reason; in a batch, rejected items are listed with their index
+        and reason next to the decisions of the others.
+        """
+        from serving.kafka import parse_json
+
+        g = self.guards
+        if len(body) > g.http_max_body_bytes:
+            raise HTTPException(413, f"body over {g.http_max_body_bytes} bytes")
+        try:
+            payload = parse_json(body)
+        except Exception as exc:  # noqa: BLE001 - any parse failure is the client's
+            raise HTTPException(422, f"body is not JSON: {exc.__class__.__name__}") from None
+        single = not isinstance(payload, list)
+        items = [payload] if single else payload
         if not items:
             raise HTTPException(422, "empty batch")
+        if len(items) > g.http_max_batch:
+            raise HTTPException(413, f"batch of {len(items)} transactions, at most {g.http_max_batch}")
         stamp = str(now_us()).encode()
         msgs = [
             _HttpMessage(value=json_bytes(item) if isinstance(item, dict) else b"<not an object>", offset=i,
                          headers=(("produced-us", stamp),))
             for i, item in enumerate(items)
         ]
-        from feature_store.schema import Validator
-
-        decoded = decode_messages(msgs, Validator(dedupe=False))
+        decoded = decode_messages(msgs, self.validator, g.http_max_body_bytes)
+        rejected = [{"index": d.offset, "reason": d.reason, "detail": d.detail} for d in decoded.dead]
         records: list[dict[str, Any]] = []
         if len(decoded.frame):
             scored = await self.scorer.score.remote(decoded.frame, decoded.produced_us, "http")
-            records = await self.fraud.decide.remote(scored)
+            scored.content = decoded.content
+            out = await self.fraud.decide.remote(scored)
+            for i, r in enumerate(out):
+                if r["decision"] == "rejected":
+                    rejected.append({"index": decoded.sources[i].offset, "reason": r["reject_reason"],
+                                     "detail": "transaction_id reused with different content"})
+                else:
+                    records.append(r)
+            by_row = dict(enumerate(out))
+            for _msg, row in decoded.copies:
+                if by_row[row]["decision"] != "rejected":
+                    records.append({**by_row[row], "redelivered": True})
             self.metrics.http_scored.inc(len(records))
-        rejected = [{"index": d.offset, "reason": d.reason, "detail": d.detail} for d in decoded.dead]
-        return {"decisions": records, "rejected": rejected}
+        if single and rejected:
+            raise HTTPException(422, rejected[0])
+        return _json({"decisions": records, "rejected": sorted(rejected, key=lambda r: r["index"])})
 
     @api.get("/healthz")
-    async def healthz(self) -> dict[str, Any]:
-        """Liveness plus the delivery counters and model versions."""
-        alive = self._thread is None or (self._thread.is_alive() and self._error is None)
-        if not alive:
-            raise HTTPException(503, f"consumer loop not running: {self._error!r}")
-        return {"status": "ok", "consuming": self._thread is not None, **self.metrics.snapshot()}
+    async def healthz(self) -> Response:
+        """Liveness: 503 when the consumer loop died, stalled, retries past its budget or lost the broker."""
+        problems = self.problems()
+        body = {"status": "unhealthy" if problems else "ok", "problems": problems,
+                "consuming": self._thread is not None, **self.metrics.snapshot()}
+        return _json(body, 503 if problems else 200)
+
+    @api.get("/readyz")
+    async def readyz(self) -> Response:
+        """Readiness: liveness plus a round trip to the state stores (Feast online store and the decision KV)."""
+        problems = self.problems()
+        try:
+            await asyncio.wait_for(self.scorer.ready.remote(), timeout=5.0)
+        except Exception as exc:  # noqa: BLE001 - any failure means not ready
+            problems.append(f"state store unreachable: {exc.__class__.__name__}: {str(exc)[:200]}")
+        if self._thread is not None and self._producer is None:
+            problems.append("consumer not connected to the broker yet")
+        return _json({"status": "not ready" if problems else "ready", "problems": problems}, 503 if problems else 200)
 
     @api.get("/metrics")
     async def metrics_text(self) -> Response:

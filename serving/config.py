@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-__all__ = ["ConsumerSettings", "ProducerSettings", "ServingConfig", "TopicNames"]
+__all__ = ["ConsumerSettings", "GuardSettings", "ProducerSettings", "ServingConfig", "TopicNames"]
 
 
 class _Section(BaseModel):
@@ -70,6 +70,25 @@ class ProducerSettings(_Section):
     compression_type: str | None = Field(None, description="none on loopback; lz4/zstd on a real network")
 
 
+class GuardSettings(_Section):
+    """Limits that keep one bad message or one bad minute from stopping the stream (issue 14)."""
+
+    max_message_bytes: int = Field(1 << 20, ge=1024, description="larger Kafka values are dead-lettered unparsed")
+    dlq_payload_bytes: int = Field(
+        64 << 10, ge=0, description="original bytes kept in a DLQ record; the rest is cut (raw_bytes keeps the size)"
+    )
+    max_future_s: float | None = Field(86_400.0, ge=0, description="reject timestamps this far ahead of now")
+    max_age_days: float | None = Field(
+        None, ge=0, description="reject timestamps older than this; None for replays of historical data"
+    )
+    stage_max_attempts: int = Field(3, ge=1, description="tries of one micro-batch before it is bisected")
+    retry_backoff_s: float = Field(0.2, ge=0, description="first wait between tries; doubles up to 2 s")
+    retry_budget_s: float = Field(30.0, gt=0, description="health turns red when a batch has retried this long")
+    stall_s: float = Field(30.0, gt=0, description="health turns red after this long with lag and no commit")
+    http_max_body_bytes: int = Field(1 << 20, ge=1024, description="POST bodies larger than this get 413")
+    http_max_batch: int = Field(1000, ge=1, description="most transactions in one POST /score")
+
+
 class ServingConfig(_Section):
     """Streaming scoring: Kafka, micro-batching, Ray Serve and hot-swap knobs."""
 
@@ -77,6 +96,7 @@ class ServingConfig(_Section):
         None, description="Kafka bootstrap servers; None starts the embedded Tansu broker"
     )
     topics: TopicNames = Field(default_factory=TopicNames)
+    guards: GuardSettings = Field(default_factory=GuardSettings)
     partitions: int = Field(4, ge=1, description="partitions of the topics the embedded broker creates")
     consumer: ConsumerSettings = Field(default_factory=ConsumerSettings)
     producer: ProducerSettings = Field(default_factory=ProducerSettings)

@@ -23,7 +23,7 @@ import json
 import math
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -40,12 +40,18 @@ __all__ = [
     "DeadLetter",
     "DecodedBatch",
     "decode_messages",
+    "DeliveryError",
+    "confirm_sent",
+    "content_hashes",
+    "dlq_headers",
     "dlq_value",
     "json_bytes",
     "make_consumer",
     "make_producer",
     "now_us",
+    "parse_json",
     "produced_us_of",
+    "wait_for_partitions",
 ]
 
 PRODUCED_HEADER = "produced-us"
@@ -105,18 +111,54 @@ def make_consumer(
         fetch_max_wait_ms=settings.fetch_max_wait_ms,
     )
     if settings.assignment == "manual":
-        deadline = time.monotonic() + settings.request_timeout_ms / 1000
-        parts = consumer.partitions_for_topic(topic)
-        while not parts and time.monotonic() < deadline:
-            time.sleep(0.1)
-            parts = consumer.partitions_for_topic(topic)
-        if not parts:
+        try:
+            parts = wait_for_partitions(consumer, topic, settings.request_timeout_ms / 1000)
+        except RuntimeError:
             consumer.close()
-            raise RuntimeError(f"topic {topic!r} has no partitions (does it exist?)")
+            raise
         consumer.assign([TopicPartition(topic, p) for p in sorted(parts)])
     else:
         consumer.subscribe([topic])
     return consumer
+
+
+class DeliveryError(RuntimeError):
+    """The broker did not acknowledge a record: the caller must not commit the input offsets."""
+
+
+def confirm_sent(producer: KafkaProducer, futures: Sequence[Any], timeout_s: float = 30.0) -> None:
+    """Flush, then check every send's future; raise :class:`DeliveryError` on the first failure.
+
+    kafka-python's ``flush`` waits for in-flight sends but does not raise for
+    records that failed (a dead broker, a record over ``max_request_size``),
+    so without this check offsets were committed for decisions that never
+    reached the topic.
+    """
+    from kafka.errors import KafkaTimeoutError
+
+    try:
+        producer.flush(timeout=timeout_s)
+    except KafkaTimeoutError as exc:
+        raise DeliveryError(f"flush timed out after {timeout_s:g}s") from exc
+    for future in futures:
+        if not future.is_done:
+            raise DeliveryError("a send was still pending after flush")
+        if future.failed():
+            raise DeliveryError(f"send failed: {future.exception!r}")
+
+
+def wait_for_partitions(client: Any, topic: str, timeout_s: float = 10.0) -> set[int]:
+    """The topic's partitions. A fresh client may not have the metadata yet, so wait for it: an empty
+    answer taken at face value made end offsets look like "from the beginning".
+    """
+    deadline = time.monotonic() + timeout_s
+    parts = client.partitions_for_topic(topic)
+    while not parts and time.monotonic() < deadline:
+        time.sleep(0.05)
+        parts = client.partitions_for_topic(topic)
+    if not parts:
+        raise RuntimeError(f"topic {topic!r} has no partitions (does it exist?)")
+    return set(parts)
 
 
 def produced_us_of(headers: Sequence[tuple[str, bytes]] | None, fallback_ms: int) -> int:
@@ -143,49 +185,108 @@ class DeadLetter:
     offset: int
 
 
-def dlq_value(dead: DeadLetter) -> bytes:
-    """The DLQ record: reason, detail, source position and the original bytes (base64, exact)."""
+#: Longest reason detail written to the DLQ (value and header).
+MAX_DETAIL_CHARS = 512
+
+
+def dlq_value(dead: DeadLetter, max_payload_bytes: int = 64 * 1024) -> bytes:
+    """The DLQ record: reason, detail, source position and the original bytes (base64).
+
+    The payload is cut to ``max_payload_bytes`` (``raw_bytes`` keeps the original
+    size, ``raw_truncated`` says so), so a 10 MB poison message cannot make a DLQ
+    record larger than the producer's ``max_request_size`` and stop the stream.
+    The source offset identifies the full message on the input topic.
+    """
+    raw = dead.raw[:max_payload_bytes]
     return json_bytes(
         {
             "reason": dead.reason,
-            "detail": dead.detail,
+            "detail": dead.detail[:MAX_DETAIL_CHARS],
             "topic": dead.topic,
             "partition": dead.partition,
             "offset": dead.offset,
-            "raw_b64": base64.b64encode(dead.raw).decode("ascii"),
+            "raw_b64": base64.b64encode(raw).decode("ascii"),
+            "raw_bytes": len(dead.raw),
+            "raw_truncated": len(raw) < len(dead.raw),
             "dead_lettered_us": now_us(),
         }
     )
 
 
+def dlq_headers(dead: DeadLetter) -> list[tuple[str, bytes]]:
+    """Headers of a DLQ record: tools filter on ``reason`` without decoding the value."""
+    return [("reason", dead.reason.encode()), ("detail", dead.detail.encode("utf-8", "replace")[:256])]
+
+
 @dataclass(frozen=True)
 class DecodedBatch:
-    """One poll's messages split into scorable rows (canonical frame) and dead letters.
+    """One poll's messages split into scorable rows (canonical frame), copies and dead letters.
 
     ``frame`` is sorted by (timestamp, transaction_id), the order the feature
-    state applies transactions in; ``produced_us`` is aligned with it.
-    ``n_input == len(frame) + len(dead)`` always.
+    state applies transactions in; ``produced_us`` and ``content`` (a hash of
+    the canonical row, for idempotency checks) are aligned with it. ``copies``
+    maps the offset position of a message that repeats an earlier row of this
+    batch exactly (same cardholder, id and content) to that row: it gets the
+    row's decision, marked ``redelivered``, instead of a second scoring.
+    ``n_input == len(frame) + len(copies) + len(dead)`` always.
     """
 
     frame: pd.DataFrame
     produced_us: np.ndarray
     dead: list[DeadLetter]
     n_input: int
+    content: list[str] = field(default_factory=list)
+    copies: list[tuple[Any, int]] = field(default_factory=list)  # (message, frame row it repeats)
+    sources: list[Any] = field(default_factory=list)  # the message of each frame row (to dead-letter it later)
 
     def __post_init__(self) -> None:
         if len(self.frame) != len(self.produced_us):
             raise ValueError("produced_us must align with frame")
-        if len(self.frame) + len(self.dead) != self.n_input:
-            raise ValueError("every input message must be either scorable or dead-lettered")
+        if self.content and len(self.content) != len(self.frame):
+            raise ValueError("content must align with frame")
+        if self.sources and len(self.sources) != len(self.frame):
+            raise ValueError("sources must align with frame")
+        if len(self.frame) + len(self.copies) + len(self.dead) != self.n_input:
+            raise ValueError("every input message must be scorable, a copy, or dead-lettered")
 
 
-def decode_messages(messages: Iterable[Any], validator: Validator) -> DecodedBatch:
+_CONTENT_COLUMNS = ("cardholder_id", "transaction_id", "merchant_id", "timestamp", "amount", "lat", "lon", "mcc")
+
+
+def content_hashes(frame: pd.DataFrame) -> list[str]:
+    """A short hash of each canonical row: a replay has the same one, a reused id with other content does not."""
+    import hashlib
+
+    if not len(frame):
+        return []
+    cols = [frame[c].astype(str) for c in _CONTENT_COLUMNS]
+    joined = cols[0].str.cat(cols[1:], sep="\x1f")
+    return [hashlib.blake2b(v.encode(), digest_size=8).hexdigest() for v in joined.tolist()]
+
+
+def parse_json(raw: bytes) -> Any:
+    """JSON of one message or body; NaN/Infinity tokens are errors (they are not JSON)."""
+
+    def no_constant(name: str) -> Any:
+        raise ValueError(f"{name} is not a JSON number")
+
+    return json.loads(raw, parse_constant=no_constant)
+
+
+def decode_messages(messages: Iterable[Any], validator: Validator, max_message_bytes: int = 1 << 20) -> DecodedBatch:
     """Decode JSON values and validate them with :mod:`feature_store.schema` (the only place rows are judged).
 
-    Undecodable or non-object values are ``malformed``; schema rejects keep
-    their :class:`~feature_store.schema.RejectReason`. ``messages`` are kafka
-    ``ConsumerRecord``-like objects (``key``, ``value``, ``headers``, ``timestamp``,
-    ``topic``, ``partition``, ``offset``).
+    No input can raise out of here: an oversized value is ``oversized``
+    without being parsed; any exception while parsing one value (bad UTF-8,
+    bad JSON, 100,000-deep nesting, a 401-digit number) makes that message
+    ``malformed``; schema rejects keep their
+    :class:`~feature_store.schema.RejectReason`; if validating the batch raises,
+    each record is validated alone and the one that raises is ``malformed``.
+    Exact copies of a row within the batch become ``copies``; a second row
+    with the same cardholder and id but other content is
+    ``conflicting_duplicate``. ``messages`` are kafka ``ConsumerRecord``-like
+    objects (``key``, ``value``, ``headers``, ``timestamp``, ``topic``,
+    ``partition``, ``offset``).
     """
     messages = list(messages)
     dead: list[DeadLetter] = []
@@ -193,9 +294,12 @@ def decode_messages(messages: Iterable[Any], validator: Validator) -> DecodedBat
     kept: list[Any] = []
     for msg in messages:
         raw = msg.value if isinstance(msg.value, bytes) else bytes(msg.value or b"")
+        if len(raw) > max_message_bytes:
+            dead.append(_dead(msg, raw, RejectReason.OVERSIZED.value, f"{len(raw)} bytes > {max_message_bytes}"))
+            continue
         try:
-            value = json.loads(raw)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            value = parse_json(raw)
+        except Exception as exc:  # noqa: BLE001 - any parse failure is this message's fault, never the stream's
             dead.append(_dead(msg, raw, RejectReason.MALFORMED.value, f"not JSON: {exc.__class__.__name__}"))
             continue
         if not isinstance(value, dict):
@@ -203,28 +307,85 @@ def decode_messages(messages: Iterable[Any], validator: Validator) -> DecodedBat
             continue
         records.append(value)
         kept.append(msg)
-    if records:
-        result = validator.validate_records(records)
+    if not records:
+        empty = Validator(dedupe=False).validate_records([]).accepted
+        return DecodedBatch(empty, np.zeros(0, dtype=np.int64), dead, len(messages))
+    accepted_msgs, frame = _validate(kept, records, validator, dead)
+    produced = np.asarray([_produced(m) for m in accepted_msgs], dtype=np.int64)
+    # the order feature_store.cardholder.prepare_batch applies rows in, so its sort is the identity
+    order = frame.sort_values(["timestamp", "transaction_id"], kind="stable").index.to_numpy()
+    frame = frame.loc[order].reset_index(drop=True)
+    produced = produced[order]
+    accepted_msgs = [accepted_msgs[i] for i in order]
+    content = content_hashes(frame)
+    frame, produced, content, copies, sources = _collapse(frame, produced, content, accepted_msgs, dead)
+    return DecodedBatch(frame, produced, dead, len(messages), content, copies, sources)
+
+
+def _produced(msg: Any) -> int:
+    try:
+        return produced_us_of(msg.headers, msg.timestamp)
+    except Exception:  # noqa: BLE001 - a bad latency stamp must not cost the transaction
+        return now_us()
+
+
+def _validate(kept: list[Any], records: list[dict[str, Any]], validator: Validator,
+              dead: list[DeadLetter]) -> tuple[list[Any], pd.DataFrame]:
+    """Accepted messages and frame; rejects appended to ``dead``. Falls back to one record at a time."""
+    try:
+        results = [(list(range(len(records))), validator.validate_records(records))]
+    except Exception:  # noqa: BLE001 - find the record that breaks validation instead of losing the batch
+        results = []
+        for i, record in enumerate(records):
+            try:
+                results.append(([i], validator.validate_records([record])))
+            except Exception as exc:  # noqa: BLE001
+                msg = kept[i]
+                dead.append(_dead(msg, msg.value, RejectReason.MALFORMED.value,
+                                  f"validation raised {exc.__class__.__name__}"))
+    accepted_msgs: list[Any] = []
+    frames: list[pd.DataFrame] = []
+    for rows, result in results:
         rejected = set(result.rejects["row"].tolist())
         for row, reason, detail in result.rejects[["row", "reason", "detail"]].itertuples(index=False):
-            msg = kept[int(row)]
+            msg = kept[rows[int(row)]]
             dead.append(_dead(msg, msg.value, str(reason), str(detail)))
-        accepted_msgs = [m for i, m in enumerate(kept) if i not in rejected]
-        frame = result.accepted
-        produced = np.asarray(
-            [produced_us_of(m.headers, m.timestamp) for m in accepted_msgs], dtype=np.int64
-        )
-        # the order feature_store.cardholder.prepare_batch applies rows in, so its sort is the identity
-        order = frame.sort_values(["timestamp", "transaction_id"], kind="stable").index.to_numpy()
-        frame = frame.loc[order].reset_index(drop=True)
-        produced = produced[order]
-    else:
-        frame = Validator(dedupe=False).validate_records([]).accepted
-        produced = np.zeros(0, dtype=np.int64)
-    return DecodedBatch(frame=frame, produced_us=produced, dead=dead, n_input=len(messages))
+        accepted_msgs += [kept[r] for j, r in enumerate(rows) if j not in rejected]
+        frames.append(result.accepted)
+    if not frames:
+        return [], Validator(dedupe=False).validate_records([]).accepted
+    frame = frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
+    return accepted_msgs, frame
+
+
+def _collapse(frame: pd.DataFrame, produced: np.ndarray, content: list[str], msgs: list[Any],
+              dead: list[DeadLetter]) -> tuple[pd.DataFrame, np.ndarray, list[str], list[tuple[Any, int]], list[Any]]:
+    """One row per (cardholder, transaction id): exact repeats become copies, other content is dead-lettered."""
+    ids = (frame["cardholder_id"].astype(str) + "\x1f" + frame["transaction_id"].astype(str)).tolist()
+    if len(set(ids)) == len(ids):
+        return frame, produced, content, [], msgs
+    first: dict[str, int] = {}
+    keep: list[int] = []
+    copies: list[tuple[Any, int]] = []
+    for i, key in enumerate(ids):
+        j = first.get(key)
+        if j is None:
+            first[key] = i
+            keep.append(i)
+        elif content[j] == content[i]:
+            copies.append((msgs[i], j))
+        else:
+            msg = msgs[i]
+            dead.append(_dead(msg, msg.value, RejectReason.CONFLICTING_DUPLICATE.value,
+                              "transaction_id repeated in this batch with different content"))
+    position = {old: new for new, old in enumerate(keep)}
+    copies = [(m, position[j]) for m, j in copies]
+    frame = frame.iloc[keep].reset_index(drop=True)
+    return frame, produced[keep], [content[i] for i in keep], copies, [msgs[i] for i in keep]
 
 
 def _dead(msg: Any, raw: bytes, reason: str, detail: str) -> DeadLetter:
     return DeadLetter(
-        key=msg.key, raw=raw, reason=reason, detail=detail, topic=msg.topic, partition=msg.partition, offset=msg.offset
+        key=msg.key, raw=raw if isinstance(raw, bytes) else bytes(raw or b""), reason=reason, detail=detail,
+        topic=msg.topic, partition=msg.partition, offset=msg.offset,
     )

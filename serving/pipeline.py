@@ -47,7 +47,7 @@ import pandas as pd
 
 from feature_store.cardholder import CardholderState, PreparedBatch, prepare_batch
 from feature_store.privacy import PrivateFeaturizer
-from serving.kafka import json_bytes, now_us
+from serving.kafka import confirm_sent, json_bytes, now_us
 from serving.kvstore import KVStore
 from serving.metrics import StageClock
 
@@ -173,6 +173,7 @@ class ScoredBatch:
     produced_us: np.ndarray
     anomaly_model: str
     scored_us: int = 0
+    content: list[str] = field(default_factory=list)  # canonical-row hashes (serving.kafka.content_hashes); optional
 
     def __post_init__(self) -> None:
         n = len(self.transaction_id)
@@ -518,7 +519,12 @@ class FraudStage:
                 holder = scored.cardholder[i]
                 previous = next((r for r in rings[holder] if r["transaction_id"] == tx), None)
                 if previous is not None:
-                    records[i] = {**previous, "redelivered": True}
+                    content = scored.content[i] if scored.content else None
+                    if content is not None and previous.get("content", content) != content:
+                        records[i] = {"transaction_id": tx, "cardholder": holder, "decision": "rejected",
+                                      "reject_reason": "conflicting_duplicate"}
+                    else:
+                        records[i] = {**previous, "redelivered": True}
                     continue
                 features.append(
                     states[holder].update(
@@ -543,7 +549,7 @@ class FraudStage:
             touched = {scored.cardholder[i] for i in fresh_rows}
             self.kv.put_many("fraud", [(h, _pack_fraud(states[h].to_bytes(), rings[h])) for h in touched])
         decided = now_us()
-        out = [{**r, "decided_us": decided} for r in records if r is not None]
+        out = [{**_public(r), "decided_us": decided} for r in records if r is not None]
         self._emit(scored, out)
         return out
 
@@ -584,18 +590,29 @@ class FraudStage:
                 "redelivered": False,
             }
             ring = rings[scored.cardholder[i]]
-            ring.append(record)
+            ring.append({**record, "content": scored.content[i]} if scored.content else record)
             del ring[: max(len(ring) - self.ring, 0)]
             records[i] = record
 
     def _emit(self, scored: ScoredBatch, records: list[dict[str, Any]]) -> None:
-        """Send the batch's anomaly scores and decisions, then one flush (at-least-once: the caller commits after)."""
+        """Send the batch's anomaly scores and decisions, then one flush, then check every send.
+
+        At-least-once: the caller commits the input offsets only after this
+        returns, and it returns only when the broker acknowledged every record
+        (:func:`serving.kafka.confirm_sent` raises otherwise; kafka-python's
+        ``flush`` alone does not report failed sends). Rejected rows
+        (``decision: rejected``) are the caller's to dead-letter, not decisions.
+        """
         if self.producer is None or not len(scored):
             return
         send = self.producer.send
+        futures: list[Any] = []
+        rejected = {r["transaction_id"] for r in records if r["decision"] == "rejected"}
         with self.clock.section("kafka.produce"):
             if self.scores_topic is not None:
                 for i, tx in enumerate(scored.transaction_id):
+                    if tx in rejected:
+                        continue
                     value = {
                         "transaction_id": tx,
                         "cardholder": scored.cardholder[i],
@@ -604,12 +621,18 @@ class FraudStage:
                         "redelivered": bool(scored.redelivered[i]),
                         "scored_us": scored.scored_us,
                     }
-                    send(self.scores_topic, key=scored.cardholder[i].encode(), value=json_bytes(value))
+                    futures.append(send(self.scores_topic, key=scored.cardholder[i].encode(), value=json_bytes(value)))
             if self.topic is not None:
                 for r in records:
-                    send(self.topic, key=r["cardholder"].encode(), value=json_bytes(r))
+                    if r["decision"] != "rejected":
+                        futures.append(send(self.topic, key=r["cardholder"].encode(), value=json_bytes(r)))
         with self.clock.section("kafka.flush"):
-            self.producer.flush()
+            confirm_sent(self.producer, futures)
+
+
+def _public(record: dict[str, Any]) -> dict[str, Any]:
+    """A ring entry without its private bookkeeping (the content hash stays in the bank's state)."""
+    return {k: v for k, v in record.items() if k != "content"} if "content" in record else record
 
 
 def _finite(value: float) -> float | None:

@@ -23,7 +23,7 @@ from tqdm.auto import tqdm
 from fedfraud.errors import UserError
 from feature_store.schema import CANONICAL_COLUMNS
 from serving.config import ProducerSettings
-from serving.kafka import PRODUCED_HEADER, json_bytes, make_producer, now_us
+from serving.kafka import PRODUCED_HEADER, json_bytes, make_producer, now_us, wait_for_partitions
 
 if TYPE_CHECKING:
     from feature_store.privacy import PrivateFeaturizer
@@ -131,7 +131,7 @@ def topic_end_offsets(bootstrap_servers: str, topic: str) -> dict[int, int]:
 
     consumer = KafkaConsumer(bootstrap_servers=bootstrap_servers, enable_auto_commit=False)
     try:
-        parts = consumer.partitions_for_topic(topic) or set()
+        parts = wait_for_partitions(consumer, topic)
         ends = consumer.end_offsets([TopicPartition(topic, p) for p in parts])
         return {tp.partition: off for tp, off in ends.items()}
     finally:
@@ -160,8 +160,7 @@ def collect(
     out: list[dict[str, Any]] = []
     seen: set[str] = set()
     try:
-        parts = consumer.partitions_for_topic(topic) or set()
-        tps = [TopicPartition(topic, p) for p in sorted(parts)]
+        tps = [TopicPartition(topic, p) for p in sorted(wait_for_partitions(consumer, topic))]
         consumer.assign(tps)
         for tp in tps:
             if start and tp.partition in start:

@@ -82,8 +82,38 @@ def main(argv: list[str] | None = None) -> int:
         if isinstance(exc, click.ClickException):
             exc.show()
             return exc.exit_code
-        raise
+        line = _input_error_line(exc)
+        if line is None:
+            raise
+        print(f"error: {line}", file=sys.stderr)
+        return 2
     return 0
+
+
+def _input_error_line(exc: Exception) -> str | None:
+    """One line for errors that mean "your input or your broker is bad", not "fedfraud has a bug".
+
+    An empty or unparsable CSV, a corrupt parquet file, an unreachable Kafka:
+    the user can fix each, and a traceback would only hide the cause.
+    """
+    import pandas as pd
+    import pyarrow as pa
+
+    if isinstance(exc, pd.errors.EmptyDataError):
+        return f"the CSV has no columns: {exc}"
+    if isinstance(exc, pd.errors.ParserError):
+        return f"the CSV cannot be parsed: {str(exc).splitlines()[0]}"
+    if isinstance(exc, (pa.ArrowInvalid, pa.ArrowIOError)):
+        return f"the file cannot be read as parquet/arrow: {str(exc).splitlines()[0]}"
+    from kafka import errors
+
+    names = ("NoBrokersAvailable", "KafkaConnectionError")  # kafka-python 2.x / 3.x
+    unreachable = tuple(getattr(errors, n) for n in names if hasattr(errors, n))
+    if unreachable and isinstance(exc, unreachable):
+        return "no Kafka broker reachable at the bootstrap servers (is it running? check --bootstrap-servers)"
+    if isinstance(exc, errors.KafkaTimeoutError):
+        return f"Kafka did not answer in time ({str(exc).splitlines()[0]}); check --bootstrap-servers"
+    return None
 
 
 if __name__ == "__main__":

@@ -32,11 +32,28 @@ def stream_command(
     if bootstrap is None:
         raise UserError("no Kafka to stream to: pass --bootstrap-servers (fedfraud serve prints the embedded one)")
     frame = load_source(source, bank)
+    _reachable(bootstrap)
     if limit is not None:
         frame = frame.head(limit)
     featurizer = PrivateFeaturizer.for_bank(cfg.encoder, cfg.privacy, cfg.serving.bank_id)
     stats = replay(frame, bootstrap, cfg.serving.topics.transactions, featurizer, rate, cfg.serving.producer)
     typer.echo(f"sent {stats.sent} transactions in {stats.seconds:.1f}s ({stats.rate:.0f}/s) to {bootstrap}")
+
+
+def _reachable(bootstrap: str, timeout_s: float = 3.0) -> None:
+    """One-line error unless some bootstrap server accepts a TCP connection (the Kafka client waits ~30 s)."""
+    import socket
+
+    for server in bootstrap.split(","):
+        host, _, port = server.strip().rpartition(":")
+        if not port.isdigit():
+            raise UserError(f"--bootstrap-servers {bootstrap!r}: expected host:port[,host:port]")
+        try:
+            with socket.create_connection((host.strip("[]") or "localhost", int(port)), timeout=timeout_s):
+                return
+        except OSError:
+            continue
+    raise UserError(f"no Kafka broker reachable at {bootstrap} (is it running? check --bootstrap-servers)")
 
 
 def register(app: typer.Typer) -> None:

@@ -56,6 +56,8 @@ def runtime(tmp_path_factory, frame, ray_session, kafka_broker):
     tmp = tmp_path_factory.mktemp("serving")
     cfg = load_config(overrides=[f"features.repo_dir={tmp / 'repo'}", f"serving.registry_root={tmp / 'registry'}",
                                  "serving.registry_poll_s=0.5", "serving.consumer.max_poll_records=200",
+                                 "serving.guards.max_message_bytes=65536", "serving.guards.http_max_body_bytes=65536",
+                                 "serving.guards.http_max_batch=50",
                                  f"serving.http_port={_free_port()}"])
     registry = ModelRegistry(tmp / "registry")
     fcfg = FraudConfig(num_boost_round=20, nthread=1)
@@ -122,7 +124,9 @@ def test_http_score_single_and_batch(runtime, frame):
 
     rows = _slice(frame, 1600, 1603).assign(timestamp=lambda f: f["timestamp"].map(pd.Timestamp.isoformat))
     records = rows.astype(object).where(rows.notna(), None).to_dict("records")
-    one = httpx.post(f"{runtime.url}/score", json=records[0], timeout=60).json()
+    response = httpx.post(f"{runtime.url}/score", json=records[0], timeout=60)
+    assert response.status_code == 200, response.text
+    one = response.json()
     assert [d["transaction_id"] for d in one["decisions"]] == [records[0]["transaction_id"]]
     batch = httpx.post(f"{runtime.url}/score", json=[*records[1:], {"amount": "x"}], timeout=60).json()
     assert len(batch["decisions"]) == 2 and batch["rejected"][0]["reason"] == "missing_field"
@@ -173,3 +177,95 @@ def test_killing_the_scorer_replica_loses_and_double_counts_nothing(runtime, fra
     versions_after = np.array([s.version for s in client.read_states(pseudonyms)])
     expected = part.groupby("cardholder_id").size().reindex(holders).to_numpy()
     np.testing.assert_array_equal(versions_after - versions_before, expected)
+
+
+def _records_of(rows: pd.DataFrame) -> list[dict]:
+    rows = rows.assign(timestamp=lambda f: f["timestamp"].map(pd.Timestamp.isoformat))
+    return rows.astype(object).where(rows.notna(), None).to_dict("records")
+
+
+def test_every_poison_probe_is_dead_lettered_and_the_stream_goes_on(runtime, frame):
+    """Issue 14's probes over Kafka: each is a DLQ record with its reason; the transactions after them are decided."""
+    import json
+
+    from tests.unit.test_poison_messages import PROBES
+
+    probes = [(b"probe", value) for value, _ in PROBES.values()]
+    probes.append((b"probe", b'{"pad":"' + b"x" * 200_000 + b'"}'))  # over max_message_bytes (64 KiB here)
+    part = _slice(frame, 3400, 3550)
+    before = runtime.wait_idle()
+    result = runtime.replay(part, rate=0, extra=probes, timeout_s=120)
+    assert result.missing == set()
+    assert len({d["transaction_id"] for d in result.decisions}) == len(part)
+    by_offset = {d["offset"]: d for d in result.dead_letters}
+    assert len(by_offset) == len(probes)
+    cap = runtime.config.serving.guards.max_message_bytes  # 64 KiB here: the deep nesting is over it too
+    expected = ["oversized" if len(v) > cap else reason.value for v, reason in PROBES.values()] + ["oversized"]
+    assert [by_offset[o]["reason"] for o in sorted(by_offset)] == expected
+    big = by_offset[max(by_offset)]
+    assert big["raw_truncated"] and big["raw_bytes"] > 200_000 and len(json.dumps(big)) < 200_000
+    snap = runtime.wait_idle()
+    assert snap["consumed"] - before["consumed"] == len(part) + len(probes)
+    assert snap["dead_lettered"] - before["dead_lettered"] == len(probes)
+    assert snap["consumed"] == snap["decided"] + snap["dead_lettered"]
+
+
+def test_duplicates_on_the_topics_copies_marked_and_a_conflicting_reuse_dead_lettered(runtime, frame):
+    """Checked on the topics: a copy gets the same decision marked redelivered; a reused id with other content
+    goes to the DLQ as conflicting_duplicate (in one batch or across batches)."""
+    import json
+
+    from serving.kafka import json_bytes, make_producer
+    from serving.replay import collect, topic_end_offsets
+
+    cfg = runtime.config
+    topics, servers = cfg.serving.topics, runtime.bootstrap_servers
+    rows = _records_of(_slice(frame, 3550, 3552))
+    a, b = rows
+    key = runtime.featurizer().pseudonyms([a["cardholder_id"]])[0].encode()
+    dec_start = topic_end_offsets(servers, topics.decisions)
+    dlq_start = topic_end_offsets(servers, topics.dlq)
+    producer = make_producer(servers, cfg.serving.producer, client_id="test-duplicates")
+    sent = [producer.send(topics.transactions, key=key, value=json_bytes(value))
+            for value in (a, a, {**b, "cardholder_id": a["cardholder_id"]}, {**a, "amount": a["amount"] + 1})]
+    producer.flush()
+    where = [(f.get(10).partition, f.get(10).offset) for f in sent]
+    decisions = collect(servers, topics.decisions, [a["transaction_id"], b["transaction_id"]], dec_start, 60)
+    time.sleep(1.0)  # a late second copy of a's decision would show up now
+    decisions = collect(servers, topics.decisions, 10**6, dec_start, timeout_s=2)
+    of_a = [d for d in decisions if d["transaction_id"] == a["transaction_id"]]
+    assert sorted(d["redelivered"] for d in of_a) == [False, True]
+    assert of_a[0]["score"] == of_a[1]["score"] and of_a[0]["top_reasons"] == of_a[1]["top_reasons"]
+    assert len([d for d in decisions if d["transaction_id"] == b["transaction_id"]]) == 1
+    # the DLQ records of exactly our four source messages (by source partition/offset)
+    dead = [d for d in collect(servers, topics.dlq, 10**6, dlq_start, timeout_s=5)
+            if (d["partition"], d["offset"]) in where and d["topic"] == topics.transactions]
+    assert [((d["partition"], d["offset"]), d["reason"]) for d in dead] == [(where[3], "conflicting_duplicate")]
+    assert json.loads(__import__("base64").b64decode(dead[0]["raw_b64"]))["amount"] == a["amount"] + 1
+    producer.close()
+
+
+def test_http_bad_input_gets_4xx_never_500(runtime, frame):
+    import httpx
+
+    url = f"{runtime.url}/score"
+    good = _records_of(_slice(frame, 3552, 3554))
+    big = httpx.post(url, content=b'{"pad":"' + b"x" * 70_000 + b'"}', timeout=30)
+    assert big.status_code == 413
+    too_many = httpx.post(url, json=[good[0]] * 51, timeout=30)
+    assert too_many.status_code == 413
+    for body in (b'{"amount": Infinity}', b"[" * 50_000, b"not json", b"\xff\xfe"):
+        assert httpx.post(url, content=body, timeout=30).status_code == 422
+    for bad in ({**good[0], "amount": 1e308}, {**good[0], "amount": 10**401}, {**good[0], "amount": True},
+                {**good[0], "cardholder_id": {"a": 1}}, {**good[0], "timestamp": "1900-01-01T00:00:00Z"}):
+        response = httpx.post(url, content=__import__("json").dumps(bad), timeout=30)
+        assert response.status_code == 422, response.text
+    ok = httpx.post(url, json=good[0], timeout=60)
+    assert ok.status_code == 200 and ok.json()["decisions"][0]["redelivered"] is False
+    again = httpx.post(url, json=good[0], timeout=60).json()["decisions"][0]
+    assert again["redelivered"] is True and again["score"] == ok.json()["decisions"][0]["score"]
+    conflict = httpx.post(url, json={**good[0], "amount": good[0]["amount"] + 1}, timeout=60)
+    assert conflict.status_code == 422 and "conflicting_duplicate" in conflict.text
+    assert httpx.get(f"{runtime.url}/healthz", timeout=30).status_code == 200
+    ready = httpx.get(f"{runtime.url}/readyz", timeout=30)
+    assert ready.status_code == 200, ready.text

@@ -65,3 +65,32 @@ def test_bad_option_is_one_line_error(tmp_path: Path, capsys: pytest.CaptureFixt
     assert code == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and "cardholders" in err
+
+
+@pytest.mark.parametrize(
+    ("argv", "setup", "says"),
+    [
+        (["stream", "--source", "{d}/empty.csv", "--bootstrap-servers", "127.0.0.1:1"], "empty", "CSV"),
+        (["stream", "--source", "{d}/ds", "--bootstrap-servers", "127.0.0.1:1"], "corrupt", "parquet"),
+        (["inspect", "--data", "{d}/ds", "--cardholder", "4000000000000001"], "corrupt", "parquet"),
+        (["stream", "--source", "{d}/ok.csv", "--bootstrap-servers", "127.0.0.1:1"], "ok", "no Kafka broker"),
+    ],
+    ids=["stream-empty-csv", "stream-corrupt-parquet", "inspect-corrupt-parquet", "stream-unreachable-broker"],
+)
+def test_stream_and_inspect_errors_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str],
+                                                setup: str, says: str) -> None:
+    """Issue 14: each of these printed a traceback (EmptyDataError, ArrowInvalid, an 85-line KafkaTimeoutError)."""
+    (tmp_path / "empty.csv").write_text("\n")
+    code = main(["generate", "--banks", "1", "--cardholders", "5", "--days", "3", "--out", str(tmp_path / "ds")])
+    assert code == 0
+    capsys.readouterr()
+    if setup == "corrupt":
+        (tmp_path / "ds" / "bank_0" / "transactions.parquet").write_bytes(b"not a parquet file")
+    if setup == "ok":
+        from serving.replay import load_source
+
+        load_source(tmp_path / "ds").head(3).to_csv(tmp_path / "ok.csv", index=False)
+    code = main([a.format(d=tmp_path) for a in argv])
+    assert code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "\n" not in err and says in err, err
