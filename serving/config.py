@@ -47,7 +47,10 @@ class ConsumerSettings(_Section):
     heartbeat_interval_ms: int = Field(2000, ge=100)
     max_poll_interval_ms: int = Field(30_000, ge=1000)
     request_timeout_ms: int = Field(30_000, ge=1000)
-    max_poll_records: int = Field(500, ge=1, description="upper bound of one micro-batch")
+    max_poll_records: int = Field(500, ge=1, description="N: a micro-batch closes at this many transactions")
+    max_batch_wait_ms: int = Field(
+        2, ge=0, description="T: ... or when its first transaction has waited this long (0: whatever one poll gives)"
+    )
     fetch_max_wait_ms: int = Field(5, ge=0, description="broker waits this long for fetch_min_bytes: latency knob")
     auto_offset_reset: str = Field("earliest", pattern="^(earliest|latest)$")
 
@@ -106,12 +109,11 @@ class ServingConfig(_Section):
     bank_id: int = Field(0, ge=0, description="whose secret pseudonymizes and noises (one bank per deployment)")
     registry_poll_s: float = Field(2.0, gt=0, description="how often the scorer looks for a newer model")
     max_nodes_per_batch: int = Field(
-        8192, ge=32, description="@serve.batch budget of the GNN, counted in graph nodes (STYLE §7)"
+        8192, ge=32, description="graph nodes of one GNN forward; a larger micro-batch is embedded in runs"
     )
-    batch_wait_timeout_s: float = Field(0.002, ge=0)
-    scorer_replicas: int = Field(1, ge=1)
-    fraud_replicas: int = Field(1, ge=1)
-    stage_timeout_s: float = Field(60.0, gt=0, description="give up on one scoring call after this long and retry")
+    scorer_replicas: int = Field(
+        1, ge=1, description="StreamScorer replicas, each one consumer of the group (useful up to `partitions`)"
+    )
     fraud_state_path: str = Field(
         "data/fraud_state.db",
         description="SQLite file (relative to the feature repo) for the fraud-feature state and recent decisions; "

@@ -302,9 +302,11 @@ class AnomalyStage:
         cell_deg: float,
         ring: int,
         clock: StageClock | None = None,
+        max_nodes: int = 8192,
     ) -> None:
         self.client = client
         self.featurizer = featurizer
+        self.max_nodes = max_nodes
         self.kv = kv
         self.model = model
         self.bank_id = bank_id
@@ -430,16 +432,33 @@ class AnomalyStage:
             self.fresh.put(state.cardholder, state.version, model.tag)
 
     def embed(self, work: AnomalyWork) -> np.ndarray:
-        """Embeddings of ``work.graphs``, one GNN forward (the deployment batches concurrent requests instead)."""
+        """Embeddings of ``work.graphs``: one GNN forward per run of at most ``max_nodes`` graph nodes."""
         if not work.graphs:
             return np.zeros((0, 0), dtype=np.float32)
         with self.clock.section("anomaly.gnn_embed"):
-            return work.model.embed(work.graphs)
+            parts = [work.model.embed(chunk) for chunk in _node_chunks(work.graphs, self.max_nodes)]
+            return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
     def score(self, frame: pd.DataFrame, produced_us: np.ndarray, source: str = "kafka") -> ScoredBatch:
-        """Begin → embed (one call) → complete; for callers without Serve's batching."""
+        """Begin → embed → complete: the whole anomaly stage of one micro-batch, in this process."""
         work = self.begin(frame, produced_us, source)
         return self.complete(work, self.embed(work))
+
+
+def _node_chunks(graphs: list[Data], budget: int) -> list[list[Data]]:
+    """Consecutive runs of ``graphs`` of at most ``budget`` nodes each (≥ 1 graph per run): bounds the memory
+    of one GNN forward on a large micro-batch.
+    """
+    chunks: list[list[Data]] = []
+    size = budget + 1
+    for g in graphs:
+        n = max(1, int(g.num_nodes))
+        if size + n > budget:
+            chunks.append([])
+            size = 0
+        chunks[-1].append(g)
+        size += n
+    return chunks
 
 
 # ---------------------------------------------------------------------- fraud stage

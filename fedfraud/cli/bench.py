@@ -82,7 +82,7 @@ def serving(
     seconds: Annotated[float, typer.Option("--seconds", min=1, help="duration of each offered load")] = 8.0,
     out: OutOption = None,
 ) -> None:
-    """End-to-end streaming: ceiling, max sustained tx/s, p50/p99 at 250/500/1,000 tx/s offered."""
+    """End-to-end streaming: ceiling, max sustained tx/s, p50/p99/p99.9 at 250/500/1,000/2,000 tx/s offered."""
     from fedfraud.bench.serving import run_serving_bench
 
     result = run_serving_bench(registry, backlog, seconds=seconds, config=config_of(ctx))

@@ -147,7 +147,7 @@ def test_model_swap_mid_stream(runtime, frame):
     assert versions[-1] == new.tag and before in versions  # swapped between micro-batches, without a restart
 
 
-def test_killing_the_scorer_replica_loses_and_double_counts_nothing(runtime, frame):
+def test_killing_the_scoring_replica_loses_and_double_counts_nothing(runtime, frame):
     import ray
 
     from feature_store.online import OnlineStateClient
@@ -158,19 +158,25 @@ def test_killing_the_scorer_replica_loses_and_double_counts_nothing(runtime, fra
     holders = sorted(set(part["cardholder_id"]))
     pseudonyms = runtime.featurizer().pseudonyms(holders)
     versions_before = np.array([s.version for s in client.read_states(pseudonyms)])
-    counts_before = runtime.wait_idle()
+    runtime.wait_idle()
     thread, out = _stream_in_background(runtime, part, rate=300)
     time.sleep(1.5)
-    victims = [a for a in ray.util.list_named_actors(all_namespaces=True) if "AnomalyScorer" in a["name"]]
+    victims = [a for a in ray.util.list_named_actors(all_namespaces=True) if "StreamScorer" in a["name"]]
     assert victims
     ray.kill(ray.get_actor(victims[0]["name"], namespace=victims[0]["namespace"]), no_restart=True)
     thread.join()
     result = out["result"]
     assert result.missing == set()
-    fresh = [d for d in result.decisions if not d["redelivered"]]
-    assert len(fresh) == len(part) == len({d["transaction_id"] for d in fresh})
-    snap = runtime.wait_idle()
-    assert snap["consumed"] - counts_before["consumed"] == snap["decided"] - counts_before["decided"]
+    # Checked on the topic: every transaction decided; no transaction decided twice unmarked; all decisions of
+    # one transaction agree. A replica killed between storing a batch's decisions and producing them re-emits
+    # the stored decisions on redelivery, marked redelivered: for those the marked copy is the only one.
+    by_id: dict[str, list[dict]] = {}
+    for d in result.decisions:
+        by_id.setdefault(d["transaction_id"], []).append(d)
+    assert set(by_id) == set(part["transaction_id"])
+    assert all(sum(not d["redelivered"] for d in ds) <= 1 for ds in by_id.values())
+    assert all(len({(d["score"], d["decision"]) for d in ds}) == 1 for ds in by_id.values())
+    snap = runtime.wait_idle()  # the restarted replica's counters start at zero; they balance within its life
     assert snap["consumed"] == snap["decided"] + snap["dead_lettered"]
 
     # every ego graph took every transaction exactly once (the Feast state's transaction counter)

@@ -1,0 +1,306 @@
+"""The Kafka consumer loop of a scoring replica: poll, decode, score in-process, produce, commit.
+
+One thread per replica, one consumer in the group ``serving.consumer.group_id``,
+so partitions are shared by replicas and move to a survivor when one dies.
+Each micro-batch goes through the same steps::
+
+    poll until N records or the oldest waited T ms (latency-bounded batching)
+      ──> decode + validate (never raises; dead letters sent at once)
+      ──> score(frame)        (serving.hotpath.HotPath: states, GNN, XGBoost, produce + confirm)
+      ──> copies / rejects    (decisions of in-batch copies; DLQ for rows the stages rejected)
+      ──> confirm every send  (serving.kafka.confirm_sent)
+      ──> commit              (the at-least-once point)
+
+A failing batch is retried ``guards.stage_max_attempts`` times, then bisected
+(:mod:`serving.poison`); an outage is retried until it ends, never
+dead-lettered. :meth:`StreamConsumer.problems` is the one source of health.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from serving.config import ServingConfig
+from serving.kafka import DeadLetter, DecodedBatch, confirm_sent, decode_messages, dlq_headers, dlq_value, json_bytes
+from serving.metrics import PipelineMetrics, StageClock
+from serving.poison import Outage, isolate_failures
+
+__all__ = ["Score", "StreamConsumer"]
+
+log = logging.getLogger(__name__)
+
+#: score(frame, produced_us, content) -> one record per frame row, in frame order (a decision or a
+#: ``decision: rejected`` record with ``reject_reason``); decisions are produced and confirmed before it returns.
+Score = Callable[[Any, np.ndarray, list[str]], list[dict[str, Any]]]
+
+
+class _StageFailed(RuntimeError):
+    """Scoring one micro-batch failed ``stage_max_attempts`` times in a row."""
+
+
+class StreamConsumer:
+    """The consumer thread of one replica; :meth:`start`, :meth:`stop`, :meth:`problems`."""
+
+    def __init__(self, serving: ServingConfig, bootstrap_servers: str, score: Score,
+                 metrics: PipelineMetrics | None = None, clock: StageClock | None = None) -> None:
+        from feature_store.schema import Validator
+
+        self.serving = serving
+        self.guards = serving.guards
+        self.bootstrap_servers = bootstrap_servers
+        self.score = score
+        self.metrics = metrics or PipelineMetrics()
+        self.clock = clock or StageClock()
+        g = self.guards
+        self.validator = Validator(dedupe=False, max_future_s=g.max_future_s, max_age_days=g.max_age_days)
+        self.max_records = serving.consumer.max_poll_records
+        self.max_wait_ms = serving.consumer.max_batch_wait_ms
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.error: BaseException | None = None
+        self._retrying_since: float | None = None
+        self._progress = time.monotonic()
+        self._lag = 0
+        self._inflight = 0
+        self._broker_error: str | None = None
+        self.connected = False
+
+    # ------------------------------------------------------------------ lifecycle and health
+    def start(self) -> StreamConsumer:
+        self._thread = threading.Thread(target=self._run, name="fedfraud-consumer", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=timeout_s)
+
+    def problems(self) -> list[str]:
+        """Why this consumer is not healthy right now (empty: healthy)."""
+        out: list[str] = []
+        if self._thread is None:
+            return out
+        now = time.monotonic()
+        if self.error is not None or not self._thread.is_alive():
+            out.append(f"consumer loop not running: {self.error!r}")
+        if self._retrying_since is not None and now - self._retrying_since > self.guards.retry_budget_s:
+            out.append(f"a micro-batch has been retrying for {now - self._retrying_since:.0f}s")
+        if (self._lag > 0 or self._inflight > 0) and now - self._progress > self.guards.stall_s:
+            idle = now - self._progress
+            out.append(f"stalled: lag {self._lag}, {self._inflight} in flight, no commit for {idle:.0f}s")
+        if self._broker_error is not None:
+            out.append(f"broker unreachable: {self._broker_error}")
+        return out
+
+    def _run(self) -> None:
+        try:
+            self._consume()
+        except BaseException as exc:  # surfaced by problems() → /healthz and Serve's check_health
+            log.exception("consumer loop failed")
+            self.error = exc
+
+    # ------------------------------------------------------------------ the loop
+    def _consume(self) -> None:
+        from serving.kafka import make_consumer, make_producer
+
+        s = self.serving
+        consumer = make_consumer(self.bootstrap_servers, s.consumer, s.topics.transactions)
+        producer = make_producer(self.bootstrap_servers, s.producer, client_id="fedfraud-dlq")
+        self.connected = True
+        last_lag = 0.0
+        log.info("consumer started topic=%s group=%s assignment=%s batch<=%d wait<=%dms", s.topics.transactions,
+                 s.consumer.group_id, s.consumer.assignment, self.max_records, self.max_wait_ms)
+        try:
+            while not self._stop.is_set():
+                msgs = self._poll(consumer)
+                if time.monotonic() - last_lag > 1.0:
+                    self._update_lag(consumer)
+                    last_lag = time.monotonic()
+                if not msgs:
+                    self._progress = time.monotonic()  # idle with nothing in flight is not a stall
+                    continue
+                self._process(consumer, producer, msgs)
+        finally:
+            try:
+                producer.flush(timeout=5)
+            finally:
+                producer.close(timeout=5)
+                consumer.close()
+                log.info("consumer stopped")
+
+    def _poll(self, consumer: Any) -> list[Any]:
+        """One micro-batch: closes at ``max_records`` or when its first record has waited ``max_wait_ms``.
+
+        Under low load a transaction does not wait for a batch to fill; under
+        load, batches grow up to ``max_records`` and amortise the per-batch
+        store round trips and the produce flush.
+        """
+        with self.clock.section("consumer.poll"):
+            polled = consumer.poll(timeout_ms=100, max_records=self.max_records)
+            msgs = [m for part in polled.values() for m in part]
+            if not msgs or self.max_wait_ms <= 0:
+                return msgs
+            deadline = time.monotonic() + self.max_wait_ms / 1000
+            while len(msgs) < self.max_records:
+                left_ms = int((deadline - time.monotonic()) * 1000)
+                if left_ms <= 0:
+                    break
+                more = consumer.poll(timeout_ms=left_ms, max_records=self.max_records - len(msgs))
+                msgs += [m for part in more.values() for m in part]
+            return msgs
+
+    def _process(self, consumer: Any, producer: Any, msgs: list[Any]) -> None:
+        """Decode, score, dead-letter, confirm, commit, account: one micro-batch, start to end."""
+        from kafka import TopicPartition
+        from kafka.errors import KafkaError
+        from kafka.structs import OffsetAndMetadata
+
+        t0 = time.perf_counter()
+        self.metrics.consumed.inc(len(msgs))
+        self.metrics.inflight.inc(len(msgs))
+        self.metrics.batch_size.observe(len(msgs))
+        self._inflight += len(msgs)
+        offsets: dict[Any, int] = {}
+        with self.clock.section("consumer.decode"):
+            for m in msgs:
+                tp = TopicPartition(m.topic, m.partition)
+                offsets[tp] = max(offsets.get(tp, -1), m.offset + 1)
+            decoded = decode_messages(msgs, self.validator, self.guards.max_message_bytes)
+            futures = [self._dead_letter(producer, dead) for dead in decoded.dead]
+        dead_reasons = [dead.reason for dead in decoded.dead]
+        records = self._score(decoded) if len(decoded.frame) else []
+        self.metrics.stage.labels(stage="score").observe(time.perf_counter() - t0)
+        with self.clock.section("consumer.commit"):
+            futures += self._rejects_and_copies(producer, decoded, records, dead_reasons)
+            if futures:
+                confirm_sent(producer, futures)  # DeliveryError: the loop stops uncommitted; Serve restarts it
+            try:
+                consumer.commit({tp: OffsetAndMetadata(off, "", -1) for tp, off in offsets.items()})
+            except KafkaError as exc:  # lost the partitions in a rebalance: the new owner redelivers
+                log.warning("commit failed (%s); the batch will be redelivered and re-emitted as redelivered", exc)
+        self._progress = time.monotonic()
+        self._account(records, decoded, dead_reasons)
+
+    def _score(self, d: DecodedBatch) -> list[dict[str, Any]]:
+        """Records of ``d``'s frame: bounded retries, then bisection; outages are waited out."""
+        try:
+            return self._retry(lambda: self.score(d.frame, d.produced_us, d.content))
+        except _StageFailed:
+            pass
+        delay = self.guards.retry_backoff_s
+        while True:
+            try:
+                return self._bisect(d)
+            except Outage as exc:  # nothing is dead-lettered in an outage; health turns red after the budget
+                if self._stop.is_set():
+                    raise
+                log.warning("outage while scoring (%s); retrying in %.1fs", exc, delay)
+                time.sleep(delay)
+                delay = min(delay * 2, 5.0)
+
+    def _retry(self, call: Callable[[], list[dict[str, Any]]]) -> list[dict[str, Any]]:
+        """``call`` up to ``stage_max_attempts`` times with doubling backoff; :class:`_StageFailed` after."""
+        delay = self.guards.retry_backoff_s
+        for attempt in range(1, self.guards.stage_max_attempts + 1):
+            try:
+                result = call()
+                self._retrying_since = None
+                return result
+            except Exception as exc:
+                if self._stop.is_set():
+                    raise
+                if self._retrying_since is None:
+                    self._retrying_since = time.monotonic()
+                self.metrics.retries.labels(stage="score").inc()
+                log.warning("scoring attempt %d/%d failed (%s: %s)", attempt, self.guards.stage_max_attempts,
+                            exc.__class__.__name__, str(exc)[:200])
+                if attempt < self.guards.stage_max_attempts:
+                    time.sleep(delay)
+                    delay = min(delay * 2, 2.0)
+        raise _StageFailed("scoring")
+
+    def _bisect(self, d: DecodedBatch) -> list[dict[str, Any]]:
+        """Score ``d`` in halves until the records that fail alone are found (:mod:`serving.poison`).
+
+        Returns one record per frame row, in frame order: a decision, or a
+        ``rejected`` record with reason ``processing_error``.
+        """
+        out: dict[int, dict[str, Any]] = {}
+
+        def run(rows: list[int]) -> None:
+            piece = d.frame.iloc[rows].reset_index(drop=True)
+            content = [d.content[i] for i in rows] if d.content else []
+            out.update(zip(rows, self.score(piece, d.produced_us[rows], content), strict=True))
+
+        log.warning("bisecting a micro-batch of %d rows to find the records that fail", len(d.frame))
+        for i, why in isolate_failures(range(len(d.frame)), run).items():
+            out[i] = {"transaction_id": str(d.frame["transaction_id"].iloc[i]), "decision": "rejected",
+                      "reject_reason": "processing_error", "detail": why}
+        self._retrying_since = None
+        return [out[i] for i in range(len(d.frame))]
+
+    def _dead_letter(self, producer: Any, dead: DeadLetter) -> Any:
+        """Send one dead letter (payload capped); returns the send future, checked before the commit."""
+        value = dlq_value(dead, self.guards.dlq_payload_bytes)
+        return producer.send(self.serving.topics.dlq, key=dead.key, value=value, headers=dlq_headers(dead))
+
+    def _rejects_and_copies(self, producer: Any, d: DecodedBatch, records: list[dict[str, Any]],
+                            dead_reasons: list[str]) -> list[Any]:
+        """Dead-letter rows the stages rejected, emit in-batch copies (appended to ``records``); send futures."""
+        futures: list[Any] = []
+
+        def dead_letter(msg: Any, reason: str, detail: str) -> None:
+            dead = DeadLetter(msg.key, msg.value, reason, detail, msg.topic, msg.partition, msg.offset)
+            futures.append(self._dead_letter(producer, dead))
+            dead_reasons.append(reason)
+
+        for i, r in enumerate(records):
+            if r["decision"] == "rejected":
+                dead_letter(d.sources[i], r["reject_reason"], r.get("detail", "rejected by the scoring stages"))
+        for msg, row in d.copies:
+            r = records[row]
+            if r["decision"] == "rejected":
+                dead_letter(msg, r["reject_reason"], "copy of a rejected transaction in the same batch")
+            else:
+                copy = {**r, "redelivered": True}
+                futures.append(producer.send(self.serving.topics.decisions, key=r["cardholder"].encode(),
+                                             value=json_bytes(copy)))
+                records.append(copy)
+        return futures
+
+    def _account(self, records: list[dict[str, Any]], decoded: DecodedBatch, dead_reasons: list[str]) -> None:
+        m = self.metrics
+        for reason in dead_reasons:
+            m.dead.labels(reason=reason).inc()
+        decided = [r for r in records if r["decision"] != "rejected"]
+        m.decided.inc(len(decided))
+        m.inflight.dec(decoded.n_input)
+        self._inflight -= decoded.n_input
+        redelivered = 0
+        for r in decided:
+            m.e2e.observe(max(r["decided_us"] - r["produced_us"], 0) / 1e6)
+            redelivered += bool(r.get("redelivered"))
+        m.redelivered.inc(redelivered)
+        if decided:
+            m.set_model("anomaly", decided[-1]["models"]["anomaly"])
+            m.set_model("fraud", decided[-1]["models"]["fraud"])
+
+    def _update_lag(self, consumer: Any) -> None:
+        try:
+            parts = consumer.assignment()
+            if not parts:
+                return
+            ends = consumer.end_offsets(list(parts))
+            self._lag = sum(max(ends[tp] - consumer.position(tp), 0) for tp in parts)
+            self.metrics.lag.set(self._lag)
+            self._broker_error = None
+        except Exception as exc:  # the broker did not answer: health says so
+            self._broker_error = f"{exc.__class__.__name__}: {str(exc)[:200]}"
+            log.warning("broker unreachable: %s", self._broker_error)

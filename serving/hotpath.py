@@ -1,0 +1,127 @@
+"""The scoring hot path of one replica, in one process: no actor hops between the stages.
+
+    frame ──> AnomalyStage (one batched state read, ego-graph updates, one GNN forward, one batched write)
+          ──> FraudStage  (fraud features, XGBoost, decisions + anomaly scores produced and confirmed)
+
+The Kafka consumer thread (:mod:`serving.consumer`) and ``POST /score`` both
+call :meth:`HotPath.score`; a lock makes them take turns, so one cardholder's
+transactions are applied in arrival order within the replica (Kafka keys a
+cardholder to one partition, hence to one replica). Models are swapped
+between micro-batches by :meth:`HotPath.watch_registry`.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from serving.metrics import StageClock
+
+__all__ = ["HotPath"]
+
+log = logging.getLogger(__name__)
+
+
+class HotPath:
+    """Anomaly + fraud stages of one replica, with their model versions and state stores."""
+
+    def __init__(self, cfg: Any, bootstrap_servers: str | None, anomaly_loader: str) -> None:
+        from feature_store.online import OnlineStateClient
+        from feature_store.privacy import PrivateFeaturizer
+        from serving.kafka import make_producer
+        from serving.kvstore import open_kv
+        from serving.pipeline import AnomalyStage, FraudStage, fraud_config_for, load_fraud_model
+        from training.registry import ModelRegistry
+
+        s = cfg.serving
+        self.serving = s
+        self.registry = ModelRegistry(s.registry_root)
+        loader = _resolve(anomaly_loader)
+        self._load_anomaly = lambda v: loader(self.registry, v)
+        self._load_fraud = lambda v: load_fraud_model(self.registry, v)
+        self.clock = StageClock()
+        kv = open_kv(s.fraud_state_path, Path(cfg.features.repo_dir))
+        client = OnlineStateClient.open(cfg.features, cfg.egograph)
+        featurizer = PrivateFeaturizer.for_bank(cfg.encoder, cfg.privacy, s.bank_id)
+        self.anomaly = AnomalyStage(client, featurizer, kv, self._load_anomaly(s.anomaly_version), s.bank_id,
+                                    cfg.features.location_cell_deg, cfg.egograph.dedupe_ring, self.clock,
+                                    max_nodes=s.max_nodes_per_batch)
+        model, tag = self._load_fraud(s.fraud_version)
+        trained = self.registry.get("fraud", tag.rsplit(":v", 1)[-1]).config
+        fraud_cfg = fraud_config_for(trained, getattr(cfg, "fraud", None))
+        producer = (make_producer(bootstrap_servers, s.producer, client_id="fedfraud-scorer")
+                    if bootstrap_servers else None)
+        self.fraud = FraudStage(kv, model, tag, fraud_cfg, cfg.encoder.dim, s.decision_ring,
+                                getattr(fraud_cfg, "top_reasons", 3), producer, s.topics.decisions,
+                                s.topics.anomaly_scores, self.clock)
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._watcher: threading.Thread | None = None
+        log.info("hot path ready anomaly=%s fraud=%s", self.anomaly.model.tag, tag)
+
+    def score(self, frame: Any, produced_us: np.ndarray, content: list[str] | None = None,
+              source: str = "kafka") -> list[dict[str, Any]]:
+        """One record per row of ``frame`` (event-time ordered, validated), produced and confirmed."""
+        with self._lock:
+            scored = self.anomaly.score(frame, produced_us, source)
+            scored.content = list(content or [])
+            return self.fraud.decide(scored)
+
+    def ready(self) -> None:
+        """One read of each state store (Feast online store, scores/decisions KV); raises if one is down."""
+        self.anomaly.client.read_states(["__readyz__"])
+        self.anomaly.kv.get_many("scores", ["__readyz__"])
+
+    def models(self) -> dict[str, str]:
+        return {"anomaly": self.anomaly.model.tag, "fraud": self.fraud.model_tag}
+
+    # ------------------------------------------------------------------ hot swap
+    def watch_registry(self, poll_s: float) -> None:
+        """Follow ``latest`` versions in a background thread (pinned versions are left alone)."""
+        if self._watcher is None:
+            self._watcher = threading.Thread(target=self._watch, args=(poll_s,), name="fedfraud-registry",
+                                             daemon=True)
+            self._watcher.start()
+
+    def _watch(self, poll_s: float) -> None:
+        s = self.serving
+        while not self._stop.wait(poll_s):
+            if s.anomaly_version == "latest":
+                self._maybe_swap("anomaly", lambda: self.anomaly.model.tag, self._load_anomaly,
+                                 lambda m: setattr(self.anomaly, "model", m))
+            if s.fraud_version == "latest":
+                self._maybe_swap("fraud", lambda: self.fraud.model_tag, self._load_fraud,
+                                 lambda mt: self.fraud.swap(*mt))
+
+    def _maybe_swap(self, kind: str, current: Any, load: Any, swap: Any) -> None:
+        """Load a newer version outside the lock, swap it in between micro-batches (publish is atomic)."""
+        try:
+            latest = self.registry.latest(kind)
+            if latest is None or int(current().rsplit(":v", 1)[-1]) >= latest.version:
+                return
+            loaded = load(str(latest.version))
+            before = current()
+            with self._lock:
+                swap(loaded)
+            log.info("hot_swap kind=%s from=%s to=%s", kind, before, latest.tag)
+        except Exception:  # keep serving the old version if a new one cannot be read
+            log.exception("reload of %s failed; keeping %s", kind, current())
+
+    def close(self) -> None:
+        self._stop.set()
+        if self.fraud.producer is not None:
+            self.fraud.producer.close(timeout=5)
+
+
+def _resolve(path: str) -> Any:
+    """``module:function`` → the function (where the anomaly-loader seam resolves)."""
+    import importlib
+
+    module, _, name = path.partition(":")
+    if not module or not name:
+        raise ValueError(f"loader {path!r} must look like module:function")
+    return getattr(importlib.import_module(module), name)
