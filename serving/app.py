@@ -115,7 +115,7 @@ def _json(body: dict[str, Any], status_code: int = 200) -> Response:
     return Response(json_bytes(body), status_code=status_code, media_type="application/json")
 
 
-@serve.deployment(ray_actor_options={"num_cpus": 1}, health_check_period_s=5, max_ongoing_requests=16)
+@serve.deployment(ray_actor_options={"num_cpus": 0.5}, health_check_period_s=5, max_ongoing_requests=16)
 @serve.ingress(api)
 class StreamScorer:
     """Kafka consumer + in-process scoring + HTTP endpoints of one replica; owns its delivery counters."""

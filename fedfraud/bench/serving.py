@@ -75,7 +75,26 @@ class ServingBenchResult:
                 f"{row['p50_ms']:.1f} / {row['p99_ms']:.1f} / {row.get('p999_ms', float('nan')):.1f} ms | "
                 f"{targets.get(row['offered'], '')} |"
             )
-        return "\n".join(lines) + "\n" + self._profile_markdown()
+        return "\n".join(lines) + "\n" + self._profile_markdown() + self._per_load_markdown()
+
+    def _per_load_markdown(self) -> str:
+        """Wall ms per micro-batch of the main sections at each offered load (where latency comes from)."""
+        rows = [r for r in self.loads if r.get("profile")]
+        if not rows:
+            return ""
+        names = ("consumer.poll", "consumer.decode", "anomaly.state_read", "anomaly.graphs", "anomaly.gnn_embed",
+                 "anomaly.state_write", "fraud.state_read", "fraud.features", "fraud.model", "fraud.state_write",
+                 "kafka.produce", "kafka.flush", "consumer.commit")
+        lines = ["", "Per micro-batch at each offered load (wall ms per call; batch = transactions per decode call):",
+                 "", "| offered tx/s | batches | tx/batch | " + " | ".join(names) + " |",
+                 "|---|---|---|" + "---|" * len(names)]
+        for r in rows:
+            sections = next(iter(r["profile"].values()))
+            batches = max(int(sections.get("consumer.decode", {}).get("calls", 0)), 1)
+            cells = [f"{sections[n]['wall_s'] / max(sections[n]['calls'], 1) * 1e3:.1f}" if n in sections else "–"
+                     for n in names]
+            lines.append(f"| {r['offered']:,.0f} | {batches} | {r['n'] / batches:.1f} | " + " | ".join(cells) + " |")
+        return "\n".join(lines) + "\n"
 
     def _profile_markdown(self) -> str:
         """Per-section CPU ms/tx and wall ms/batch over the backlog, by process."""
@@ -214,10 +233,13 @@ def run_serving_bench(
             cursor += len(chunk)
             if chunk.empty:
                 break
+            rt.handle.profile.remote(reset=True).result()
             res = rt.replay(chunk, rate=rate, timeout_s=600)
+            at_load = rt.handle.profile.remote(reset=True).result()
             lat = res.latencies_ms
             rows.append({"offered": rate, "achieved": res.stats.rate, "p50_ms": float(np.percentile(lat, 50)),
-                         "p99_ms": float(np.percentile(lat, 99)), "p999_ms": float(np.percentile(lat, 99.9))})
+                         "p99_ms": float(np.percentile(lat, 99)), "p999_ms": float(np.percentile(lat, 99.9)),
+                         "n": len(chunk), "profile": at_load})
             log.info("load=%.0f p50=%.1fms p99=%.1fms", rate, rows[-1]["p50_ms"], rows[-1]["p99_ms"])
         models = rt.counters()["models"]
     finally:
