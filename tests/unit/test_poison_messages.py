@@ -10,27 +10,15 @@ from __future__ import annotations
 
 import base64
 import json
-from dataclasses import dataclass
-
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from feature_store.schema import RejectReason, Validator
 from serving.kafka import DecodedBatch, decode_messages, dlq_value
+from tests.unit.test_serving_codec import Msg  # a ConsumerRecord-shaped message
 
 NOW = 1_800_000_000.0  # 2027-01-15, the validator's clock in these tests
-
-
-@dataclass
-class Msg:
-    value: bytes
-    offset: int
-    key: bytes | None = b"k"
-    headers: tuple = ()
-    timestamp: int = 1_700_000_000_000
-    topic: str = "transactions"
-    partition: int = 0
 
 
 def _record(i: int = 0, **overrides: object) -> dict[str, object]:
