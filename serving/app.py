@@ -110,6 +110,18 @@ async def _capped_body(request: Request) -> bytes:
     return b"".join(chunks)
 
 
+def _item_bytes(item: Any) -> bytes:
+    """One batch item as the bytes a Kafka message would carry; a non-object or a non-finite number (``1e400``
+    parses to inf) becomes a value decoding rejects as ``malformed``.
+    """
+    if not isinstance(item, dict):
+        return b"<not an object>"
+    try:
+        return json_bytes(item)
+    except ValueError:
+        return b"<an object with a non-finite number>"
+
+
 def _json(body: dict[str, Any], status_code: int = 200) -> Response:
     """A JSON response through :func:`serving.kafka.json_bytes` (numpy scalars, NaN as null), like the topics."""
     return Response(json_bytes(body), status_code=status_code, media_type="application/json")
@@ -190,11 +202,8 @@ class StreamScorer:
         if len(items) > g.http_max_batch:
             raise HTTPException(413, f"batch of {len(items)} transactions, at most {g.http_max_batch}")
         stamp = str(now_us()).encode()
-        msgs = [
-            _HttpMessage(value=json_bytes(item) if isinstance(item, dict) else b"<not an object>", offset=i,
-                         headers=(("produced-us", stamp),))
-            for i, item in enumerate(items)
-        ]
+        msgs = [_HttpMessage(value=_item_bytes(item), offset=i, headers=(("produced-us", stamp),))
+                for i, item in enumerate(items)]
         decoded = decode_messages(msgs, self.validator, g.http_max_body_bytes)
         rejected = [{"index": d.offset, "reason": d.reason, "detail": d.detail} for d in decoded.dead]
         records: list[dict[str, Any]] = []
@@ -207,9 +216,12 @@ class StreamScorer:
                 else:
                     records.append(r)
             by_row = dict(enumerate(out))
-            for _msg, row in decoded.copies:
+            for msg, row in decoded.copies:
                 if by_row[row]["decision"] != "rejected":
                     records.append({**by_row[row], "redelivered": True})
+                else:
+                    rejected.append({"index": msg.offset, "reason": by_row[row]["reject_reason"],
+                                     "detail": "copy of a rejected transaction in the same batch"})
             self.metrics.http_scored.inc(len(records))
         if single and rejected:
             raise HTTPException(422, rejected[0])

@@ -29,7 +29,7 @@ import numpy as np
 from serving.config import ServingConfig
 from serving.kafka import DeadLetter, DecodedBatch, confirm_sent, decode_messages, dlq_headers, dlq_value, json_bytes
 from serving.metrics import PipelineMetrics, StageClock
-from serving.poison import Outage, isolate_failures
+from serving.poison import Outage, is_outage, isolate_failures
 
 __all__ = ["Score", "StreamConsumer"]
 
@@ -124,7 +124,8 @@ class StreamConsumer:
                     self._update_lag(consumer)
                     last_lag = time.monotonic()
                 if not msgs:
-                    self._progress = time.monotonic()  # idle with nothing in flight is not a stall
+                    if self._lag == 0:
+                        self._progress = time.monotonic()  # idle with nothing waiting is not a stall
                     continue
                 self._process(consumer, producer, msgs)
         finally:
@@ -195,12 +196,17 @@ class StreamConsumer:
         except _StageFailed:
             pass
         delay = self.guards.retry_backoff_s
+        started = time.monotonic()
         while True:
+            # rows that all fail alone, with no sign of infrastructure, for longer than the retry budget: poison
+            blame_all = time.monotonic() - started > self.guards.retry_budget_s
             try:
-                return self._bisect(d)
+                return self._bisect(d, blame_all)
             except Outage as exc:  # nothing is dead-lettered in an outage; health turns red after the budget
                 if self._stop.is_set():
                     raise
+                if is_outage(exc.__cause__) if exc.__cause__ is not None else False:
+                    started = time.monotonic()  # a real infrastructure failure: never blame the rows for it
                 log.warning("outage while scoring (%s); retrying in %.1fs", exc, delay)
                 time.sleep(delay)
                 delay = min(delay * 2, 5.0)
@@ -226,7 +232,7 @@ class StreamConsumer:
                     delay = min(delay * 2, 2.0)
         raise _StageFailed("scoring")
 
-    def _bisect(self, d: DecodedBatch) -> list[dict[str, Any]]:
+    def _bisect(self, d: DecodedBatch, blame_all: bool = False) -> list[dict[str, Any]]:
         """Score ``d`` in halves until the records that fail alone are found (:mod:`serving.poison`).
 
         Returns one record per frame row, in frame order: a decision, or a
@@ -238,9 +244,11 @@ class StreamConsumer:
             piece = d.frame.iloc[rows].reset_index(drop=True)
             content = [d.content[i] for i in rows] if d.content else []
             out.update(zip(rows, self.score(piece, d.produced_us[rows], content), strict=True))
+            self._progress = time.monotonic()  # a bisection that scores pieces is progress, not a stall
+            self._retrying_since = time.monotonic()
 
         log.warning("bisecting a micro-batch of %d rows to find the records that fail", len(d.frame))
-        for i, why in isolate_failures(range(len(d.frame)), run).items():
+        for i, why in isolate_failures(range(len(d.frame)), run, blame_all).items():
             out[i] = {"transaction_id": str(d.frame["transaction_id"].iloc[i]), "decision": "rejected",
                       "reject_reason": "processing_error", "detail": why}
         self._retrying_since = None
@@ -296,6 +304,9 @@ class StreamConsumer:
         try:
             parts = consumer.assignment()
             if not parts:
+                consumer.topics()  # a round trip all the same: clears a broker error once it answers again
+                self._lag = 0
+                self._broker_error = None
                 return
             ends = consumer.end_offsets(list(parts))
             self._lag = sum(max(ends[tp] - consumer.position(tp), 0) for tp in parts)

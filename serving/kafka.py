@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from feature_store.schema import RejectReason, Validator
+from feature_store.schema import MAX_EPOCH_S, RejectReason, Validator
 from serving.config import ConsumerSettings, ProducerSettings
 
 if TYPE_CHECKING:
@@ -144,7 +144,7 @@ def confirm_sent(producer: KafkaProducer, futures: Sequence[Any], timeout_s: flo
         if not future.is_done:
             raise DeliveryError("a send was still pending after flush")
         if future.failed():
-            raise DeliveryError(f"send failed: {future.exception!r}")
+            raise DeliveryError(f"send failed: {future.exception!r}") from future.exception
 
 
 def wait_for_partitions(client: Any, topic: str, timeout_s: float = 10.0) -> set[int]:
@@ -259,9 +259,9 @@ def content_hashes(frame: pd.DataFrame) -> list[str]:
 
     if not len(frame):
         return []
-    cols = [frame[c].astype(str) for c in _CONTENT_COLUMNS]
-    joined = cols[0].str.cat(cols[1:], sep="\x1f")
-    return [hashlib.blake2b(v.encode(), digest_size=8).hexdigest() for v in joined.tolist()]
+    rows = zip(*(frame[c].astype(str).tolist() for c in _CONTENT_COLUMNS), strict=True)
+    # a JSON list, not a joined string: no separator can make two different rows hash alike
+    return [hashlib.blake2b(json.dumps(r).encode(), digest_size=8).hexdigest() for r in rows]
 
 
 def parse_json(raw: bytes) -> Any:
@@ -323,10 +323,12 @@ def decode_messages(messages: Iterable[Any], validator: Validator, max_message_b
 
 
 def _produced(msg: Any) -> int:
+    """The produce stamp in µs, or now when the header/timestamp is missing, malformed or implausible."""
     try:
-        return produced_us_of(msg.headers, msg.timestamp)
+        stamp = produced_us_of(msg.headers, msg.timestamp)
     except Exception:  # noqa: BLE001 - a bad latency stamp must not cost the transaction
         return now_us()
+    return stamp if 0 <= stamp <= MAX_EPOCH_S * 1_000_000 else now_us()
 
 
 def _validate(kept: list[Any], records: list[dict[str, Any]], validator: Validator,
@@ -361,10 +363,11 @@ def _validate(kept: list[Any], records: list[dict[str, Any]], validator: Validat
 def _collapse(frame: pd.DataFrame, produced: np.ndarray, content: list[str], msgs: list[Any],
               dead: list[DeadLetter]) -> tuple[pd.DataFrame, np.ndarray, list[str], list[tuple[Any, int]], list[Any]]:
     """One row per (cardholder, transaction id): exact repeats become copies, other content is dead-lettered."""
-    ids = (frame["cardholder_id"].astype(str) + "\x1f" + frame["transaction_id"].astype(str)).tolist()
+    ids = list(zip(frame["cardholder_id"].astype(str).tolist(), frame["transaction_id"].astype(str).tolist(),
+                   strict=True))
     if len(set(ids)) == len(ids):
         return frame, produced, content, [], msgs
-    first: dict[str, int] = {}
+    first: dict[tuple[str, str], int] = {}
     keep: list[int] = []
     copies: list[tuple[Any, int]] = []
     for i, key in enumerate(ids):
@@ -384,8 +387,18 @@ def _collapse(frame: pd.DataFrame, produced: np.ndarray, content: list[str], msg
     return frame, produced[keep], [content[i] for i in keep], copies, [msgs[i] for i in keep]
 
 
+#: Longest message key copied into a dead letter; a longer key is replaced by its hash (keys are pseudonyms,
+#: 32 hex characters, so only a hostile producer gets here).
+MAX_DLQ_KEY_BYTES = 1024
+
+
 def _dead(msg: Any, raw: bytes, reason: str, detail: str) -> DeadLetter:
+    key = msg.key if isinstance(msg.key, bytes) or msg.key is None else bytes(msg.key)
+    if key is not None and len(key) > MAX_DLQ_KEY_BYTES:
+        import hashlib
+
+        key = b"blake2b:" + hashlib.blake2b(key, digest_size=16).hexdigest().encode()
     return DeadLetter(
-        key=msg.key, raw=raw if isinstance(raw, bytes) else bytes(raw or b""), reason=reason, detail=detail,
+        key=key, raw=raw if isinstance(raw, bytes) else bytes(raw or b""), reason=reason, detail=detail,
         topic=msg.topic, partition=msg.partition, offset=msg.offset,
     )

@@ -626,11 +626,11 @@ class FraudStage:
             return
         send = self.producer.send
         futures: list[Any] = []
-        rejected = {r["transaction_id"] for r in records if r["decision"] == "rejected"}
+        rejected = {i for i, r in enumerate(records) if r["decision"] == "rejected"}  # records align with rows
         with self.clock.section("kafka.produce"):
             if self.scores_topic is not None:
                 for i, tx in enumerate(scored.transaction_id):
-                    if tx in rejected:
+                    if i in rejected:
                         continue
                     value = {
                         "transaction_id": tx,

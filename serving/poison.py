@@ -21,7 +21,7 @@ class Outage(RuntimeError):
 
 
 _OUTAGE_MARKERS = ("Connection", "Timeout", "ActorDied", "ActorError", "ActorUnavailable", "Unavailable",
-                   "OperationalError", "BrokenPipe")
+                   "OperationalError", "BrokenPipe", "DeliveryError")  # a decision the broker refused is not data
 
 
 def is_outage(exc: BaseException) -> bool:
@@ -44,14 +44,16 @@ def is_outage(exc: BaseException) -> bool:
     return False
 
 
-def isolate_failures(rows: Sequence[int], run: Callable[[list[int]], None]) -> dict[int, str]:
+def isolate_failures(rows: Sequence[int], run: Callable[[list[int]], None], blame_all: bool = False) -> dict[int, str]:
     """Call ``run`` on ``rows``, bisecting on failure; return {row: error} of rows that fail alone.
 
     ``run`` processes a contiguous run of rows in order (so one cardholder's
     transactions keep their order) and raises if any of them fails. A run that
     succeeds is done; a failing run of one row is recorded. Raises
     :class:`Outage` when a failure is infrastructure (:func:`is_outage`) or when
-    every row of a multi-row batch fails alone (no record is to blame).
+    every row of a multi-row batch fails alone (no record is to blame), unless
+    ``blame_all``: the caller has waited that "outage" out long enough and no
+    failure looked like infrastructure, so the rows are poison after all.
     Cost: one call for a clean batch, about 2·log2(n) more per poison record.
     """
     errors: dict[int, str] = {}
@@ -71,6 +73,6 @@ def isolate_failures(rows: Sequence[int], run: Callable[[list[int]], None]) -> d
 
     rows = list(rows)
     attempt(rows)
-    if len(errors) == len(rows) > 1:
+    if len(errors) == len(rows) > 1 and not blame_all:
         raise Outage(f"every record of a {len(rows)}-row batch failed alone: an outage, not a poison record")
     return errors

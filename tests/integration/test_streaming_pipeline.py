@@ -260,7 +260,7 @@ def test_http_bad_input_gets_4xx_never_500(runtime, frame):
     assert big.status_code == 413
     too_many = httpx.post(url, json=[good[0]] * 51, timeout=30)
     assert too_many.status_code == 413
-    for body in (b'{"amount": Infinity}', b"[" * 50_000, b"not json", b"\xff\xfe"):
+    for body in (b'{"amount": Infinity}', b'{"amount": 1e400}', b"[" * 50_000, b"not json", b"\xff\xfe"):
         assert httpx.post(url, content=body, timeout=30).status_code == 422
     for bad in ({**good[0], "amount": 1e308}, {**good[0], "amount": 10**401}, {**good[0], "amount": True},
                 {**good[0], "cardholder_id": {"a": 1}}, {**good[0], "timestamp": "1900-01-01T00:00:00Z"}):

@@ -195,3 +195,27 @@ def test_outage_is_recognised_through_a_wrapping_exception() -> None:
         assert is_outage(exc)
     assert not is_outage(ValueError("amount is inf"))
     assert is_outage(TimeoutError())
+
+
+def test_review_probes_bad_stamps_huge_keys_and_separator_lookalikes() -> None:
+    """Found in review: an int64-overflowing produce stamp raised out of decoding; a 1 MB key made a DLQ record
+    over max_request_size; ids joined with a separator could make two transactions look like copies."""
+    huge_stamp = Msg(json.dumps(_record(1)).encode(), 0, headers=(("produced-us", b"9" * 20),), timestamp=2**62)
+    out = decode_messages([huge_stamp], _validator())
+    assert len(out.frame) == 1 and 0 < out.produced_us[0] < 2**62
+    big_key = Msg(b"not json", 1, key=b"k" * 1_000_000)
+    dead = decode_messages([big_key], _validator()).dead[0]
+    assert len(dead.key) < 100 and dead.key.startswith(b"blake2b:")
+    a = json.dumps(_record(0, cardholder_id="a\x1fb", transaction_id="c")).encode()
+    b = json.dumps(_record(0, cardholder_id="a", transaction_id="b\x1fc")).encode()
+    out = _decode([a, b])
+    assert len(out.frame) == 2 and not out.copies and not out.dead
+
+
+def test_rows_that_all_fail_alone_are_blamed_once_the_caller_has_waited() -> None:
+    from serving.poison import isolate_failures
+
+    def two_poison(rows: list[int]) -> None:
+        raise ValueError("both rows are poison")
+
+    assert set(isolate_failures(range(2), two_poison, blame_all=True)) == {0, 1}
