@@ -229,6 +229,21 @@ def _stage_train_fraud(cfg: FedfraudConfig, args: DemoArgs, ctx: dict[str, Any])
     )
 
 
+def _fresh_serving_state(cfg: FedfraudConfig) -> None:
+    """Drop serving's own state of an earlier demo in this folder (score and decision rings, counters).
+
+    The online store was just rebuilt from the history; rings of a previous
+    run would make the same live transactions look like redeliveries.
+    """
+    location = cfg.serving.fraud_state_path
+    if location.startswith(("redis://", "rediss://")):
+        return  # a shared production store is never wiped by the demo
+    path = Path(location)
+    path = path if path.is_absolute() else Path(cfg.features.repo_dir) / path
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{path}{suffix}").unlink(missing_ok=True)
+
+
 def _stage_feature_store(cfg: FedfraudConfig, args: DemoArgs, ctx: dict[str, Any]) -> StageResult:
     """Offline features of the serving bank's history → ``feast apply`` → materialize the online store."""
     from feature_store.feast_store import apply_repo, materialize_repo, open_store
@@ -248,6 +263,7 @@ def _stage_feature_store(cfg: FedfraudConfig, args: DemoArgs, ctx: dict[str, Any
     )
     objects = apply_repo(store)
     materialize_repo(store)
+    _fresh_serving_state(cfg)
     return StageResult(
         "feature store",
         time.perf_counter() - t0,

@@ -29,7 +29,7 @@ from ray import serve
 from ray.serve import Application
 
 from serving.kafka import decode_messages, json_bytes, now_us
-from serving.metrics import CONTENT_TYPE, PipelineMetrics
+from serving.metrics import CONTENT_TYPE, DurableCounters, PipelineMetrics
 
 __all__ = ["ScoringArgs", "StreamScorer", "build_app"]
 
@@ -147,10 +147,11 @@ class StreamScorer:
         g = self.guards
         self.validator = Validator(dedupe=False, max_future_s=g.max_future_s, max_age_days=g.max_age_days)
         self.consumer: StreamConsumer | None = None
+        self.durable = DurableCounters(self.hot.anomaly.kv, self.serving.consumer.group_id)
         _tune_gc(self.serving.gc_threshold)
         if self.args.consume:
             self.consumer = StreamConsumer(self.serving, self.args.bootstrap_servers, self.hot.score, self.metrics,
-                                           self.hot.clock).start()
+                                           self.hot.clock, self.durable).start()
         for kind, tag in self.hot.models().items():
             self.metrics.set_model(kind, tag)
 
@@ -232,7 +233,7 @@ class StreamScorer:
         """Liveness: 503 when the consumer loop died, stalled, retries past its budget or lost the broker."""
         problems = self.problems()
         body = {"status": "unhealthy" if problems else "ok", "problems": problems,
-                "consuming": self.consumer is not None, **self.metrics.snapshot()}
+                "consuming": self.consumer is not None, **await asyncio.to_thread(self.snapshot)}
         return _json(body, 503 if problems else 200)
 
     @api.get("/readyz")
@@ -253,8 +254,20 @@ class StreamScorer:
         return Response(self.metrics.render(), media_type=CONTENT_TYPE)
 
     def snapshot(self) -> dict[str, Any]:
-        """Delivery counters for programmatic callers (handles)."""
-        return self.metrics.snapshot()
+        """Delivery counters of the whole consumer group (durable, all replicas) plus this replica's own.
+
+        ``consumed``/``decided``/``dead_lettered``/``redelivered`` are the
+        group's totals (:class:`serving.metrics.DurableCounters`), so they are
+        right with several replicas and after a restart; ``replica`` holds
+        this process's live figures (lag, models, counts since it started).
+        """
+        local = self.metrics.snapshot()
+        if self.consumer is not None:
+            self.consumer.save_counters()
+        else:
+            self.durable.save(local)
+        totals = self.durable.totals()
+        return {**local, **totals, "replica": local}
 
     def profile(self, reset: bool = False) -> dict[str, dict[str, dict[str, float]]]:
         """Per-section CPU/wall seconds of this replica (consumer, anomaly and fraud stages, Kafka I/O)."""

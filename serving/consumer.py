@@ -28,7 +28,7 @@ import numpy as np
 
 from serving.config import ServingConfig
 from serving.kafka import DeadLetter, DecodedBatch, confirm_sent, decode_messages, dlq_headers, dlq_value, json_bytes
-from serving.metrics import PipelineMetrics, StageClock
+from serving.metrics import DurableCounters, PipelineMetrics, StageClock
 from serving.poison import Outage, is_outage, isolate_failures
 
 __all__ = ["Score", "StreamConsumer"]
@@ -48,7 +48,8 @@ class StreamConsumer:
     """The consumer thread of one replica; :meth:`start`, :meth:`stop`, :meth:`problems`."""
 
     def __init__(self, serving: ServingConfig, bootstrap_servers: str, score: Score,
-                 metrics: PipelineMetrics | None = None, clock: StageClock | None = None) -> None:
+                 metrics: PipelineMetrics | None = None, clock: StageClock | None = None,
+                 durable: DurableCounters | None = None) -> None:
         from feature_store.schema import Validator
 
         self.serving = serving
@@ -57,6 +58,7 @@ class StreamConsumer:
         self.score = score
         self.metrics = metrics or PipelineMetrics()
         self.clock = clock or StageClock()
+        self.durable = durable
         g = self.guards
         self.validator = Validator(dedupe=False, max_future_s=g.max_future_s, max_age_days=g.max_age_days)
         self.max_records = serving.consumer.max_poll_records
@@ -122,6 +124,7 @@ class StreamConsumer:
                 msgs = self._poll(consumer)
                 if time.monotonic() - last_lag > 1.0:
                     self._update_lag(consumer)
+                    self.save_counters()  # also the heartbeat of this replica
                     last_lag = time.monotonic()
                 if not msgs:
                     if self._lag == 0:
@@ -188,6 +191,16 @@ class StreamConsumer:
                 log.warning("commit failed (%s); the batch will be redelivered and re-emitted as redelivered", exc)
         self._progress = time.monotonic()
         self._account(records, decoded, dead_reasons)
+        self.save_counters()
+
+    def save_counters(self) -> None:
+        """Persist this replica's counts (:class:`serving.metrics.DurableCounters`); a store error is logged."""
+        if self.durable is None:
+            return
+        try:
+            self.durable.save(self.metrics.snapshot())
+        except Exception as exc:  # counters are observability; the store's health shows on /readyz
+            log.warning("saving counters failed: %s", exc)
 
     def _score(self, d: DecodedBatch) -> list[dict[str, Any]]:
         """Records of ``d``'s frame: bounded retries, then bisection; outages are waited out."""

@@ -9,7 +9,9 @@ interface with two backends (``sqlite`` path or ``redis://`` URL, STYLE §6):
   state update already landed (redelivery after a crash) re-emits the score it got;
 * ``fraud``: :class:`training.fraud.features.FraudFeatureState` bytes plus the
   last few decisions, so a redelivered transaction re-emits its decision
-  identically instead of updating the fraud features twice.
+  identically instead of updating the fraud features twice;
+* ``counters``: each replica's delivery counters (:mod:`serving.metrics`), so
+  totals survive a restart and add up across replicas.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from pathlib import Path
 
 __all__ = ["KVStore", "RedisKV", "SqliteKV", "open_kv"]
 
-TABLES = ("scores", "fraud")
+TABLES = ("scores", "fraud", "counters")
 
 
 class KVStore(ABC):
@@ -35,6 +37,10 @@ class KVStore(ABC):
     @abstractmethod
     def put_many(self, table: str, items: Sequence[tuple[str, bytes]]) -> None:
         """Write all items (one round trip / one transaction)."""
+
+    @abstractmethod
+    def items(self, table: str, prefix: str = "") -> list[tuple[str, bytes]]:
+        """Every (key, value) of ``table`` whose key starts with ``prefix`` (small tables only: counters)."""
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release connections."""
@@ -83,6 +89,12 @@ class SqliteKV(KVStore):
                 self._conn.execute("ROLLBACK")
                 raise
 
+    def items(self, table: str, prefix: str = "") -> list[tuple[str, bytes]]:
+        with self._lock:
+            rows = self._conn.execute(f"SELECT k, v FROM {_check(table)} WHERE substr(k, 1, ?) = ?",
+                                      (len(prefix), prefix)).fetchall()
+        return [(str(k), bytes(v)) for k, v in rows]
+
     def close(self) -> None:
         self._conn.close()
 
@@ -112,11 +124,22 @@ class RedisKV(KVStore):
         if items:
             self._client.mset({self._key(table, k): v for k, v in items})
 
+    def items(self, table: str, prefix: str = "") -> list[tuple[str, bytes]]:
+        head = self._key(table, "")
+        keys = list(self._client.scan_iter(match=_glob_escape(head + prefix) + "*", count=1000))
+        values = self._client.mget(keys) if keys else []
+        return [(k.decode()[len(head):], v) for k, v in zip(keys, values, strict=True) if v is not None]
+
     def close(self) -> None:
         self._client.close()
 
     def __repr__(self) -> str:
         return f"{self.__class__.__name__}({self.url!r})"
+
+
+def _glob_escape(text: str) -> str:
+    """``text`` with Redis glob metacharacters escaped (a key prefix is matched literally)."""
+    return "".join("\\" + c if c in "*?[]\\" else c for c in text)
 
 
 def open_kv(location: str, base_dir: Path | None = None) -> KVStore:

@@ -17,7 +17,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-__all__ = ["CONTENT_TYPE", "PipelineMetrics", "StageClock"]
+__all__ = ["CONTENT_TYPE", "DurableCounters", "PipelineMetrics", "StageClock"]
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -87,6 +87,57 @@ class PipelineMetrics:
             "consumer_lag": int(self.lag._value.get()),
             "models": dict(self._models),
         }
+
+
+class DurableCounters:
+    """Each replica's delivery counts in the state store (KV table ``counters``); totals add them up.
+
+    A replica saves its counts after every committed micro-batch, with its
+    in-flight count and a heartbeat. ``consumed`` is counted when its batch
+    commits, so the saved figures always satisfy consumed = decided +
+    dead-lettered, and the totals survive a replica's restart (its last save
+    stays) and add up across replicas (the counts of one Kafka consumer
+    group). ``inflight`` sums only replicas seen within ``heartbeat_s``: a dead
+    replica's uncommitted messages are redelivered to a live one.
+    """
+
+    FIELDS = ("consumed", "decided", "dead_lettered", "redelivered", "http_scored")
+
+    def __init__(self, kv: Any, group: str, replica: str | None = None, heartbeat_s: float = 10.0) -> None:
+        import uuid
+
+        self.kv = kv
+        self.prefix = f"{group}/"
+        self.key = self.prefix + (replica or uuid.uuid4().hex[:12])
+        self.heartbeat_s = heartbeat_s
+
+    def save(self, snapshot: dict[str, Any]) -> None:
+        """Persist a :meth:`PipelineMetrics.snapshot` (consumed counted at commit: minus what is in flight)."""
+        import json
+        import time
+
+        counts = {f: int(snapshot.get(f, 0)) for f in self.FIELDS}
+        counts["consumed"] -= int(snapshot.get("inflight", 0))
+        value = {"counts": counts, "inflight": int(snapshot.get("inflight", 0)), "seen": time.time()}
+        self.kv.put_many("counters", [(self.key, json.dumps(value).encode())])
+
+    def totals(self) -> dict[str, Any]:
+        """Counts summed over every replica of the group, ever; ``inflight`` over the live ones."""
+        import json
+        import time
+
+        now = time.time()
+        out: dict[str, Any] = dict.fromkeys(self.FIELDS, 0)
+        out.update(inflight=0, replicas=0, live_replicas=0)
+        for _, blob in self.kv.items("counters", self.prefix):
+            value = json.loads(blob)
+            for f in self.FIELDS:
+                out[f] += int(value["counts"].get(f, 0))
+            out["replicas"] += 1
+            if now - float(value.get("seen", 0)) <= self.heartbeat_s:
+                out["live_replicas"] += 1
+                out["inflight"] += int(value.get("inflight", 0))
+        return out
 
 
 class StageClock:

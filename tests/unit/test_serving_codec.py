@@ -60,3 +60,30 @@ def test_sqlite_kv_round_trip(tmp_path):
 def test_consumer_settings_reject_a_request_timeout_a_join_can_outlive():
     with pytest.raises(ValueError, match="request_timeout_ms"):
         ConsumerSettings(session_timeout_ms=45_000, request_timeout_ms=30_000, heartbeat_interval_ms=3000)
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "redis"])
+def test_durable_counters_add_up_across_replicas_and_survive_a_restart(tmp_path, backend):
+    """Issue 14: totals came from one replica's memory and reset on restart."""
+    from serving.kvstore import RedisKV
+    from serving.metrics import DurableCounters
+
+    if backend == "redis":
+        kv = RedisKV("redis://127.0.0.1:6379/13")
+        kv._client.flushdb()
+    else:
+        kv = SqliteKV(tmp_path / "kv.db")
+    a = DurableCounters(kv, "group-1", replica="a")
+    a.save({"consumed": 10, "decided": 7, "dead_lettered": 1, "inflight": 2, "redelivered": 1})
+    b = DurableCounters(kv, "group-1", replica="b")
+    b.save({"consumed": 5, "decided": 5, "dead_lettered": 0, "inflight": 0})
+    DurableCounters(kv, "group-2", replica="x").save({"consumed": 99, "decided": 99})
+    # replica "a" restarts under a new id: its last save stays in the totals
+    restarted = DurableCounters(kv, "group-1", replica="a2")
+    restarted.save({"consumed": 3, "decided": 2, "dead_lettered": 1, "inflight": 0})
+    totals = restarted.totals()
+    assert (totals["consumed"], totals["decided"], totals["dead_lettered"]) == (8 + 5 + 3, 7 + 5 + 2, 1 + 0 + 1)
+    assert totals["consumed"] == totals["decided"] + totals["dead_lettered"]  # consumed counts at commit
+    assert totals["replicas"] == 3 and totals["inflight"] == 2 and totals["redelivered"] == 1
+    stale = DurableCounters(kv, "group-1", replica="a", heartbeat_s=-1.0).totals()
+    assert stale["live_replicas"] == 0 and stale["inflight"] == 0  # dead replicas' in-flight is not counted
