@@ -40,8 +40,61 @@ log = logging.getLogger(__name__)
 Score = Callable[[Any, np.ndarray, list[str]], list[dict[str, Any]]]
 
 
+def _listener(target: _Revocations) -> Any:
+    """``target`` as a kafka-python ``ConsumerRebalanceListener`` (the client checks the class)."""
+    from kafka import ConsumerRebalanceListener
+
+    class Listener(ConsumerRebalanceListener):
+        def on_partitions_revoked(self, revoked: Any) -> None:
+            target.on_partitions_revoked(revoked)
+
+        def on_partitions_assigned(self, assigned: Any) -> None:
+            target.on_partitions_assigned(assigned)
+
+        def on_partitions_lost(self, lost: Any) -> None:
+            target.on_partitions_lost(lost)
+
+    return Listener()
+
+
+def _without(msgs: list[Any], revoked: set[tuple[str, int]]) -> list[Any]:
+    """``msgs`` minus those of partitions revoked during the batch window (their new owner reads them)."""
+    if not revoked:
+        return msgs
+    kept = [m for m in msgs if (m.topic, m.partition) not in revoked]
+    if len(kept) < len(msgs):
+        log.warning("dropped %d records of revoked partitions from the batch; their new owner scores them",
+                    len(msgs) - len(kept))
+    return kept
+
+
 class _StageFailed(RuntimeError):
     """Scoring one micro-batch failed ``stage_max_attempts`` times in a row."""
+
+
+class _Revocations:
+    """Rebalance listener (Kafka's consumer contract): remembers partitions revoked during a batch window.
+
+    kafka-python calls it from inside ``poll``, on the consumer's thread. A
+    partition revoked while a micro-batch is being gathered is dropped from
+    that batch: the new owner reads it again from the last commit, so this
+    replica must not score it too (that would make two unmarked decisions).
+    """
+
+    def __init__(self) -> None:
+        self.revoked: set[tuple[str, int]] = set()
+
+    def on_partitions_revoked(self, revoked: Any) -> None:
+        self.revoked |= {(tp.topic, tp.partition) for tp in revoked}
+        if revoked:
+            log.info("partitions revoked: %s", sorted(self.revoked))
+
+    def on_partitions_lost(self, lost: Any) -> None:
+        self.on_partitions_revoked(lost)
+
+    def on_partitions_assigned(self, assigned: Any) -> None:
+        if assigned:
+            log.info("partitions assigned: %s", sorted((tp.topic, tp.partition) for tp in assigned))
 
 
 class StreamConsumer:
@@ -113,7 +166,9 @@ class StreamConsumer:
         from serving.kafka import make_consumer, make_producer
 
         s = self.serving
-        consumer = make_consumer(self.bootstrap_servers, s.consumer, s.topics.transactions)
+        self._rebalance = _Revocations()
+        listener = _listener(self._rebalance)
+        consumer = make_consumer(self.bootstrap_servers, s.consumer, s.topics.transactions, listener=listener)
         producer = make_producer(self.bootstrap_servers, s.producer, client_id="fedfraud-dlq")
         self.connected = True
         last_lag = 0.0
@@ -147,18 +202,18 @@ class StreamConsumer:
         store round trips and the produce flush.
         """
         with self.clock.section("consumer.poll"):
+            self._rebalance.revoked.clear()
             polled = consumer.poll(timeout_ms=100, max_records=self.max_records)
             msgs = [m for part in polled.values() for m in part]
-            if not msgs or self.max_wait_ms <= 0:
-                return msgs
-            deadline = time.monotonic() + self.max_wait_ms / 1000
-            while len(msgs) < self.max_records:
-                left_ms = int((deadline - time.monotonic()) * 1000)
-                if left_ms <= 0:
-                    break
-                more = consumer.poll(timeout_ms=left_ms, max_records=self.max_records - len(msgs))
-                msgs += [m for part in more.values() for m in part]
-            return msgs
+            if msgs and self.max_wait_ms > 0:
+                deadline = time.monotonic() + self.max_wait_ms / 1000
+                while len(msgs) < self.max_records:
+                    left_ms = int((deadline - time.monotonic()) * 1000)
+                    if left_ms <= 0:
+                        break
+                    more = consumer.poll(timeout_ms=left_ms, max_records=self.max_records - len(msgs))
+                    msgs += [m for part in more.values() for m in part]
+            return _without(msgs, self._rebalance.revoked)
 
     def _process(self, consumer: Any, producer: Any, msgs: list[Any]) -> None:
         """Decode, score, dead-letter, confirm, commit, account: one micro-batch, start to end."""

@@ -93,7 +93,8 @@ def make_producer(bootstrap_servers: str, settings: ProducerSettings, client_id:
 
 
 def make_consumer(
-    bootstrap_servers: str, settings: ConsumerSettings, topic: str, group_id: str | None = None
+    bootstrap_servers: str, settings: ConsumerSettings, topic: str, group_id: str | None = None,
+    listener: Any = None,
 ) -> KafkaConsumer:
     """The ingress consumer: manual commits (at-least-once), group or manual partition assignment."""
     from kafka import KafkaConsumer, TopicPartition
@@ -118,7 +119,7 @@ def make_consumer(
             raise
         consumer.assign([TopicPartition(topic, p) for p in sorted(parts)])
     else:
-        consumer.subscribe([topic])
+        consumer.subscribe([topic], listener=listener)
     return consumer
 
 
