@@ -21,6 +21,7 @@ from feature_store.config import EgoGraphConfig
 from feature_store.egograph import EgoGraphState
 from feature_store.encoders import merchant_hash, timestamps_us
 from feature_store.privacy import PrivateFeatures, PrivateFeaturizer
+from feature_store.schema import event_order
 
 __all__ = ["CardholderState", "PreparedBatch", "prepare_batch"]
 
@@ -57,7 +58,8 @@ def prepare_batch(frame: pd.DataFrame, featurizer: PrivateFeaturizer) -> Prepare
     missing = [c for c in _COLUMNS if c not in frame]
     if missing:
         raise ValueError(f"frame lacks columns {missing}")
-    data = frame.sort_values(["timestamp", "transaction_id"], kind="stable")
+    order = event_order(frame)
+    data = frame if order is None else frame.iloc[order]
     feats = featurizer.transform(data)
     return PreparedBatch(
         features=feats,

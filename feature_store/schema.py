@@ -13,10 +13,11 @@ multi-GB CSV ingest (in chunks) and a Kafka micro-batch (a few hundred rows).
 from __future__ import annotations
 
 import math
+import re
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
@@ -35,6 +36,7 @@ __all__ = [
     "Transaction",
     "ValidationResult",
     "Validator",
+    "event_order",
     "frame_to_transactions",
     "transactions_to_frame",
 ]
@@ -301,6 +303,17 @@ class Validator:
         self.clock = clock
         self._seen: set[str] = set()
 
+    def _window(self) -> tuple[float, float]:
+        """Accepted POSIX seconds (lo, hi) right now: 1970..2100 narrowed by ``max_age_days``/``max_future_s``."""
+        lo, hi = float(MIN_EPOCH_S), float(MAX_EPOCH_S)
+        if self.max_future_s is not None or self.max_age_days is not None:
+            now = self.clock()
+            if self.max_future_s is not None:
+                hi = min(hi, now + self.max_future_s)
+            if self.max_age_days is not None:
+                lo = max(lo, now - self.max_age_days * 86400)
+        return lo, hi
+
     def validate(self, frame: pd.DataFrame, row_offset: int = 0) -> ValidationResult:
         """Judge every row of ``frame``; see the module docstring for the guarantees."""
         n = len(frame)
@@ -422,6 +435,10 @@ class Validator:
         not finite is ``bad_amount``/``lat_out_of_range``/... before any
         arithmetic can overflow on it.
         """
+        if not self.dedupe and 0 < len(records) <= FAST_PATH_MAX_ROWS:
+            clean = _clean_records(records, self._window())
+            if clean is not None:  # every record clean and of the common JSON types: no rule can reject one
+                return ValidationResult(accepted=clean, rejects=_no_rejects())
         typed: list[Mapping[str, Any]] = []
         kept: list[int] = []
         early: list[tuple[int, str, str]] = []
@@ -446,6 +463,106 @@ class Validator:
         first = pd.DataFrame(early, columns=["row", "reason", "detail"]).astype({"row": "int64"})
         rejects = pd.concat([first, late], ignore_index=True).sort_values("row", kind="stable").reset_index(drop=True)
         return ValidationResult(accepted=result.accepted, rejects=rejects)
+
+
+#: Largest record batch :meth:`Validator.validate_records` judges one record at a time in plain Python
+#: (the stream's micro-batches at low load); larger ones, and any batch with a record that is not clean,
+#: take the vectorised frame path. The two agree on every clean batch (tests/unit/test_schema_fast_path.py).
+FAST_PATH_MAX_ROWS = 64
+
+#: A timestamp the fast path parses itself: ISO-8601 date and time, optional fraction and UTC offset.
+_ISO_RE = re.compile(r"\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}:\d{2}(\.\d{1,6})?(Z|[+-]\d{2}:\d{2})?")
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_US = timedelta(microseconds=1)
+
+
+def _clean_text(value: Any) -> str | None:
+    """``value`` as the frame path's text, when it is a clean id (non-blank, UTF-8, short); else None."""
+    if isinstance(value, str):
+        text = value
+    elif isinstance(value, int) and not isinstance(value, bool) and abs(value) < 10**20:
+        text = str(value)
+    else:
+        return None
+    if not text or text.isspace() or len(text) > MAX_TEXT_LEN:
+        return None
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate (JSON "\ud800")
+        return None
+    return text
+
+
+def _clean_number(value: Any, lo: float, hi: float) -> float | None:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if isinstance(value, int) and abs(value) > 10**15:  # the frame path's own range check; float() may overflow
+            return None
+        number = float(value)
+        if lo <= number <= hi:  # NaN fails both comparisons
+            return number
+    return None
+
+
+def _clean_timestamp_us(value: Any, lo: float, hi: float) -> int | None:
+    """µs since the epoch of an ISO-8601 string inside [lo, hi] seconds; None for anything else."""
+    if not isinstance(value, str) or _ISO_RE.fullmatch(value) is None:
+        return None
+    try:
+        stamp = datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    stamp = stamp.replace(tzinfo=UTC) if stamp.tzinfo is None else stamp.astimezone(UTC)
+    us = (stamp - _EPOCH) // _US
+    return us if lo * 1e6 <= us <= hi * 1e6 else None
+
+
+_LABELS = {None: None, True: True, False: False}  # 1 == True and 0 == False: the ints map alike
+
+
+def _clean_records(records: Sequence[Any], window: tuple[float, float]) -> pd.DataFrame | None:
+    """The accepted frame of ``records`` when every one is clean, else None (then the frame path judges them).
+
+    Clean means a JSON object whose fields are of the common types, with no
+    value any rule of :meth:`Validator.validate` would reject: the same
+    canonical frame comes out, without ~15 ms of pandas fixed cost per call.
+    """
+    lo, hi = window
+    cols: dict[str, list[Any]] = {c: [] for c in CANONICAL_COLUMNS}
+    stamps: list[int] = []
+    for record in records:
+        if not isinstance(record, Mapping):
+            return None
+        texts = [_clean_text(record.get(c)) for c in TEXT_COLUMNS]
+        stamp = _clean_timestamp_us(record.get("timestamp"), lo, hi)
+        amount = _clean_number(record.get("amount"), 0.0, MAX_AMOUNT)
+        lat = _clean_number(record.get("lat"), -90.0, 90.0)
+        lon = _clean_number(record.get("lon"), -180.0, 180.0)
+        label = record.get("is_fraud")
+        geo = record.get("geo_source")
+        if (None in texts or stamp is None or amount is None or lat is None or lon is None
+                or type(label) not in (type(None), bool, int) or label not in _LABELS
+                or not (geo is None or isinstance(geo, str))):
+            return None
+        for c, text in zip(TEXT_COLUMNS, texts, strict=True):
+            cols[c].append(text)
+        stamps.append(stamp)
+        cols["amount"].append(amount)
+        cols["lat"].append(lat)
+        cols["lon"].append(lon)
+        cols["is_fraud"].append(_LABELS[label])
+        cols["geo_source"].append("exact" if geo is None else geo)
+    cols["timestamp"] = pd.DatetimeIndex(np.asarray(stamps, dtype="datetime64[us]")).tz_localize("UTC")
+    cols["amount"] = np.round(np.asarray(cols["amount"], dtype=np.float64), 2)  # numpy's rounding, as Series.round
+    cols["lat"] = np.asarray(cols["lat"], dtype=np.float64)
+    cols["lon"] = np.asarray(cols["lon"], dtype=np.float64)
+    cols["is_fraud"] = pd.array(cols["is_fraud"], dtype="boolean")
+    frame = pd.DataFrame(cols)  # one construction: column-by-column assignment cost ~1.5 ms more per batch
+    return frame
+
+
+def _no_rejects() -> pd.DataFrame:
+    return pd.DataFrame({"row": np.zeros(0, dtype=np.int64), "reason": np.zeros(0, dtype=object),
+                         "detail": np.zeros(0, dtype=object)})
 
 
 _NUMERIC_FIELDS: dict[str, RejectReason] = {
@@ -483,6 +600,19 @@ def _json_type_problem(record: Any) -> tuple[RejectReason, str] | None:
 
 def _json_name(value: Any) -> str:
     return {bool: "boolean", dict: "object", list: "array"}.get(type(value), type(value).__name__)
+
+
+def event_order(frame: pd.DataFrame) -> np.ndarray | None:
+    """Positions of ``frame``'s rows in event order (timestamp, then transaction_id; stable), or None when the
+    rows already are in that order (a Kafka partition's usual case, which then costs no reindexing).
+    """
+    if len(frame) <= 256:  # plain Python beats pandas' fixed cost on a micro-batch
+        keys = list(zip(frame["timestamp"].tolist(), frame["transaction_id"].tolist(), strict=True))
+        order = np.asarray(sorted(range(len(keys)), key=keys.__getitem__), dtype=np.int64)
+    else:
+        ranked = frame.reset_index(drop=True).sort_values(["timestamp", "transaction_id"], kind="stable")
+        order = ranked.index.to_numpy()
+    return None if np.array_equal(order, np.arange(len(frame))) else order
 
 
 def frame_to_transactions(frame: pd.DataFrame) -> list[Transaction]:

@@ -151,7 +151,7 @@ class StreamScorer:
         _tune_gc(self.serving.gc_threshold)
         if self.args.consume:
             self.consumer = StreamConsumer(self.serving, self.args.bootstrap_servers, self.hot.score, self.metrics,
-                                           self.hot.clock, self.durable).start()
+                                           self.hot.clock, self.durable, cfg.egograph.dedupe_ring).start()
         for kind, tag in self.hot.models().items():
             self.metrics.set_model(kind, tag)
 

@@ -129,9 +129,12 @@ class EmbeddedBroker:
         port: int | None = None,
         startup_timeout_s: float = 20.0,
         log_dir: Path | None = None,
+        advertised_port: int | None = None,
     ) -> None:
         self.topics = dict(topics or {})
         self.port = port or free_port()
+        #: the port clients are told to use (a proxy in front of the broker, for fault injection); default: port
+        self.advertised_port = advertised_port or self.port
         self.startup_timeout_s = startup_timeout_s
         self._log_dir = log_dir
         self._proc: subprocess.Popen[bytes] | None = None
@@ -139,7 +142,7 @@ class EmbeddedBroker:
 
     @property
     def bootstrap_servers(self) -> str:
-        return f"127.0.0.1:{self.port}"
+        return f"127.0.0.1:{self.advertised_port}"
 
     @property
     def running(self) -> bool:
@@ -160,7 +163,7 @@ class EmbeddedBroker:
             "--listener-url",
             url,
             "--advertised-listener-url",
-            url,
+            f"tcp://{self.bootstrap_servers}",
             "--storage-engine",
             "memory://tansu/",
         ]

@@ -53,6 +53,13 @@ class ConsumerSettings(_Section):
     )
     fetch_max_wait_ms: int = Field(5, ge=0, description="broker waits this long for fetch_min_bytes: latency knob")
     auto_offset_reset: str = Field("earliest", pattern="^(earliest|latest)$")
+    max_unacked_batches: int = Field(
+        8, ge=0, description="micro-batches whose produced decisions may await broker acks while the next ones are "
+        "scored (0: wait for every batch's acks before the next, as a synchronous flush)",
+    )
+    commit_interval_ms: int = Field(
+        50, ge=0, description="commit acknowledged offsets at most this often (and always before a rebalance/stop)"
+    )
 
     @model_validator(mode="after")
     def _timeouts(self) -> ConsumerSettings:

@@ -8,8 +8,8 @@ Each micro-batch goes through the same steps::
       ──> decode + validate (never raises; dead letters sent at once)
       ──> score(frame)        (serving.hotpath.HotPath: states, GNN, XGBoost, produce + confirm)
       ──> copies / rejects    (decisions of in-batch copies; DLQ for rows the stages rejected)
-      ──> confirm every send  (serving.kafka.confirm_sent)
-      ──> commit              (the at-least-once point)
+      ──> ack window          (serving.acks.AckWindow: the next batches are scored while the broker acks)
+      ──> commit, in order    (the at-least-once point: only offsets whose batch and predecessors are acked)
 
 A failing batch is retried ``guards.stage_max_attempts`` times, then bisected
 (:mod:`serving.poison`); an outage is retried until it ends, never
@@ -21,13 +21,15 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from serving.config import ServingConfig
-from serving.kafka import DeadLetter, DecodedBatch, confirm_sent, decode_messages, dlq_headers, dlq_value, json_bytes
+from serving.acks import AckWindow
+from serving.kafka import DeadLetter, DecodedBatch, decode_messages, dlq_headers, dlq_value, json_bytes
 from serving.metrics import DurableCounters, PipelineMetrics, StageClock
 from serving.poison import Outage, is_outage, isolate_failures
 
@@ -35,9 +37,14 @@ __all__ = ["Score", "StreamConsumer"]
 
 log = logging.getLogger(__name__)
 
-#: score(frame, produced_us, content) -> one record per frame row, in frame order (a decision or a
-#: ``decision: rejected`` record with ``reject_reason``); decisions are produced and confirmed before it returns.
-Score = Callable[[Any, np.ndarray, list[str]], list[dict[str, Any]]]
+class Score(Protocol):
+    """``score(frame, produced_us, content, sends=futures)`` -> one record per frame row, in frame order (a
+    decision or a ``decision: rejected`` record with ``reject_reason``); the decisions are produced and their
+    send futures appended to ``sends`` (the consumer confirms them before it commits).
+    """
+
+    def __call__(self, frame: Any, produced_us: np.ndarray, content: list[str], *,
+                 sends: list[Any]) -> list[dict[str, Any]]: ...
 
 
 def _listener(target: _Revocations) -> Any:
@@ -83,14 +90,20 @@ class _Revocations:
 
     def __init__(self) -> None:
         self.revoked: set[tuple[str, int]] = set()
+        self.before_revoke: Callable[[], Any] | None = None
 
     def on_partitions_revoked(self, revoked: Any) -> None:
         self.revoked |= {(tp.topic, tp.partition) for tp in revoked}
         if revoked:
             log.info("partitions revoked: %s", sorted(self.revoked))
+            if self.before_revoke is not None:
+                try:
+                    self.before_revoke()
+                except Exception as exc:  # the new owner redelivers what was not committed
+                    log.warning("could not commit before the rebalance (%s); those batches will be redelivered", exc)
 
     def on_partitions_lost(self, lost: Any) -> None:
-        self.on_partitions_revoked(lost)
+        self.revoked |= {(tp.topic, tp.partition) for tp in lost}  # lost: too late to commit for them
 
     def on_partitions_assigned(self, assigned: Any) -> None:
         if assigned:
@@ -102,7 +115,7 @@ class StreamConsumer:
 
     def __init__(self, serving: ServingConfig, bootstrap_servers: str, score: Score,
                  metrics: PipelineMetrics | None = None, clock: StageClock | None = None,
-                 durable: DurableCounters | None = None) -> None:
+                 durable: DurableCounters | None = None, replay_window: int | None = None) -> None:
         from feature_store.schema import Validator
 
         self.serving = serving
@@ -116,6 +129,11 @@ class StreamConsumer:
         self.validator = Validator(dedupe=False, max_future_s=g.max_future_s, max_age_days=g.max_age_days)
         self.max_records = serving.consumer.max_poll_records
         self.max_wait_ms = serving.consumer.max_batch_wait_ms
+        #: most uncommitted transactions of one cardholder (message key): the stages recognise a redelivery
+        #: only among a cardholder's last ``decision_ring`` / ``dedupe_ring`` transactions, so no more than
+        #: that many may be uncommitted at once, or a crash could re-decide one without the mark
+        self.replay_window = min(replay_window or serving.decision_ring, serving.decision_ring)
+        self._uncommitted: Counter[bytes | None] = Counter()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.error: BaseException | None = None
@@ -170,6 +188,9 @@ class StreamConsumer:
         listener = _listener(self._rebalance)
         consumer = make_consumer(self.bootstrap_servers, s.consumer, s.topics.transactions, listener=listener)
         producer = make_producer(self.bootstrap_servers, s.producer, client_id="fedfraud-dlq")
+        self._acks = AckWindow(s.consumer.max_unacked_batches, s.consumer.commit_interval_ms,
+                               lambda offsets: self._commit(consumer, offsets))
+        self._rebalance.before_revoke = self._drain  # give partitions away with their offsets committed
         self.connected = True
         last_lag = 0.0
         log.info("consumer started topic=%s group=%s assignment=%s batch<=%d wait<=%dms", s.topics.transactions,
@@ -182,10 +203,12 @@ class StreamConsumer:
                     self.save_counters()  # also the heartbeat of this replica
                     last_lag = time.monotonic()
                 if not msgs:
+                    self._drain()  # idle: nothing to overlap the acks with, commit now
                     if self._lag == 0:
                         self._progress = time.monotonic()  # idle with nothing waiting is not a stall
                     continue
-                self._process(consumer, producer, msgs)
+                self._process(consumer, producer, self._within_replay_window(consumer, msgs))
+            self._drain()
         finally:
             try:
                 producer.flush(timeout=5)
@@ -215,11 +238,45 @@ class StreamConsumer:
                     msgs += [m for part in more.values() for m in part]
             return _without(msgs, self._rebalance.revoked)
 
+    def _drain(self) -> None:
+        """Confirm and commit every scored batch (:meth:`serving.acks.AckWindow.drain`)."""
+        self._acks.drain()
+        self._uncommitted.clear()
+
+    def _within_replay_window(self, consumer: Any, msgs: list[Any]) -> list[Any]:
+        """``msgs`` cut so that no cardholder (message key) has more than ``replay_window`` uncommitted
+        transactions; each partition is sought back to its first message left out (read again next poll).
+        Commits first when the batches awaiting acks already fill a cardholder's window.
+        """
+        from kafka import TopicPartition
+
+        window = self.replay_window
+        wanted = Counter(m.key for m in msgs)
+        if any(self._uncommitted[k] + n > window for k, n in wanted.items()):
+            self._drain()  # commit what is scored: those transactions can no longer be redelivered
+        if all(self._uncommitted[k] + n <= window for k, n in wanted.items()):
+            self._uncommitted.update(wanted)
+            return msgs
+        kept: list[Any] = []
+        cut: dict[tuple[str, int], int] = {}
+        for m in msgs:  # poll order: offsets ascend within each partition
+            tp = (m.topic, m.partition)
+            if tp in cut:
+                continue
+            if self._uncommitted[m.key] >= window:
+                cut[tp] = m.offset
+                continue
+            self._uncommitted[m.key] += 1
+            kept.append(m)
+        for (topic, partition), offset in cut.items():
+            consumer.seek(TopicPartition(topic, partition), offset)
+        log.info("micro-batch cut to %d of %d records: a cardholder reached %d uncommitted transactions",
+                 len(kept), len(msgs), window)
+        return kept
+
     def _process(self, consumer: Any, producer: Any, msgs: list[Any]) -> None:
         """Decode, score, dead-letter, confirm, commit, account: one micro-batch, start to end."""
         from kafka import TopicPartition
-        from kafka.errors import KafkaError
-        from kafka.structs import OffsetAndMetadata
 
         t0 = time.perf_counter()
         self.metrics.consumed.inc(len(msgs))
@@ -234,18 +291,29 @@ class StreamConsumer:
             decoded = decode_messages(msgs, self.validator, self.guards.max_message_bytes)
             futures = [self._dead_letter(producer, dead) for dead in decoded.dead]
         dead_reasons = [dead.reason for dead in decoded.dead]
-        records = self._score(decoded) if len(decoded.frame) else []
+        sends: list[Any] = []
+        records = self._score(decoded, sends) if len(decoded.frame) else []
         self.metrics.stage.labels(stage="score").observe(time.perf_counter() - t0)
         with self.clock.section("consumer.commit"):
-            futures += self._rejects_and_copies(producer, decoded, records, dead_reasons)
-            if futures:
-                confirm_sent(producer, futures)  # DeliveryError: the loop stops uncommitted; Serve restarts it
-            try:
-                consumer.commit({tp: OffsetAndMetadata(off, "", -1) for tp, off in offsets.items()})
-            except KafkaError as exc:  # lost the partitions in a rebalance: the new owner redelivers
-                log.warning("commit failed (%s); the batch will be redelivered and re-emitted as redelivered", exc)
+            futures += sends + self._rejects_and_copies(producer, decoded, records, dead_reasons)
+            # committed once every send of this batch and of the batches before it is acknowledged
+            # (DeliveryError: the loop stops uncommitted; Serve restarts it and the batch is redelivered)
+            self._acks.add(futures, offsets, lambda: self._acked(records, decoded, dead_reasons))
+
+    def _acked(self, records: list[dict[str, Any]], decoded: DecodedBatch, dead_reasons: list[str]) -> None:
+        """A batch's sends are acknowledged: count it (the counters never run ahead of the topics)."""
         self._progress = time.monotonic()
         self._account(records, decoded, dead_reasons)
+
+    def _commit(self, consumer: Any, offsets: dict[Any, int]) -> None:
+        from kafka.errors import KafkaError
+        from kafka.structs import OffsetAndMetadata
+
+        try:
+            consumer.commit({tp: OffsetAndMetadata(off, "", -1) for tp, off in offsets.items()})
+        except KafkaError as exc:  # lost the partitions in a rebalance: the new owner redelivers
+            log.warning("commit failed (%s); the batches will be redelivered and re-emitted as redelivered", exc)
+        self._progress = time.monotonic()
         self.save_counters()
 
     def save_counters(self) -> None:
@@ -257,10 +325,12 @@ class StreamConsumer:
         except Exception as exc:  # counters are observability; the store's health shows on /readyz
             log.warning("saving counters failed: %s", exc)
 
-    def _score(self, d: DecodedBatch) -> list[dict[str, Any]]:
-        """Records of ``d``'s frame: bounded retries, then bisection; outages are waited out."""
+    def _score(self, d: DecodedBatch, sends: list[Any]) -> list[dict[str, Any]]:
+        """Records of ``d``'s frame (their send futures into ``sends``): bounded retries, then bisection;
+        outages are waited out.
+        """
         try:
-            return self._retry(lambda: self.score(d.frame, d.produced_us, d.content))
+            return self._retry(lambda: self.score(d.frame, d.produced_us, d.content, sends=sends))
         except _StageFailed:
             pass
         delay = self.guards.retry_backoff_s
@@ -269,7 +339,7 @@ class StreamConsumer:
             # rows that all fail alone, with no sign of infrastructure, for longer than the retry budget: poison
             blame_all = time.monotonic() - started > self.guards.retry_budget_s
             try:
-                return self._bisect(d, blame_all)
+                return self._bisect(d, sends, blame_all)
             except Outage as exc:  # nothing is dead-lettered in an outage; health turns red after the budget
                 if self._stop.is_set():
                     raise
@@ -300,7 +370,7 @@ class StreamConsumer:
                     delay = min(delay * 2, 2.0)
         raise _StageFailed("scoring")
 
-    def _bisect(self, d: DecodedBatch, blame_all: bool = False) -> list[dict[str, Any]]:
+    def _bisect(self, d: DecodedBatch, sends: list[Any], blame_all: bool = False) -> list[dict[str, Any]]:
         """Score ``d`` in halves until the records that fail alone are found (:mod:`serving.poison`).
 
         Returns one record per frame row, in frame order: a decision, or a
@@ -311,7 +381,7 @@ class StreamConsumer:
         def run(rows: list[int]) -> None:
             piece = d.frame.iloc[rows].reset_index(drop=True)
             content = [d.content[i] for i in rows] if d.content else []
-            out.update(zip(rows, self.score(piece, d.produced_us[rows], content), strict=True))
+            out.update(zip(rows, self.score(piece, d.produced_us[rows], content, sends=sends), strict=True))
             self._progress = time.monotonic()  # a bisection that scores pieces is progress, not a stall
             self._retrying_since = time.monotonic()
 

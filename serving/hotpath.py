@@ -64,12 +64,17 @@ class HotPath:
         log.info("hot path ready anomaly=%s fraud=%s", self.anomaly.model.tag, tag)
 
     def score(self, frame: Any, produced_us: np.ndarray, content: list[str] | None = None,
-              source: str = "kafka") -> list[dict[str, Any]]:
-        """One record per row of ``frame`` (event-time ordered, validated), produced and confirmed."""
+              source: str = "kafka", sends: list[Any] | None = None) -> list[dict[str, Any]]:
+        """One record per row of ``frame`` (event-time ordered, validated), produced.
+
+        Confirmed by the broker before returning, unless ``sends`` is given: then
+        the send futures are appended to it for the caller to confirm before it
+        commits (:class:`serving.acks.AckWindow`).
+        """
         with self._lock:
             scored = self.anomaly.score(frame, produced_us, source)
             scored.content = list(content or [])
-            return self.fraud.decide(scored)
+            return self.fraud.decide(scored, sends)
 
     def ready(self) -> None:
         """One read of each state store (Feast online store, scores/decisions KV); raises if one is down."""

@@ -33,7 +33,6 @@ write never mixes embeddings of two models.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import struct
@@ -47,7 +46,7 @@ import pandas as pd
 
 from feature_store.cardholder import CardholderState, PreparedBatch, prepare_batch
 from feature_store.privacy import PrivateFeaturizer
-from serving.kafka import confirm_sent, json_bytes, now_us
+from serving.kafka import confirm_sent, json_bytes, json_value, now_us
 from serving.kvstore import KVStore
 from serving.metrics import StageClock
 
@@ -327,7 +326,7 @@ class AnomalyStage:
         with clock.section("anomaly.state_read"):
             states = dict(zip(holders, self.client.read_states(holders), strict=True))
             blobs = self.kv.get_many("scores", holders)
-            rings = {h: (json.loads(b) if b else []) for h, b in zip(holders, blobs, strict=True)}
+            rings = {h: (json_value(b) if b else []) for h, b in zip(holders, blobs, strict=True)}
         with clock.section("anomaly.graphs"):
             return self._apply(AnomalyWork(batch, frame, produced_us, source, model, states, rings))
 
@@ -471,7 +470,7 @@ def _pack_fraud(state_bytes: bytes, ring: list[dict[str, Any]]) -> bytes:
 
 def _unpack_fraud(blob: bytes) -> tuple[bytes, list[dict[str, Any]]]:
     (n,) = _LEN.unpack_from(blob)
-    return blob[_LEN.size : _LEN.size + n], json.loads(blob[_LEN.size + n :])
+    return blob[_LEN.size : _LEN.size + n], json_value(blob[_LEN.size + n :])
 
 
 class FraudStage:
@@ -523,8 +522,13 @@ class FraudStage:
         self._check_layout(model)
         self.model, self.model_tag = model, tag
 
-    def decide(self, scored: ScoredBatch) -> list[dict[str, Any]]:
-        """Decision records of ``scored`` (in its order); emits and flushes them (and the scores) before returning."""
+    def decide(self, scored: ScoredBatch, sends: list[Any] | None = None) -> list[dict[str, Any]]:
+        """Decision records of ``scored`` (in its order), emitted with the scores.
+
+        Without ``sends`` the records are acknowledged by the broker before
+        this returns; with it the send futures are appended to ``sends`` for
+        the caller to confirm before it commits (the consumer's async acks).
+        """
         from training.fraud.features import FraudInput
 
         model, tag, clock = self.model, self.model_tag, self.clock
@@ -569,7 +573,13 @@ class FraudStage:
             self.kv.put_many("fraud", [(h, _pack_fraud(states[h].to_bytes(), rings[h])) for h in touched])
         decided = now_us()
         out = [{**_public(r), "decided_us": decided} for r in records if r is not None]
-        self._emit(scored, out)
+        futures = self._emit(scored, out)
+        if sends is None:
+            with self.clock.section("kafka.flush"):
+                if futures:
+                    confirm_sent(self.producer, futures)
+        else:
+            sends += futures
         return out
 
     def _read(self, holders: list[str]) -> tuple[dict[str, Any], dict[str, list[dict[str, Any]]]]:
@@ -613,17 +623,17 @@ class FraudStage:
             del ring[: max(len(ring) - self.ring, 0)]
             records[i] = record
 
-    def _emit(self, scored: ScoredBatch, records: list[dict[str, Any]]) -> None:
-        """Send the batch's anomaly scores and decisions, then one flush, then check every send.
+    def _emit(self, scored: ScoredBatch, records: list[dict[str, Any]]) -> list[Any]:
+        """Send the batch's anomaly scores and decisions; returns the send futures.
 
-        At-least-once: the caller commits the input offsets only after this
-        returns, and it returns only when the broker acknowledged every record
-        (:func:`serving.kafka.confirm_sent` raises otherwise; kafka-python's
-        ``flush`` alone does not report failed sends). Rejected rows
-        (``decision: rejected``) are the caller's to dead-letter, not decisions.
+        At-least-once: the input offsets are committed only after every one of
+        these futures is acknowledged (:func:`serving.kafka.confirm_sent`, or the
+        consumer's :class:`serving.acks.AckWindow`; kafka-python's ``flush``
+        alone does not report failed sends). Rejected rows (``decision:
+        rejected``) are the caller's to dead-letter, not decisions.
         """
         if self.producer is None or not len(scored):
-            return
+            return []
         send = self.producer.send
         futures: list[Any] = []
         rejected = {i for i, r in enumerate(records) if r["decision"] == "rejected"}  # records align with rows
@@ -645,8 +655,7 @@ class FraudStage:
                 for r in records:
                     if r["decision"] != "rejected":
                         futures.append(send(self.topic, key=r["cardholder"].encode(), value=json_bytes(r)))
-        with self.clock.section("kafka.flush"):
-            confirm_sent(self.producer, futures)
+        return futures
 
 
 def _public(record: dict[str, Any]) -> dict[str, Any]:

@@ -30,12 +30,12 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["BENCH_REDIS_DB", "ServingBenchResult", "run_serving_bench"]
+__all__ = ["BENCH_REDIS_DB", "COLUMNS", "ServingBenchResult", "publish_bench_models", "run_serving_bench"]
 
 log = logging.getLogger(__name__)
 #: Redis database the bench owns (flushed at start); other work uses db 0.
 BENCH_REDIS_DB = 14
-_COLUMNS = ["transaction_id", "cardholder_id", "merchant_id", "timestamp", "amount", "lat", "lon", "mcc", "is_fraud",
+COLUMNS = ["transaction_id", "cardholder_id", "merchant_id", "timestamp", "amount", "lat", "lon", "mcc", "is_fraud",
             "geo_source"]
 
 
@@ -171,42 +171,21 @@ def run_serving_bench(
     config: Any = None,
 ) -> ServingBenchResult:
     """Run all three measurements in one process against one embedded broker and one deployment."""
-    import torch
-
     from fedfraud.config import FedfraudConfig
-    from feature_store.privacy import PrivateFeaturizer
     from serving.runtime import start
     from training.data.config import GeneratorConfig
     from training.data.synthetic import generate_frame
-    from training.fraud.config import FraudConfig
-    from training.fraud.features import build_features
-    from training.fraud.model import fit_model
     from training.registry import ModelRegistry
 
     cfg: FedfraudConfig = config or FedfraudConfig()
     tmp = Path(tempfile.mkdtemp(prefix="fedfraud-bench-serving-"))
     need = backlog + int(sum(loads) * seconds) + 2000 + 300 + 300  # training rows, warm-up, HTTP requests
     frame, _ = generate_frame(GeneratorConfig(banks=1, cardholders=max(200, need // 60), days=60, seed=5))
-    frame = frame.sort_values(["timestamp", "transaction_id"]).reset_index(drop=True)[_COLUMNS]
+    frame = frame.sort_values(["timestamp", "transaction_id"]).reset_index(drop=True)[COLUMNS]
     if len(frame) < need:
         log.warning("generated %d rows, wanted %d; loads run shorter", len(frame), need)
     reg = ModelRegistry(registry or tmp / "registry")
-    if registry is None or reg.latest("fraud") is None:
-        fcfg = FraudConfig(num_boost_round=50, nthread=1)
-        train = frame.head(2000)
-        feats = build_features(train, PrivateFeaturizer.for_bank(cfg.encoder, cfg.privacy, 0).transform(train), fcfg)
-        fit_model(feats, feats, True, fcfg, "centralized").publish(reg, config={"fraud": fcfg.model_dump()}, metrics={})
-    if registry is None or reg.latest("anomaly") is None:
-        from training.anomaly.config import AnomalyConfig
-        from training.anomaly.model import AnomalyModel
-        from training.anomaly.scorer import publish_anomaly_model
-
-        log.warning("no trained anomaly model in the registry: benchmarking an untrained one (same cost)")
-        torch.manual_seed(0)
-        acfg = AnomalyConfig()
-        model = AnomalyModel(acfg, cfg.encoder, cfg.egograph.max_nodes)
-        publish_anomaly_model(reg, model.state_dict(), anomaly_cfg=acfg, encoder_cfg=cfg.encoder, ego_cfg=cfg.egograph,
-                              config={}, metrics={}, privacy={}, card="benchmark")
+    publish_bench_models(reg, frame.head(2000), cfg)
     serving = cfg.serving.model_copy(update={"registry_root": str(reg.root), "bootstrap_servers": None})
     features = cfg.features.model_copy(update={"repo_dir": str(tmp / "repo")})
     store = cfg.features.profile.strip().lower()
@@ -251,6 +230,34 @@ def run_serving_bench(
         rt.stop()
     return ServingBenchResult(ceiling, sustained, backlog, rows, models, os.cpu_count() or 0, load_avg, store, profile,
                               cfg.serving.scorer_replicas, cfg.serving.partitions, http)
+
+
+def publish_bench_models(reg: Any, train: Any, cfg: Any) -> None:
+    """A fraud model fitted on ``train`` and an untrained anomaly model (same cost to run as a trained one),
+    each published unless ``reg`` already holds one.
+    """
+    import torch
+
+    from feature_store.privacy import PrivateFeaturizer
+    from training.fraud.config import FraudConfig
+    from training.fraud.features import build_features
+    from training.fraud.model import fit_model
+
+    if reg.latest("fraud") is None:
+        fcfg = FraudConfig(num_boost_round=50, nthread=1)
+        feats = build_features(train, PrivateFeaturizer.for_bank(cfg.encoder, cfg.privacy, 0).transform(train), fcfg)
+        fit_model(feats, feats, True, fcfg, "centralized").publish(reg, config={"fraud": fcfg.model_dump()}, metrics={})
+    if reg.latest("anomaly") is None:
+        from training.anomaly.config import AnomalyConfig
+        from training.anomaly.model import AnomalyModel
+        from training.anomaly.scorer import publish_anomaly_model
+
+        log.warning("no trained anomaly model in the registry: benchmarking an untrained one (same cost)")
+        torch.manual_seed(0)
+        acfg = AnomalyConfig()
+        model = AnomalyModel(acfg, cfg.encoder, cfg.egograph.max_nodes)
+        publish_anomaly_model(reg, model.state_dict(), anomaly_cfg=acfg, encoder_cfg=cfg.encoder, ego_cfg=cfg.egograph,
+                              config={}, metrics={}, privacy={}, card="benchmark")
 
 
 def _http_sequential(url: str, rows: Any) -> dict[str, float]:

@@ -89,6 +89,29 @@ def serving(
     emit(result.to_markdown(), out)
 
 
+@bench_app.command("chaos")
+def chaos(
+    ctx: typer.Context,
+    transactions: Annotated[int, typer.Option("--transactions", min=50, help="streamed per fault")] = 600,
+    rate: Annotated[float, typer.Option("--rate", min=10, help="offered tx/s during each fault")] = 150.0,
+    outage_s: Annotated[float, typer.Option("--outage-s", min=1, help="how long each outage lasts")] = 5.0,
+    fault: Annotated[
+        list[str] | None,
+        typer.Option("--fault", help="run only these (repeatable): malformed records | broker outage | "
+                     "Redis outage | replica kill"),
+    ] = None,
+    out: OutOption = None,
+) -> None:
+    """One fault at a time on the live stream (Redis profile); in/decided/DLQ/duplicates/lost from the topics."""
+    from fedfraud.bench.chaos import run_chaos_bench
+
+    try:
+        result = run_chaos_bench(transactions, rate, outage_s, config_of(ctx), tuple(fault) if fault else None)
+    except ValueError as exc:
+        raise UserError(str(exc)) from exc
+    emit(result.to_markdown(), out)
+
+
 @bench_app.command("anomaly")
 def anomaly(
     ctx: typer.Context,

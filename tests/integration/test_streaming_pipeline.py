@@ -160,7 +160,10 @@ def test_killing_the_scoring_replica_loses_and_double_counts_nothing(runtime, fr
     versions_before = np.array([s.version for s in client.read_states(pseudonyms)])
     before = runtime.wait_idle()
     thread, out = _stream_in_background(runtime, part, rate=300)
-    time.sleep(1.5)
+    deadline = time.monotonic() + 30
+    while runtime.counters()["replica"]["decided"] < before["replica"]["decided"] + 100:  # kill it mid-work,
+        assert time.monotonic() < deadline, "the replica decided nothing in 30 s"  # not before it joined the group
+        time.sleep(0.1)
     victims = [a for a in ray.util.list_named_actors(all_namespaces=True) if "StreamScorer" in a["name"]]
     assert victims
     ray.kill(ray.get_actor(victims[0]["name"], namespace=victims[0]["namespace"]), no_restart=True)

@@ -31,7 +31,7 @@ from training.anomaly.config import AnomalyConfig
 from training.anomaly.data import BankData, PairSet
 from training.anomaly.event_negatives import EventNegativeSampler, parse_mix
 from training.anomaly.heads import ContrastiveHead, event_targets
-from training.anomaly.model import AnomalyModel, score_pairs
+from training.anomaly.model import AnomalyModel, eval_mode, score_pairs
 from training.anomaly.negatives import NegativeSampler
 
 __all__ = [
@@ -274,19 +274,14 @@ def event_loss(model: AnomalyModel, pairs: PairSet, batch_size: int = 256, seed:
         else None
     )
     rng = np.random.default_rng(seed)
-    was_training = model.training
-    model.eval()
     total = 0.0
-    try:
-        with torch.no_grad():
-            for a in range(0, len(pairs), batch_size):
-                rows = np.arange(a, min(a + batch_size, len(pairs)))
-                q = model.embed(Batch.from_data_list(pairs.previous[a : a + batch_size]).to(device)).q
-                priors, events = pairs.priors[rows], pairs.events[rows]
-                loss = _event_loss(model, q, priors, events, [(sampler, np.arange(len(rows)))], rng)
-                total += float(loss) * len(rows)
-    finally:
-        model.train(was_training)
+    with eval_mode(model), torch.no_grad():
+        for a in range(0, len(pairs), batch_size):
+            rows = np.arange(a, min(a + batch_size, len(pairs)))
+            q = model.embed(Batch.from_data_list(pairs.previous[a : a + batch_size]).to(device)).q
+            priors, events = pairs.priors[rows], pairs.events[rows]
+            loss = _event_loss(model, q, priors, events, [(sampler, np.arange(len(rows)))], rng)
+            total += float(loss) * len(rows)
     return total / len(pairs)
 
 

@@ -1,0 +1,128 @@
+"""The consumer's at-least-once machinery on the embedded broker: async acks commit in order, and no
+cardholder ever has more uncommitted transactions than the stages can recognise as redeliveries.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+
+def _topic(broker, partitions: int = 1) -> str:
+    from serving.broker import create_topics
+
+    name = f"t-{uuid.uuid4().hex[:8]}"
+    create_topics(broker.bootstrap_servers, {name: partitions})
+    return name
+
+
+def _consumer(broker, topic: str):
+    from serving.config import ConsumerSettings
+    from serving.kafka import make_consumer
+
+    return make_consumer(broker.bootstrap_servers, ConsumerSettings(assignment="manual"), topic,
+                         group_id=f"g-{uuid.uuid4().hex[:8]}")
+
+
+def _poll_all(consumer, n: int, timeout_s: float = 20.0) -> list:
+    out: list = []
+    deadline = time.monotonic() + timeout_s
+    while len(out) < n and time.monotonic() < deadline:
+        out += [m for part in consumer.poll(timeout_ms=200).values() for m in part]
+    return out
+
+
+def test_a_cardholder_never_has_more_uncommitted_transactions_than_the_replay_rings_hold(kafka_broker):
+    """40 messages of one cardholder and 5 of another: a batch is cut at the window and the partition is
+    sought back, so the cut-off messages come again on the next poll, in order, and nothing is skipped."""
+    from serving.config import ServingConfig
+    from serving.consumer import StreamConsumer
+    from serving.kafka import make_producer
+
+    topic = _topic(kafka_broker)
+    s = ServingConfig()
+    producer = make_producer(kafka_broker.bootstrap_servers, s.producer, client_id="test-window")
+    keys = [b"hot"] * 30 + [b"cold"] * 5 + [b"hot"] * 10
+    for i, key in enumerate(keys):
+        producer.send(topic, key=key, value=str(i).encode())
+    producer.flush()
+    consumer = _consumer(kafka_broker, topic)
+    stream = StreamConsumer(s, kafka_broker.bootstrap_servers, score=lambda *a, **k: [], replay_window=16)
+    stream._acks = _NoPending()
+    first = stream._within_replay_window(consumer, _poll_all(consumer, len(keys)))
+    assert [m.offset for m in first] == list(range(16))  # the hot cardholder's 17th message cuts the partition
+    stream._drain()  # what the loop does once those are scored: commit, and the window opens again
+    rest = _poll_all(consumer, len(keys) - 16)
+    assert [m.offset for m in rest] == list(range(16, len(keys)))  # read again from the cut, nothing skipped
+    second = stream._within_replay_window(consumer, rest)
+    assert [m.offset for m in second] == list(range(16, 37))  # 14 + 2 hot (16 in all), and the 5 cold ones
+    consumer.close()
+    producer.close()
+
+
+class _NoPending:
+    """An empty ack window (nothing scored yet): draining it commits nothing."""
+
+    def __len__(self) -> int:
+        return 0
+
+    def drain(self) -> int:
+        return 0
+
+
+def test_offsets_are_committed_in_order_and_only_once_the_broker_acknowledged(kafka_broker):
+    from kafka import TopicPartition
+
+    from serving.acks import AckWindow
+    from serving.config import ServingConfig
+    from serving.kafka import DeliveryError, make_producer
+
+    topic = _topic(kafka_broker)
+    out_topic = _topic(kafka_broker)
+    s = ServingConfig()
+    producer = make_producer(kafka_broker.bootstrap_servers, s.producer, client_id="test-acks")
+    for i in range(6):
+        producer.send(topic, value=str(i).encode())
+    producer.flush()
+    consumer = _consumer(kafka_broker, topic)
+    msgs = _poll_all(consumer, 6)
+    tp = TopicPartition(topic, 0)
+    committed: list[int] = []
+
+    def commit(offsets):
+        consumer.commit({p: __import__("kafka").structs.OffsetAndMetadata(o, "", -1) for p, o in offsets.items()})
+        committed.append(offsets[tp])
+
+    acked: list[int] = []
+    window = AckWindow(max_batches=8, commit_interval_ms=0, commit=commit)
+    for batch in (msgs[:2], msgs[2:4], msgs[4:]):
+        sends = [producer.send(out_topic, value=m.value) for m in batch]
+        window.add(sends, {tp: batch[-1].offset + 1}, lambda b=batch: acked.append(b[-1].offset))
+    window.drain()
+    assert acked == [1, 3, 5] and committed[-1] == 6  # in order, up to the last acknowledged batch
+    assert consumer.committed(tp) == 6
+
+    # a send that never reaches its broker (every connection to it cut): DeliveryError, offset never committed
+    from kafka import KafkaProducer
+
+    from fedfraud.bench.chaos import TcpProxy
+    from serving.broker import EmbeddedBroker, free_port
+
+    broker_port = free_port()
+    proxy = TcpProxy(broker_port).start()
+    with EmbeddedBroker(topics={"out": 1}, port=broker_port, advertised_port=proxy.port) as other:
+        lost = KafkaProducer(bootstrap_servers=other.bootstrap_servers, request_timeout_ms=1000,
+                             delivery_timeout_ms=2000, linger_ms=0, retries=0, max_block_ms=5000)
+        lost.send("out", value=b"reached").get(timeout=10)
+        proxy.cut()
+        window.add([lost.send("out", value=b"never")], {tp: 99}, lambda: acked.append(99))
+        with pytest.raises(DeliveryError):
+            window.drain()
+        lost.close(timeout=1)
+    assert consumer.committed(tp) == 6 and 99 not in acked
+    consumer.close()
+    producer.close()
