@@ -100,14 +100,14 @@ def _load_models(registry: Path) -> tuple[Any, Any, Any, dict[str, str]]:
 
     reg = ModelRegistry(registry)
     try:
-        found = reg.get("anomaly", "latest")
+        found = reg.get("anomaly", "champion")  # what serving decides with
     except RegistryError:
         raise UserError(f"no anomaly model in registry {registry}: run `fedfraud train anomaly` first") from None
     scorer = AnomalyScorer.from_registry(reg, found.version)
     models = {"anomaly": found.tag}
     fraud = fraud_cfg = None
     try:
-        fraud_version = reg.get("fraud", "latest")
+        fraud_version = reg.get("fraud", "champion")
     except RegistryError:
         logger.info("score registry=%s has no fraud model: writing the anomaly score alone", registry)
     else:

@@ -111,8 +111,12 @@ class ServingConfig(_Section):
     consumer: ConsumerSettings = Field(default_factory=ConsumerSettings)
     producer: ProducerSettings = Field(default_factory=ProducerSettings)
     registry_root: str = Field("out/registry", description="model registry folder")
-    anomaly_version: str = Field("latest", description="'latest' follows new versions; 'v3' pins one")
-    fraud_version: str = Field("latest", description="'latest' follows new versions; 'v3' pins one")
+    anomaly_version: str = Field(
+        "champion", description="'champion' follows promotions (newest version until one is promoted); "
+        "'latest' follows every new version; 'v3' pins one")
+    fraud_version: str = Field(
+        "champion", description="'champion' follows promotions (newest version until one is promoted); "
+        "'latest' follows every new version; 'v3' pins one")
     bank_id: int = Field(0, ge=0, description="whose secret pseudonymizes and noises (one bank per deployment)")
     registry_poll_s: float = Field(2.0, gt=0, description="how often the scorer looks for a newer model")
     max_nodes_per_batch: int = Field(

@@ -21,7 +21,10 @@ import numpy as np
 
 from serving.metrics import StageClock
 
-__all__ = ["HotPath"]
+__all__ = ["FOLLOWED", "HotPath"]
+
+#: Version names serving follows as they move; any other value (``v3``) pins one version.
+FOLLOWED = ("champion", "latest")
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +89,9 @@ class HotPath:
 
     # ------------------------------------------------------------------ hot swap
     def watch_registry(self, poll_s: float) -> None:
-        """Follow ``latest`` versions in a background thread (pinned versions are left alone)."""
+        """Follow ``champion`` (or ``latest``) in a background thread: a promotion or a rollback is swapped in
+        between micro-batches. Pinned versions (``v3``) are left alone.
+        """
         if self._watcher is None:
             self._watcher = threading.Thread(target=self._watch, args=(poll_s,), name="fedfraud-registry",
                                              daemon=True)
@@ -95,24 +100,26 @@ class HotPath:
     def _watch(self, poll_s: float) -> None:
         s = self.serving
         while not self._stop.wait(poll_s):
-            if s.anomaly_version == "latest":
-                self._maybe_swap("anomaly", lambda: self.anomaly.model.tag, self._load_anomaly,
+            if s.anomaly_version in FOLLOWED:
+                self._maybe_swap("anomaly", s.anomaly_version, lambda: self.anomaly.model.tag, self._load_anomaly,
                                  lambda m: setattr(self.anomaly, "model", m))
-            if s.fraud_version == "latest":
-                self._maybe_swap("fraud", lambda: self.fraud.model_tag, self._load_fraud,
+            if s.fraud_version in FOLLOWED:
+                self._maybe_swap("fraud", s.fraud_version, lambda: self.fraud.model_tag, self._load_fraud,
                                  lambda mt: self.fraud.swap(*mt))
 
-    def _maybe_swap(self, kind: str, current: Any, load: Any, swap: Any) -> None:
-        """Load a newer version outside the lock, swap it in between micro-batches (publish is atomic)."""
+    def _maybe_swap(self, kind: str, follow: str, current: Any, load: Any, swap: Any) -> None:
+        """Load the version ``follow`` names when it changed, outside the lock; swap it in between micro-batches
+        (publish and alias changes are atomic, so a half-written version is never seen).
+        """
         try:
-            latest = self.registry.latest(kind)
-            if latest is None or int(current().rsplit(":v", 1)[-1]) >= latest.version:
+            target = self.registry.get(kind, follow)
+            if target.tag == current():
                 return
-            loaded = load(str(latest.version))
+            loaded = load(str(target.version))
             before = current()
             with self._lock:
                 swap(loaded)
-            log.info("hot_swap kind=%s from=%s to=%s", kind, before, latest.tag)
+            log.info("hot_swap kind=%s from=%s to=%s (%s)", kind, before, target.tag, follow)
         except Exception:  # keep serving the old version if a new one cannot be read
             log.exception("reload of %s failed; keeping %s", kind, current())
 

@@ -5,6 +5,8 @@ Layout::
     ROOT/<kind>/v0001/metadata.json   kind, version, created_at, config, metrics, privacy, extra
     ROOT/<kind>/v0001/MODEL_CARD.md   short human-readable card generated from metadata
     ROOT/<kind>/v0001/<files>          whatever the trainer wrote (model.pt, model.json, tokenizer.json, ...)
+    ROOT/<kind>/aliases.json          {"champion": 3, "challenger": 4}: which version decides, which shadows
+    ROOT/<kind>/audit.jsonl           append-only: every alias change, who/what made it, why, on what evidence
 
 A version is written into a hidden staging folder and published with one
 ``os.rename``, which is atomic on POSIX: a reader (serving's hot-swap watcher)
@@ -28,12 +30,29 @@ from typing import Any
 
 from fedfraud.errors import UserError
 
-__all__ = ["ModelRegistry", "ModelVersion", "RegistryError"]
+__all__ = ["ALIASES", "ModelRegistry", "ModelVersion", "RegistryError"]
 
 log = logging.getLogger(__name__)
 
 METADATA_FILE = "metadata.json"
 CARD_FILE = "MODEL_CARD.md"
+ALIASES_FILE = "aliases.json"
+AUDIT_FILE = "audit.jsonl"
+#: Names that point at a version: ``champion`` decides, ``challenger`` shadows it.
+ALIASES = ("champion", "challenger")
+
+
+@contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """An exclusive advisory lock on ``path`` (POSIX ``flock``) for the block."""
+    import fcntl
+
+    with path.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 class RegistryError(UserError):
@@ -128,17 +147,91 @@ class ModelRegistry:
         return versions[-1] if versions else None
 
     def get(self, kind: str, version: int | str = "latest") -> ModelVersion:
-        """A specific version (int, ``"v3"`` or ``"latest"``); raises :class:`RegistryError` if absent."""
+        """A version by number (3, ``"v3"``), ``"latest"`` or an alias (``"champion"``, ``"challenger"``).
+
+        ``champion`` falls back to ``latest`` while no version was ever promoted,
+        so a fresh registry serves what it trained. Raises :class:`RegistryError` if absent.
+        """
+        if version in ALIASES:
+            number = self.aliases(kind).get(str(version))
+            if number is None:
+                if version != "champion":
+                    raise RegistryError(f"no {kind!r} {version} in registry {self.root}")
+                return self.get(kind, "latest")
+            return self.get(kind, number)
         if version == "latest":
             found = self.latest(kind)
             if found is None:
                 raise RegistryError(f"no {kind!r} model in registry {self.root}; train one first")
             return found
-        number = int(str(version).lstrip("v"))
+        try:
+            number = int(str(version).lstrip("v"))
+        except ValueError:
+            raise RegistryError(f"{version!r} is not a version: use 3, v3, latest, champion or challenger") from None
         path = self._kind_dir(kind) / f"v{number:04d}"
         if not (path / METADATA_FILE).exists():
             raise RegistryError(f"{kind}:v{number} is not in registry {self.root}")
         return self._load(path)
+
+    # ------------------------------------------------------------------ aliases and their audit log
+    def aliases(self, kind: str) -> dict[str, int]:
+        """``{alias: version}`` of ``kind`` (empty until something is promoted or registered as challenger)."""
+        path = self._kind_dir(kind) / ALIASES_FILE
+        return {k: int(v) for k, v in json.loads(path.read_text(encoding="utf-8")).items()} if path.exists() else {}
+
+    def audit(self, kind: str) -> list[dict[str, Any]]:
+        """Every alias change of ``kind``, oldest first (append-only ``audit.jsonl``)."""
+        path = self._kind_dir(kind) / AUDIT_FILE
+        if not path.exists():
+            return []
+        return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+    def set_alias(self, kind: str, alias: str, version: int | str | None, *, actor: str, reason: str,
+                  evidence: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Point ``alias`` at ``version`` (None removes it) and append who, when, why and on what evidence.
+
+        The alias file is replaced atomically and the audit line appended under
+        an exclusive lock, so two writers never interleave; readers (serving's
+        watcher) see the old or the new alias, never a torn file.
+        """
+        if alias not in ALIASES:
+            raise RegistryError(f"unknown alias {alias!r}; aliases are {', '.join(ALIASES)}")
+        number = None if version is None else self.get(kind, version).version
+        kind_dir = self._kind_dir(kind)
+        kind_dir.mkdir(parents=True, exist_ok=True)
+        with _locked(kind_dir / ".aliases.lock"):
+            current = self.aliases(kind)
+            entry = {"at": datetime.now(UTC).isoformat(timespec="seconds"), "kind": kind, "alias": alias,
+                     "from": current.get(alias), "to": number, "actor": actor, "reason": reason,
+                     "evidence": _jsonable(evidence or {})}
+            if number is None:
+                current.pop(alias, None)
+            else:
+                current[alias] = number
+            tmp = kind_dir / f".{ALIASES_FILE}.tmp"
+            tmp.write_text(json.dumps(current, indent=2, sort_keys=True), encoding="utf-8")
+            os.replace(tmp, kind_dir / ALIASES_FILE)
+            with (kind_dir / AUDIT_FILE).open("a", encoding="utf-8") as log_file:
+                log_file.write(json.dumps(entry, sort_keys=True) + "\n")
+        log.info("registry alias kind=%s %s: %s -> %s by %s (%s)", kind, alias, entry["from"], number, actor, reason)
+        return entry
+
+    def promote(self, kind: str, version: int | str, *, actor: str, reason: str,
+                evidence: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Make ``version`` the champion; it stops being the challenger if it was one."""
+        entry = self.set_alias(kind, "champion", version, actor=actor, reason=reason, evidence=evidence)
+        if self.aliases(kind).get("challenger") == entry["to"]:
+            self.set_alias(kind, "challenger", None, actor=actor, reason=f"promoted to champion: {reason}")
+        return entry
+
+    def rollback(self, kind: str, *, actor: str, reason: str) -> dict[str, Any]:
+        """Make the champion before the current one champion again (from the audit log)."""
+        current = self.aliases(kind).get("champion")
+        for entry in reversed(self.audit(kind)):
+            if entry["alias"] == "champion" and entry["to"] == current and entry["from"] is not None:
+                return self.set_alias(kind, "champion", entry["from"], actor=actor, reason=f"rollback: {reason}",
+                                      evidence={"rolled_back": current})
+        raise RegistryError(f"{kind}: no earlier champion to roll back to")
 
     @staticmethod
     def _load(path: Path) -> ModelVersion:

@@ -39,7 +39,7 @@ def frame():
     from training.data.config import GeneratorConfig
     from training.data.synthetic import generate_frame
 
-    data, _ = generate_frame(GeneratorConfig(banks=1, cardholders=80, days=30, seed=11))
+    data, _ = generate_frame(GeneratorConfig(banks=1, cardholders=80, days=45, seed=11))
     return data.sort_values(["timestamp", "transaction_id"]).reset_index(drop=True)[COLUMNS]
 
 
@@ -132,11 +132,20 @@ def test_http_score_single_and_batch(runtime, frame):
     assert len(batch["decisions"]) == 2 and batch["rejected"][0]["reason"] == "missing_field"
 
 
+def _wait_decided(runtime, before: dict, n: int, timeout_s: float = 30.0) -> None:
+    """Until the group decided ``n`` more transactions than in ``before``: mid-stream, whatever the test order."""
+    deadline = time.monotonic() + timeout_s
+    while runtime.counters()["decided"] < before["decided"] + n:
+        assert time.monotonic() < deadline, f"fewer than {n} decisions in {timeout_s:.0f} s"
+        time.sleep(0.05)
+
+
 def test_model_swap_mid_stream(runtime, frame):
     part = _slice(frame, 1603, 2400)
-    before = runtime.counters()["models"]["anomaly"]
+    before = runtime.registry.get("anomaly", "champion").tag
+    counts = runtime.wait_idle()
     thread, out = _stream_in_background(runtime, part, rate=400)
-    time.sleep(1.0)
+    _wait_decided(runtime, counts, 100)
     new = publish_anomaly(runtime.registry, runtime.config, seed=2)
     thread.join()
     result = out["result"]
@@ -145,6 +154,35 @@ def test_model_swap_mid_stream(runtime, frame):
     assert len(fresh) == len(part) == len({d["transaction_id"] for d in fresh})  # none lost, none scored twice
     versions = [d["models"]["anomaly"] for d in sorted(result.decisions, key=lambda d: d["decided_us"])]
     assert versions[-1] == new.tag and before in versions  # swapped between micro-batches, without a restart
+
+
+def test_promote_and_rollback_mid_stream_lose_and_double_nothing(runtime, frame):
+    """champion v_a serves; a newer v_b waits (published is not promoted); promoting it mid-stream swaps it in,
+    rolling back swaps v_a back: every transaction decided once, and the decisions name the models in that order."""
+    reg = runtime.registry
+    a = publish_anomaly(reg, runtime.config, seed=3)
+    reg.promote("anomaly", a.version, actor="test", reason="baseline")
+    b = publish_anomaly(reg, runtime.config, seed=4)
+    part = _slice(frame, 3552, 4300)
+    counts = runtime.wait_idle()
+    try:
+        thread, out = _stream_in_background(runtime, part, rate=300)
+        _wait_decided(runtime, counts, 150)
+        reg.promote("anomaly", b.version, actor="test", reason="challenger better")
+        _wait_decided(runtime, counts, 450)
+        reg.rollback("anomaly", actor="test", reason="alarm")
+        thread.join()
+    finally:
+        reg.set_alias("anomaly", "champion", None, actor="test", reason="back to newest for the other tests")
+    result = out["result"]
+    assert result.missing == set()
+    fresh = [d for d in result.decisions if not d["redelivered"]]
+    assert len(fresh) == len(part) == len({d["transaction_id"] for d in fresh})
+    used = [d["models"]["anomaly"] for d in sorted(fresh, key=lambda d: d["decided_us"])]
+    runs = [tag for i, tag in enumerate(used) if i == 0 or used[i - 1] != tag]
+    # (the stream may open on the previous newest version until the watcher sees a's promotion)
+    assert runs[-3:] == [a.tag, b.tag, a.tag] and runs.count(b.tag) == 1, runs  # b only while promoted
+    assert [e["to"] for e in reg.audit("anomaly")][-3:] == [b.version, a.version, None]
 
 
 def test_killing_the_scoring_replica_loses_and_double_counts_nothing(runtime, frame):

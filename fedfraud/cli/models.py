@@ -1,0 +1,112 @@
+"""``fedfraud models list | promote | rollback``: the registry's versions, aliases and audit log.
+
+``champion`` decides in serving and batch scoring; ``challenger`` is the
+candidate a retrain registers. Every alias change is appended to the kind's
+``audit.jsonl`` with who made it, why and on what evidence; serving swaps a
+promotion or a rollback in between micro-batches.
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+from typing import Annotated
+
+import typer
+
+from fedfraud.cli.common import config_of
+from fedfraud.errors import UserError
+
+__all__ = ["register"]
+
+KINDS = ("anomaly", "fraud", "tokenizer")
+
+models_app = typer.Typer(name="models", help="Registry versions and the champion/challenger aliases.",
+                         no_args_is_help=True)
+
+KindArg = Annotated[str, typer.Argument(help="model kind: anomaly, fraud or tokenizer")]
+ReasonOption = Annotated[str, typer.Option("--reason", help="why (kept in the audit log)")]
+
+
+@models_app.callback()
+def _models(
+    ctx: typer.Context,
+    registry: Annotated[
+        str | None, typer.Option("--registry", help="registry folder (default: serving.registry_root)")
+    ] = None,
+) -> None:
+    ctx.meta["registry"] = registry
+
+
+def _registry(ctx: typer.Context):  # noqa: ANN202 - ModelRegistry, imported lazily
+    from training.registry import ModelRegistry
+
+    return ModelRegistry(ctx.meta.get("registry") or config_of(ctx).serving.registry_root)
+
+
+def _kind(kind: str) -> str:
+    if kind not in KINDS:
+        raise UserError(f"unknown model kind {kind!r}; choose from {', '.join(KINDS)}")
+    return kind
+
+
+def _actor() -> str:
+    try:
+        return f"cli:{getpass.getuser()}"
+    except (KeyError, OSError):
+        return "cli"
+
+
+@models_app.command("list")
+def list_models(
+    ctx: typer.Context,
+    kind: Annotated[str | None, typer.Argument(help="one kind (default: all)")] = None,
+    audit: Annotated[bool, typer.Option("--audit", help="also print the alias audit log")] = False,
+) -> None:
+    """Versions with their aliases, creation time and headline metrics."""
+    reg = _registry(ctx)
+    for k in [_kind(kind)] if kind else list(KINDS):
+        versions = reg.versions(k)
+        if not versions:
+            continue
+        aliases = reg.aliases(k)
+        by_version: dict[int, list[str]] = {}
+        for name, number in aliases.items():
+            by_version.setdefault(number, []).append(name)
+        if "champion" not in aliases:
+            by_version.setdefault(versions[-1].version, []).append("champion (newest; none promoted)")
+        typer.echo(f"{k}:")
+        for v in versions:
+            metrics = {m: round(x, 4) for m, x in v.metrics.items() if isinstance(x, (int, float))}
+            shown = ", ".join(f"{m}={x}" for m, x in list(metrics.items())[:4])
+            tags = f"  [{', '.join(by_version[v.version])}]" if v.version in by_version else ""
+            typer.echo(f"  v{v.version}  {v.created_at}  {shown}{tags}")
+        if audit:
+            for entry in reg.audit(k):
+                typer.echo(f"    {entry['at']} {entry['alias']}: {entry['from']} -> {entry['to']} by {entry['actor']}"
+                           f" ({entry['reason']}) {json.dumps(entry['evidence'], sort_keys=True)}")
+
+
+@models_app.command("promote")
+def promote(
+    ctx: typer.Context,
+    kind: KindArg,
+    version: Annotated[str, typer.Argument(help="version to make champion: 3, v3 or challenger")],
+    reason: ReasonOption,
+) -> None:
+    """Make a version the champion (serving swaps it in without losing a transaction)."""
+    entry = _registry(ctx).promote(_kind(kind), version, actor=_actor(), reason=reason)
+    typer.echo(f"{kind} champion: v{entry['from']} -> v{entry['to']}" if entry["from"] else
+               f"{kind} champion: v{entry['to']}")
+
+
+@models_app.command("rollback")
+def rollback(ctx: typer.Context, kind: KindArg, reason: ReasonOption) -> None:
+    """Make the previous champion champion again."""
+    entry = _registry(ctx).rollback(_kind(kind), actor=_actor(), reason=reason)
+    typer.echo(f"{kind} champion: v{entry['from']} -> v{entry['to']} (rolled back)")
+
+
+def register(app: typer.Typer) -> None:
+    """Attach ``models`` to the root CLI."""
+    app.add_typer(models_app)

@@ -1,0 +1,76 @@
+"""Champion/challenger aliases: resolution, promotion, rollback, the append-only audit log and the CLI."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from fedfraud.cli.app import main
+from training.registry import ModelRegistry, RegistryError
+
+
+def _publish(reg: ModelRegistry, n: int, kind: str = "fraud") -> None:
+    for i in range(n):
+        with reg.publish(kind, config={"i": i}, metrics={"pr_auc": 0.5 + i / 10}) as folder:
+            (folder / "model.json").write_text("{}", encoding="utf-8")
+
+
+def test_champion_is_the_newest_version_until_one_is_promoted(tmp_path: Path) -> None:
+    reg = ModelRegistry(tmp_path)
+    _publish(reg, 2)
+    assert reg.get("fraud", "champion").version == 2
+    with pytest.raises(RegistryError, match="challenger"):
+        reg.get("fraud", "challenger")
+    reg.promote("fraud", 1, actor="test", reason="pin the first")
+    _publish(reg, 1)  # a new version alone does not take over once a champion is chosen
+    assert reg.get("fraud", "champion").version == 1 and reg.get("fraud", "latest").version == 3
+
+
+def test_promote_clears_the_challenger_and_rollback_restores_the_previous_champion(tmp_path: Path) -> None:
+    reg = ModelRegistry(tmp_path)
+    _publish(reg, 3)
+    reg.promote("fraud", "v1", actor="test", reason="first")
+    reg.set_alias("fraud", "challenger", 3, actor="retrain", reason="cycle 7")
+    reg.promote("fraud", "challenger", actor="policy", reason="better beyond the interval",
+                evidence={"pr_auc_diff": [0.02, 0.05]})
+    assert reg.aliases("fraud") == {"champion": 3}
+    reg.rollback("fraud", actor="oncall", reason="alert")
+    assert reg.aliases("fraud") == {"champion": 1}
+    log = reg.audit("fraud")
+    assert [(e["alias"], e["from"], e["to"], e["actor"]) for e in log] == [
+        ("champion", None, 1, "test"), ("challenger", None, 3, "retrain"), ("champion", 1, 3, "policy"),
+        ("challenger", 3, None, "policy"), ("champion", 3, 1, "oncall")]
+    assert log[2]["evidence"] == {"pr_auc_diff": [0.02, 0.05]}
+    with pytest.raises(RegistryError, match="no earlier champion"):
+        ModelRegistry(tmp_path / "other").rollback("fraud", actor="x", reason="y")
+
+
+def test_unknown_versions_and_aliases_are_one_line_errors(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    reg = ModelRegistry(tmp_path)
+    _publish(reg, 1)
+    with pytest.raises(RegistryError, match="not in registry"):
+        reg.promote("fraud", 9, actor="t", reason="r")
+    with pytest.raises(RegistryError, match="not a version"):
+        reg.get("fraud", "best")
+    assert reg.audit("fraud") == [] and reg.aliases("fraud") == {}
+    assert main(["--set", f"serving.registry_root={tmp_path}", "models", "promote", "fraud", "7", "--reason", "x"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [f"error: fraud:v7 is not in registry {tmp_path}"]
+    assert main(["--set", f"serving.registry_root={tmp_path}", "models", "list", "nope"]) == 2
+
+
+def test_cli_promote_list_rollback(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    reg = ModelRegistry(tmp_path)
+    _publish(reg, 2)
+    root = ["--set", f"serving.registry_root={tmp_path}", "models"]
+    assert main([*root, "promote", "fraud", "1", "--reason", "baseline"]) == 0
+    assert main([*root, "promote", "fraud", "v2", "--reason", "retrained"]) == 0
+    assert main([*root, "rollback", "fraud", "--reason", "drift alarm"]) == 0
+    out = capsys.readouterr().out
+    assert "fraud champion: v2 -> v1 (rolled back)" in out
+    assert main([*root, "list", "fraud", "--audit"]) == 0
+    listing = capsys.readouterr().out
+    assert "v1" in listing and "[champion]" in listing and "rollback: drift alarm" in listing
+    lines = (tmp_path / "fraud" / "audit.jsonl").read_text(encoding="utf-8").splitlines()
+    assert [json.loads(x)["reason"] for x in lines] == ["baseline", "retrained", "rollback: drift alarm"]
