@@ -19,7 +19,12 @@ def test_every_fault_loses_nothing_and_marks_every_duplicate(ray_session):
 
     ray_session()
     cfg = load_config(overrides=[f"serving.http_port={free_port()}"])
-    result = run_chaos_bench(n_per_fault=240, rate=120.0, outage_s=3.0, config=cfg)
+    try:
+        result = run_chaos_bench(n_per_fault=240, rate=120.0, outage_s=3.0, config=cfg)
+    finally:
+        from ray import serve
+
+        serve.shutdown()  # later modules may restart Ray: leave no Serve client pointing at a dead controller
     rows = {r.fault: r for r in result.rows}
     assert set(rows) == {"malformed records", "broker outage", "Redis outage", "replica kill"}
     for row in result.rows:

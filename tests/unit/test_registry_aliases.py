@@ -55,6 +55,7 @@ def test_unknown_versions_and_aliases_are_one_line_errors(tmp_path: Path, capsys
     with pytest.raises(RegistryError, match="not a version"):
         reg.get("fraud", "best")
     assert reg.audit("fraud") == [] and reg.aliases("fraud") == {}
+    capsys.readouterr()  # log lines of the set-up above (logging may be configured by an earlier CLI test)
     assert main(["--set", f"serving.registry_root={tmp_path}", "models", "promote", "fraud", "7", "--reason", "x"]) == 2
     assert capsys.readouterr().err.strip().splitlines() == [f"error: fraud:v7 is not in registry {tmp_path}"]
     assert main(["--set", f"serving.registry_root={tmp_path}", "models", "list", "nope"]) == 2
