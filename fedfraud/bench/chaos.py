@@ -7,7 +7,7 @@ Faults (each while a replay streams at a fixed rate):
 - **Redis outage**: the same for the online store (Feast and serving's decision state);
 - **replica kill**: the scoring replica's process killed (Serve starts another; the group rebalances).
 
-The outages go through :class:`TcpProxy`, a loopback proxy in front of the
+The outages go through :class:`fedfraud.tcpproxy.TcpProxy`, a loopback proxy in front of the
 real broker and the real Redis: clients see exactly what a restart shows them
 (connections reset, then refused, then accepted again) while the data stays.
 A real broker *process* restart cannot be shown with the embedded broker: its
@@ -27,7 +27,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import socket
 import tempfile
 import threading
 import time
@@ -36,6 +35,8 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from fedfraud.tcpproxy import TcpProxy
 
 __all__ = ["MALFORMED", "ChaosResult", "FaultRow", "TcpProxy", "audit", "run_chaos_bench"]
 
@@ -67,92 +68,6 @@ MALFORMED: dict[str, bytes] = {
     "id too long": json.dumps(_record(transaction_id="x" * 300)).encode(),
     "oversized": b'{"pad":"' + b"x" * (600 << 10) + b'"}',  # over the bench's 256 KiB cap, under the producer's 1 MB
 }
-
-
-class TcpProxy:
-    """A loopback TCP proxy that can be cut (connections reset, new ones refused) and restored.
-
-    Stands between clients and a real server (the broker, Redis) so a fault
-    test sees a real outage from the client's side while the server keeps its data.
-    """
-
-    def __init__(self, target_port: int, port: int | None = None, target_host: str = "127.0.0.1") -> None:
-        from serving.broker import free_port
-
-        self.target = (target_host, target_port)
-        self.port = port or free_port()
-        self._listener: socket.socket | None = None
-        self._conns: set[socket.socket] = set()
-        self._lock = threading.Lock()
-        self._up = threading.Event()
-
-    @property
-    def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    def start(self) -> TcpProxy:
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(("127.0.0.1", self.port))
-        sock.listen(128)
-        self._listener = sock
-        self._up.set()
-        threading.Thread(target=self._accept, args=(sock,), name=f"proxy-{self.port}", daemon=True).start()
-        return self
-
-    def cut(self) -> None:
-        """Refuse new connections and reset every open one (what a restarting server looks like)."""
-        self._up.clear()
-        listener, self._listener = self._listener, None
-        if listener is not None:
-            listener.close()
-        with self._lock:
-            conns, self._conns = self._conns, set()
-        for conn in conns:
-            try:
-                conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
-                conn.close()
-            except OSError:
-                pass
-
-    def restore(self) -> None:
-        self.start()
-
-    stop = cut
-
-    def _accept(self, listener: socket.socket) -> None:
-        while self._up.is_set():
-            try:
-                client, _ = listener.accept()
-            except OSError:
-                return
-            try:
-                upstream = socket.create_connection(self.target, timeout=5)
-            except OSError:
-                client.close()
-                continue
-            with self._lock:
-                self._conns |= {client, upstream}
-            for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
-
-    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
-        try:
-            while True:
-                data = src.recv(65536)
-                if not data:
-                    break
-                dst.sendall(data)
-        except OSError:
-            pass
-        finally:
-            for s in (src, dst):
-                try:
-                    s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
-            with self._lock:
-                self._conns -= {src, dst}
 
 
 @dataclass

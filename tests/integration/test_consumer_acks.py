@@ -109,7 +109,7 @@ def test_offsets_are_committed_in_order_and_only_once_the_broker_acknowledged(ka
     # a send that never reaches its broker (every connection to it cut): DeliveryError, offset never committed
     from kafka import KafkaProducer
 
-    from fedfraud.bench.chaos import TcpProxy
+    from fedfraud.tcpproxy import TcpProxy
     from serving.broker import EmbeddedBroker, free_port
 
     broker_port = free_port()

@@ -13,9 +13,9 @@ contributes to a collective operation is in some ``send_buffer``.
 from __future__ import annotations
 
 import logging
-import socket
-import threading
 from dataclasses import dataclass
+
+from fedfraud.tcpproxy import TcpProxy
 
 __all__ = ["RecordingProxy", "WireMessage", "decode_grpc_requests"]
 
@@ -100,57 +100,12 @@ def decode_grpc_requests(stream_bytes: bytes) -> list[WireMessage]:
     return out
 
 
-class RecordingProxy:
+class RecordingProxy(TcpProxy):
     """Forward 127.0.0.1:``port`` → ``target_port``, keeping a copy of every byte the client sends."""
 
     def __init__(self, target_port: int) -> None:
-        self.target_port = target_port
-        self.sent = bytearray()
-        self._lock = threading.Lock()
-        self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._listener.bind(("127.0.0.1", 0))
-        self._listener.listen(4)
-        self.port = int(self._listener.getsockname()[1])
-        self._threads: list[threading.Thread] = []
-        self._closed = False
-        accept = threading.Thread(target=self._accept, daemon=True)
-        accept.start()
-
-    def _accept(self) -> None:
-        while not self._closed:
-            try:
-                client, _ = self._listener.accept()
-            except OSError:
-                return
-            upstream = socket.create_connection(("127.0.0.1", self.target_port))
-            for src, dst, record in ((client, upstream, True), (upstream, client, False)):
-                t = threading.Thread(target=self._pipe, args=(src, dst, record), daemon=True)
-                t.start()
-                self._threads.append(t)
-
-    def _pipe(self, src: socket.socket, dst: socket.socket, record: bool) -> None:
-        try:
-            while True:
-                chunk = src.recv(65536)
-                if not chunk:
-                    break
-                if record:
-                    with self._lock:
-                        self.sent.extend(chunk)
-                dst.sendall(chunk)
-        except OSError:
-            pass
-        finally:
-            for s in (src, dst):
-                try:
-                    s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
-
-    def close(self) -> None:
-        self._closed = True
-        self._listener.close()
+        super().__init__(target_port, record=True)
+        self.start()
 
     def messages(self) -> list[WireMessage]:
         with self._lock:
