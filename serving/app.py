@@ -244,8 +244,8 @@ class StreamScorer:
             await asyncio.wait_for(asyncio.to_thread(self.hot.ready), timeout=5.0)
         except Exception as exc:  # noqa: BLE001 - any failure means not ready
             problems.append(f"state store unreachable: {exc.__class__.__name__}: {str(exc)[:200]}")
-        if self.consumer is not None and not self.consumer.connected:
-            problems.append("consumer not connected to the broker yet")
+        if self.consumer is not None and not self.consumer.joined:
+            problems.append("consumer has not joined its group yet (no partitions to read)")
         return _json({"status": "not ready" if problems else "ready", "problems": problems}, 503 if problems else 200)
 
     @api.get("/metrics")

@@ -91,6 +91,7 @@ class _Revocations:
     def __init__(self) -> None:
         self.revoked: set[tuple[str, int]] = set()
         self.before_revoke: Callable[[], Any] | None = None
+        self.joined = False
 
     def on_partitions_revoked(self, revoked: Any) -> None:
         self.revoked |= {(tp.topic, tp.partition) for tp in revoked}
@@ -106,6 +107,7 @@ class _Revocations:
         self.revoked |= {(tp.topic, tp.partition) for tp in lost}  # lost: too late to commit for them
 
     def on_partitions_assigned(self, assigned: Any) -> None:
+        self.joined = True  # the group join completed (an empty assignment is a hot standby: still ready)
         if assigned:
             log.info("partitions assigned: %s", sorted((tp.topic, tp.partition) for tp in assigned))
 
@@ -154,6 +156,12 @@ class StreamConsumer:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=timeout_s)
+
+    @property
+    def joined(self) -> bool:
+        """The consumer completed its first group join (or was assigned partitions by hand): it can consume."""
+        rebalance = getattr(self, "_rebalance", None)
+        return self.connected and (self.serving.consumer.assignment == "manual" or bool(rebalance and rebalance.joined))
 
     def problems(self) -> list[str]:
         """Why this consumer is not healthy right now (empty: healthy)."""

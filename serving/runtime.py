@@ -134,6 +134,26 @@ def _mount_tokenizer(registry_root: str) -> bool:
     return True
 
 
+def _wait_ready(url: str, timeout_s: float) -> None:
+    """Until ``/readyz`` is 200: the replica's consumer joined its group, so traffic sent now is read at once
+    (a Kafka group join takes ~3 s on the embedded broker; before, the first transactions waited that long).
+    """
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    last = ""
+    while time.monotonic() < deadline:
+        try:
+            response = httpx.get(f"{url}/readyz", timeout=5.0)
+            if response.status_code == 200:
+                return
+            last = response.text[:300]
+        except httpx.HTTPError as exc:
+            last = repr(exc)
+        time.sleep(0.2)
+    log.warning("serving not ready after %.0fs (%s); going on", timeout_s, last)
+
+
 def start(
     config: FedfraudConfig,
     bootstrap_servers: str | None = None,
@@ -163,6 +183,8 @@ def start(
                            **({"anomaly_loader": anomaly_loader} if anomaly_loader else {}))
         t0 = time.perf_counter()
         handle = serve.run(build_app(args), name=APP_NAME, route_prefix="/")
+        if consume:
+            _wait_ready(f"http://127.0.0.1:{s.http_port}", timeout_s=120.0)
         _mount_tokenizer(s.registry_root)
         log.info("serving up in %.1fs bootstrap=%s", time.perf_counter() - t0, bootstrap)
     except BaseException:
