@@ -140,6 +140,14 @@ def _wait_decided(runtime, before: dict, n: int, timeout_s: float = 30.0) -> Non
         time.sleep(0.05)
 
 
+def _wait_model(runtime, tag: str, timeout_s: float = 30.0) -> None:
+    """Until the latest decision names anomaly model ``tag`` (a swap reached the stream)."""
+    deadline = time.monotonic() + timeout_s
+    while runtime.counters()["models"].get("anomaly") != tag:
+        assert time.monotonic() < deadline, f"no decision with {tag} in {timeout_s:.0f} s"
+        time.sleep(0.05)
+
+
 def test_model_swap_mid_stream(runtime, frame):
     part = _slice(frame, 1603, 2400)
     before = runtime.registry.get("anomaly", "champion").tag
@@ -163,14 +171,15 @@ def test_promote_and_rollback_mid_stream_lose_and_double_nothing(runtime, frame)
     a = publish_anomaly(reg, runtime.config, seed=3)
     reg.promote("anomaly", a.version, actor="test", reason="baseline")
     b = publish_anomaly(reg, runtime.config, seed=4)
-    part = _slice(frame, 3552, 4300)
+    part = _slice(frame, 3552, 4752)
     counts = runtime.wait_idle()
     try:
-        thread, out = _stream_in_background(runtime, part, rate=300)
+        thread, out = _stream_in_background(runtime, part, rate=200)
         _wait_decided(runtime, counts, 150)
         reg.promote("anomaly", b.version, actor="test", reason="challenger better")
-        _wait_decided(runtime, counts, 450)
+        _wait_model(runtime, b.tag)
         reg.rollback("anomaly", actor="test", reason="alarm")
+        _wait_model(runtime, a.tag)
         thread.join()
     finally:
         reg.set_alias("anomaly", "champion", None, actor="test", reason="back to newest for the other tests")
