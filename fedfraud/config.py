@@ -21,6 +21,7 @@ from training.data.config import GeneratorConfig, IngestConfig
 from training.fraud.config import FraudConfig
 from training.anomaly.config import AnomalyConfig
 from training.federated.config import FederatedConfig
+from training.retrain.config import RetrainConfig
 from training.tokenizer.config import TokenizerConfig
 from serving.config import ServingConfig
 
@@ -46,6 +47,7 @@ class FedfraudConfig(BaseModel):
     anomaly: AnomalyConfig = Field(default_factory=AnomalyConfig)
     federated: FederatedConfig = Field(default_factory=FederatedConfig)
     serving: ServingConfig = Field(default_factory=ServingConfig)
+    retrain: RetrainConfig = Field(default_factory=RetrainConfig)
 
 
 def _parse_value(raw: str) -> Any:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -39,6 +40,9 @@ class DemoArgs:
     holdout_days: float = 7.0
     rounds: int = 8
     stream_rate: float = 250.0
+    retrain_cron: str = "* * * * *"  # the demo's schedule: the next minute (production: retrain.schedule)
+    label_delay_days: float = 1.0
+    policy_min_frauds: int = 5
 
     def __post_init__(self) -> None:
         if self.cardholders < 10 or self.days < 3 or self.banks < 2:
@@ -248,6 +252,7 @@ def _stage_feature_store(cfg: FedfraudConfig, args: DemoArgs, ctx: dict[str, Any
     """Offline features of the serving bank's history → ``feast apply`` → materialize the online store."""
     from feature_store.feast_store import apply_repo, materialize_repo, open_store
     from feature_store.offline import write_offline
+    from serving.warm import warm_fraud_state
 
     t0 = time.perf_counter()
     store = open_store(cfg.features)
@@ -264,6 +269,7 @@ def _stage_feature_store(cfg: FedfraudConfig, args: DemoArgs, ctx: dict[str, Any
     objects = apply_repo(store)
     materialize_repo(store)
     _fresh_serving_state(cfg)
+    warmed = warm_fraud_state(cfg, ctx["split"].history)
     return StageResult(
         "feature store",
         time.perf_counter() - t0,
@@ -272,31 +278,125 @@ def _stage_feature_store(cfg: FedfraudConfig, args: DemoArgs, ctx: dict[str, Any
             "feast_objects": len(objects),
             "rows": report.rows,
             "cardholders": report.cardholders,
+            "fraud_states_warmed": warmed,
         },
     )
 
 
 def _stage_stream(cfg: FedfraudConfig, args: DemoArgs, ctx: dict[str, Any]) -> StageResult:
-    """Serve on Ray Serve + the embedded broker, replay the live tail plus two poison messages, score it."""
+    """The live tail through the whole loop: the champion serves the first half while labels come back a day
+    late; the scheduled retrain makes a challenger; it shadows the second half; the policy decides.
+    """
     import ray
 
+    from fedfraud.config import update_section
+    from feature_store.outcomes import OUTCOMES_FILE, OutcomeStore
+    from serving.labels import LabelJoiner
+    from serving.replay import LabelFeed
     from serving.runtime import start
-    from training.fraud.metrics import classification_metrics
+    from training.data.holdout import write_records
+    from training.data.layout import bank_dir
+    from training.retrain.policy import decide_promotion
+    from training.retrain.schedule import RetrainScheduler
 
-    live = ctx["split"].live[cfg.serving.bank_id]
+    bank = cfg.serving.bank_id
+    live = ctx["split"].live[bank]
+    mid = live["timestamp"].iloc[0] + (live["timestamp"].iloc[-1] - live["timestamp"].iloc[0]) / 2
+    first, second = live[live["timestamp"] <= mid], live[live["timestamp"] > mid]
+    records = args.out / "offline"  # each bank's system of record; the serving bank's live labels come back late
+    write_records(ctx["split"].history, records, ctx["split"].live, until=mid, unlabelled={bank})
+    outcomes = bank_dir(records, bank) / OUTCOMES_FILE
+    outcomes.unlink(missing_ok=True)
+    cfg = update_section(cfg, "retrain", schedule=args.retrain_cron, rounds=args.rounds)
+    feed = LabelFeed(cfg.serving.topics.labels, args.label_delay_days * 86_400.0, flush=False)
     poison = [(None, b"{not json"), (None, b'{"transaction_id": "poison-1", "amount": -5}')]
     t0 = time.perf_counter()
     runtime = start(cfg, apply_features=False)
     started = time.perf_counter() - t0
+    store = OutcomeStore(outcomes)
+    joiner = LabelJoiner(runtime.bootstrap_servers, store, cfg.serving.topics, cfg.serving.producer)
+    stop = threading.Event()
+    joining = threading.Thread(target=joiner.run, args=(stop,), name="label-joiner", daemon=True)
+    joining.start()
+    scheduler = RetrainScheduler(cfg, records, ctx["registry"], outcomes, policy=False)
+    loop: dict[str, Any] = {}
     try:
-        result = runtime.replay(live, rate=args.stream_rate, timeout_s=300.0, extra=poison)
+        # 1. the champion serves; labels flow back a (replayed) day late
+        part_a = runtime.replay(first, rate=args.stream_rate, timeout_s=300.0, extra=poison, labels=feed)
+        loop["drift_after_champion"] = _drift(runtime.url)
+        # 2. the cron schedule starts a federated retrain cycle (a child process); it registers the challenger
+        scheduler.start()
+        loop["cron"] = args.retrain_cron
+        loop["cycle_starts_at"] = str(scheduler.next_run())
+        if not scheduler.wait_for_cycles(1, timeout_s=900):
+            raise RuntimeError("the scheduled retrain cycle did not finish within 15 minutes")
+        scheduler.shutdown()  # one scheduled cycle is the demo's; production keeps the scheduler running
+        loop["cycle"] = scheduler.events[-1].detail
+        if "error" in loop["cycle"]:
+            raise RuntimeError(f"the scheduled retrain cycle failed: {loop['cycle']['error']}")
+        challenger = loop["cycle"]["fraud"]
+        _wait_for(lambda: f'challenger="{challenger}"' in _metrics(runtime.url), 60, "serving to shadow the challenger")
+        # 3. the challenger shadows the second half; its labels all come back
+        part_b = runtime.replay(second, rate=args.stream_rate, timeout_s=300.0,
+                                labels=LabelFeed(feed.topic, feed.delay_s, flush=True))
         counters = runtime.wait_idle()
+        expected = int(live["is_fraud"].notna().sum()) - _not_yet_due(first, feed.delay_s)
+        _wait_for(lambda: store.count("labels") >= expected, 120, "the labels to be joined")
+        loop["shadow_scored"] = _metric_value(_metrics(runtime.url), "fedfraud_shadow_scored_total")
+        loop["drift_after_loop"] = _drift(runtime.url)
+        # 4. the promotion policy on the labelled transactions both models scored
+        decision = decide_promotion(ctx["registry"], outcomes, update_section(
+            cfg, "retrain", min_frauds=args.policy_min_frauds).retrain, actor="demo")
+        loop["policy"] = {"action": decision.action, "reason": decision.reason}
+        if decision.action == "promote":
+            champion = decision.challenger
+            _wait_for(lambda: f'tag="{champion}"' in _metrics(runtime.url), 60, "the promoted model to serve")
     finally:
+        stop.set()
+        joining.join(timeout=30)
+        joiner.close()
+        scheduler.shutdown(wait=False)
         runtime.stop()
         ray.shutdown()
-    first: dict[str, dict[str, Any]] = {}
-    for d in result.decisions:
-        first.setdefault(d["transaction_id"], d)
+    loop["labels_joined"] = store.count("labels")
+    loop["labels_duplicate"] = store.counters().get("duplicate_labels", 0)
+    store.close()
+    decisions = part_a.decisions + part_b.decisions
+    first_seen: dict[str, dict[str, Any]] = {}
+    for d in decisions:
+        first_seen.setdefault(d["transaction_id"], d)
+    summary = _decision_quality(cfg, live, first_seen)
+    latency = np.concatenate([part_a.latencies_ms, part_b.latencies_ms])
+    missing = part_a.missing | part_b.missing
+    seconds = time.perf_counter() - t0
+    return StageResult(
+        "serve + loop",
+        seconds,
+        {
+            "serve_start_s": round(started, 1),
+            "produced": len(live),
+            "decided": len(first_seen),
+            "missing": len(missing),
+            "dead_lettered": len(part_a.dead_letters),
+            "dlq_reasons": sorted({str(d.get("reason")) for d in part_a.dead_letters}),
+            "offered_tx_per_s": args.stream_rate,
+            "achieved_tx_per_s": round((part_a.stats.sent + part_b.stats.sent)
+                                       / (part_a.stats.seconds + part_b.stats.seconds), 1),
+            "latency_p50_ms": round(float(np.percentile(latency, 50)), 1) if len(latency) else None,
+            "latency_p99_ms": round(float(np.percentile(latency, 99)), 1) if len(latency) else None,
+            **summary,
+            "consumed": counters.get("consumed"),
+            "labels_sent": part_a.stats.labels_sent + part_b.stats.labels_sent,
+            **loop,
+        },
+        plots={"end-to-end latency (ms)": latency.tolist()},
+    )
+
+
+def _decision_quality(cfg: FedfraudConfig, live: pd.DataFrame, first: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Precision, recall, F1 and PR-AUC of the streamed decisions against the live tail's labels."""
+    from training.fraud.metrics import classification_metrics
+
     labels = live.set_index("transaction_id")["is_fraud"].astype("boolean")
     decided = [tid for tid in live["transaction_id"] if tid in first]
     y = np.array([bool(labels[t]) if labels[t] is not pd.NA else False for t in decided])
@@ -304,33 +404,46 @@ def _stage_stream(cfg: FedfraudConfig, args: DemoArgs, ctx: dict[str, Any]) -> S
     flagged = np.array([first[t]["decision"] == "fraud" for t in decided])
     threshold = float(np.min(score[flagged])) if flagged.any() else float(np.max(score) + 1e-9)
     quality = classification_metrics(y, score, threshold, cfg.fraud.fpr_target)
-    latency = result.latencies_ms
-    seconds = time.perf_counter() - t0
-    return StageResult(
-        "serve + stream",
-        seconds,
-        {
-            "serve_start_s": round(started, 1),
-            "produced": len(live),
-            "decided": len(first),
-            "missing": len(result.missing),
-            "dead_lettered": len(result.dead_letters),
-            "dlq_reasons": sorted({str(d.get("reason")) for d in result.dead_letters}),
-            "offered_tx_per_s": args.stream_rate,
-            "achieved_tx_per_s": round(result.stats.rate, 1),
-            "latency_p50_ms": round(float(np.percentile(latency, 50)), 1) if len(latency) else None,
-            "latency_p99_ms": round(float(np.percentile(latency, 99)), 1) if len(latency) else None,
-            "frauds_streamed": int(y.sum()),
-            "flagged": int(flagged.sum()),
-            "precision": round(quality.precision, 4),
-            "recall": round(quality.recall, 4),
-            "f1": round(quality.f1, 4),
-            "pr_auc": round(quality.pr_auc, 4),
-            "consumed": counters.get("consumed"),
-            "models": first[decided[0]]["models"] if decided else {},
-        },
-        plots={"end-to-end latency (ms)": latency.tolist()},
-    )
+    return {"frauds_streamed": int(y.sum()), "flagged": int(flagged.sum()), "precision": round(quality.precision, 4),
+            "recall": round(quality.recall, 4), "f1": round(quality.f1, 4), "pr_auc": round(quality.pr_auc, 4)}
+
+
+def _not_yet_due(frame: pd.DataFrame, delay_s: float) -> int:
+    """Labels of ``frame`` not sent by a non-flushing feed (due after its last event time)."""
+    known = frame[frame["is_fraud"].notna()]
+    last = frame["timestamp"].iloc[-1]
+    return int((known["timestamp"] + pd.Timedelta(seconds=delay_s) > last).sum())
+
+
+def _metrics(url: str) -> str:
+    import httpx
+
+    return httpx.get(f"{url}/metrics", timeout=30).text
+
+
+def _metric_value(text: str, name: str) -> float:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples if s.name == name)
+
+
+def _drift(url: str) -> dict[str, Any]:
+    """The drift gauges of the serving replica: the largest PSI, the window, and the three largest inputs."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    psi = {s.labels["feature"]: s.value for f in text_string_to_metric_families(_metrics(url))
+           for s in f.samples if s.name == "fedfraud_drift_psi"}
+    top = sorted(psi.items(), key=lambda kv: -kv[1])[:3]
+    return {"features": len(psi), "max_psi": round(top[0][1], 3) if top else None,
+            "top": {k: round(v, 3) for k, v in top}}
+
+
+def _wait_for(check: Callable[[], bool], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"timed out after {timeout_s:.0f}s waiting for {what}")
+        time.sleep(0.5)
 
 
 Stage = Callable[[FedfraudConfig, DemoArgs, dict[str, Any]], StageResult]

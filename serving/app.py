@@ -154,6 +154,7 @@ class StreamScorer:
                                            self.hot.clock, self.durable, cfg.egograph.dedupe_ring).start()
         for kind, tag in self.hot.models().items():
             self.metrics.set_model(kind, tag)
+        self.metrics.watch_loop(self.hot.loop_figures)
 
     def reconfigure(self, user_config: dict[str, Any]) -> None:
         """Runtime knobs: ``max_poll_records`` (N) and ``max_batch_wait_ms`` (T) of the micro-batch."""

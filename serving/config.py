@@ -16,15 +16,19 @@ class _Section(BaseModel):
 
 
 class TopicNames(_Section):
-    """The four topics of the pipeline (DESIGN §2)."""
+    """The topics of the pipeline (DESIGN §2) and of the retraining loop (issue 13)."""
 
     transactions: str = "transactions"
     anomaly_scores: str = "anomaly-scores"
     decisions: str = "fraud-decisions"
     dlq: str = "transactions-dlq"
+    shadow_scores: str = Field("shadow-scores", description="challenger scores while a challenger shadows")
+    labels: str = Field("fraud-labels", description="confirmed outcomes keyed by transaction id, days late")
+    labels_dlq: str = Field("fraud-labels-dlq", description="label messages that are not valid labels")
 
-    def all(self) -> tuple[str, str, str, str]:
-        return (self.transactions, self.anomaly_scores, self.decisions, self.dlq)
+    def all(self) -> tuple[str, ...]:
+        return (self.transactions, self.anomaly_scores, self.decisions, self.dlq, self.shadow_scores, self.labels,
+                self.labels_dlq)
 
 
 class ConsumerSettings(_Section):

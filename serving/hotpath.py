@@ -61,6 +61,10 @@ class HotPath:
         self.fraud = FraudStage(kv, model, tag, fraud_cfg, cfg.encoder.dim, s.decision_ring,
                                 getattr(fraud_cfg, "top_reasons", 3), producer, s.topics.decisions,
                                 s.topics.anomaly_scores, self.clock)
+        self.fraud.shadow_topic = s.topics.shadow_scores if producer is not None else None
+        self.retrain = cfg.retrain
+        self.fraud.drift = self._drift_monitor(tag)
+        self._shadow_tags: tuple[str, str] | None = None
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._watcher: threading.Thread | None = None
@@ -85,7 +89,33 @@ class HotPath:
         self.anomaly.kv.get_many("scores", ["__readyz__"])
 
     def models(self) -> dict[str, str]:
-        return {"anomaly": self.anomaly.model.tag, "fraud": self.fraud.model_tag}
+        """The tags in use: the champion pair, and the challenger pair while one shadows."""
+        out = {"anomaly": self.anomaly.model.tag, "fraud": self.fraud.model_tag}
+        if self._shadow_tags is not None:
+            out["challenger_anomaly"], out["challenger_fraud"] = self._shadow_tags
+        return out
+
+    def loop_figures(self) -> Any:
+        """Drift PSI and shadow counts for ``/metrics`` (:class:`serving.metrics.LoopFigures`)."""
+        from serving.metrics import LoopFigures
+
+        drift, f = self.fraud.drift, self.fraud
+        return LoopFigures(drift.psi() if drift else {}, drift.rows if drift else 0, f.shadow_scored,
+                           f.shadow_agreed, f.shadow[1] if f.shadow else None)
+
+    def _drift_monitor(self, fraud_tag: str) -> Any:
+        """A fresh drift window against the training reference of ``fraud_tag`` (None if it has none)."""
+        import json
+
+        from training.retrain.drift import DRIFT_FILE, DriftMonitor, DriftReference
+
+        path = self.registry.get("fraud", fraud_tag.rsplit(":v", 1)[-1]).path / DRIFT_FILE
+        if not path.exists():
+            log.info("fraud model %s has no drift reference; drift gauges stay empty", fraud_tag)
+            return None
+        reference = DriftReference.from_json(json.loads(path.read_text(encoding="utf-8")))
+        r = self.retrain
+        return DriftMonitor(reference, r.drift_window_rows, r.drift_min_rows)
 
     # ------------------------------------------------------------------ hot swap
     def watch_registry(self, poll_s: float) -> None:
@@ -105,7 +135,40 @@ class HotPath:
                                  lambda m: setattr(self.anomaly, "model", m))
             if s.fraud_version in FOLLOWED:
                 self._maybe_swap("fraud", s.fraud_version, lambda: self.fraud.model_tag, self._load_fraud,
-                                 lambda mt: self.fraud.swap(*mt))
+                                 self._swap_fraud)
+            self._maybe_shadow()
+
+    def _swap_fraud(self, model_tag: tuple[Any, str]) -> None:
+        self.fraud.swap(*model_tag)
+        self.fraud.drift = self._drift_monitor(model_tag[1])
+
+    def _maybe_shadow(self) -> None:
+        """Shadow with the registry's ``challenger`` pair while it has one (a kind without a challenger shadows
+        with its champion); stop when it is promoted or retired.
+        """
+        try:
+            aliases = {k: self.registry.aliases(k).get("challenger") for k in ("anomaly", "fraud")}
+            if all(v is None for v in aliases.values()):
+                if self._shadow_tags is not None:
+                    with self._lock:
+                        self.anomaly.shadow, self._shadow_tags = None, None
+                        self.fraud.set_shadow(None)
+                    log.info("shadow stopped (no challenger)")
+                return
+            a = self.registry.get("anomaly", aliases["anomaly"]) if aliases["anomaly"] else None
+            f = self.registry.get("fraud", aliases["fraud"]) if aliases["fraud"] else None
+            tags = (a.tag if a else self.anomaly.model.tag, f.tag if f else self.fraud.model_tag)
+            if tags == self._shadow_tags:
+                return
+            a_model = self._load_anomaly(str(a.version)) if a else None
+            f_model = self._load_fraud(str(f.version)) if f else (self.fraud.model, self.fraud.model_tag)
+            with self._lock:
+                self.anomaly.shadow = a_model
+                self.fraud.set_shadow(f_model)
+                self._shadow_tags = tags
+            log.info("shadow started anomaly=%s fraud=%s", *tags)
+        except Exception:  # a challenger that cannot be read never stops the champion
+            log.exception("challenger could not be loaded; not shadowing")
 
     def _maybe_swap(self, kind: str, follow: str, current: Any, load: Any, swap: Any) -> None:
         """Load the version ``follow`` names when it changed, outside the lock; swap it in between micro-batches

@@ -11,13 +11,16 @@ from __future__ import annotations
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from contextlib import contextmanager
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
 
-__all__ = ["CONTENT_TYPE", "DurableCounters", "PipelineMetrics", "StageClock"]
+__all__ = ["CONTENT_TYPE", "DurableCounters", "LoopFigures", "PipelineMetrics", "StageClock"]
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -70,6 +73,10 @@ class PipelineMetrics:
             self.model.labels(kind=kind, tag=tag).set(1)
             self._models[kind] = tag
 
+    def watch_loop(self, figures: Callable[[], LoopFigures]) -> None:
+        """Export drift and shadow figures, read from the hot path at scrape time (a custom collector)."""
+        self.registry.register(_LoopCollector(figures))
+
     def render(self) -> bytes:
         """Prometheus text exposition format."""
         return generate_latest(self.registry)
@@ -87,6 +94,45 @@ class PipelineMetrics:
             "consumer_lag": int(self.lag._value.get()),
             "models": dict(self._models),
         }
+
+
+@dataclass(frozen=True)
+class LoopFigures:
+    """What the retraining loop reads from a replica: PSI per input, its window, and shadow counts."""
+
+    psi: dict[str, float]
+    drift_rows: int
+    shadow_scored: int
+    shadow_agreed: int
+    challenger: str | None
+
+
+class _LoopCollector(Collector):
+    """``fedfraud_drift_psi{feature}``, ``fedfraud_drift_window_rows``, ``fedfraud_shadow_scored_total`` and
+    ``fedfraud_shadow_agreed_total``: values the hot path keeps, read when Prometheus scrapes.
+    """
+
+    def __init__(self, figures: Callable[[], LoopFigures]) -> None:
+        self.figures = figures
+
+    def collect(self) -> Iterator[Any]:
+        f = self.figures()
+        g = GaugeMetricFamily("fedfraud_drift_psi", "population stability index of a fraud-model input (or score) "
+                              "over the live window vs the champion's training reference", labels=["feature"])
+        for name, value in sorted(f.psi.items()):
+            g.add_metric([name], value)
+        yield g
+        yield GaugeMetricFamily("fedfraud_drift_window_rows", "live rows in the drift window", value=f.drift_rows)
+        labels = ["challenger"]
+        scored = CounterMetricFamily("fedfraud_shadow_scored", "transactions the challenger scored in shadow",
+                                     labels=labels)
+        agreed = CounterMetricFamily("fedfraud_shadow_agreed", "shadow-scored transactions where the challenger's "
+                                     "decision equalled the champion's", labels=labels)
+        if f.challenger is not None:
+            scored.add_metric([f.challenger], f.shadow_scored)
+            agreed.add_metric([f.challenger], f.shadow_agreed)
+        yield scored
+        yield agreed
 
 
 class DurableCounters:

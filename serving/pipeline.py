@@ -57,6 +57,7 @@ if TYPE_CHECKING:
     from feature_store.online import OnlineStateClient
     from training.fraud.model import FraudModel
     from training.registry import ModelRegistry
+    from training.retrain.drift import DriftMonitor
 
 __all__ = [
     "AnomalyStage",
@@ -67,6 +68,8 @@ __all__ = [
     "fraud_config_for",
     "load_anomaly_scorer",
     "load_fraud_model",
+    "pack_fraud_state",
+    "unpack_fraud_state",
 ]
 
 log = logging.getLogger(__name__)
@@ -173,6 +176,8 @@ class ScoredBatch:
     anomaly_model: str
     scored_us: int = 0
     content: list[str] = field(default_factory=list)  # canonical-row hashes (serving.kafka.content_hashes); optional
+    shadow_anomaly_score: np.ndarray | None = None  # the challenger GNN's AS while one shadows (NaN where none)
+    shadow_anomaly_model: str = ""
 
     def __post_init__(self) -> None:
         n = len(self.transaction_id)
@@ -282,6 +287,7 @@ class AnomalyWork:
     redelivered: list[bool] = field(default_factory=list)
     last_graph: dict[str, int] = field(default_factory=dict)
     events: dict[int, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)  # row → (prior, raw event)
+    shadow: GraphScorer | None = None  # the challenger GNN, when one shadows (this batch's, fixed at begin)
 
     @property
     def holders(self) -> list[str]:
@@ -314,6 +320,7 @@ class AnomalyStage:
         self.clock = clock or StageClock()
         self.fresh = _FreshCache()
         self.features = _CachedFeatures(featurizer)
+        self.shadow: GraphScorer | None = None  # the challenger GNN while one shadows (HotPath sets it)
 
     def begin(self, frame: pd.DataFrame, produced_us: np.ndarray, source: str = "kafka") -> AnomalyWork:
         """Read states, apply every transaction, collect the graphs to embed (no model call yet)."""
@@ -328,7 +335,8 @@ class AnomalyStage:
             blobs = self.kv.get_many("scores", holders)
             rings = {h: (json_value(b) if b else []) for h, b in zip(holders, blobs, strict=True)}
         with clock.section("anomaly.graphs"):
-            return self._apply(AnomalyWork(batch, frame, produced_us, source, model, states, rings))
+            return self._apply(AnomalyWork(batch, frame, produced_us, source, model, states, rings,
+                                           shadow=self.shadow))
 
     def _apply(self, work: AnomalyWork) -> AnomalyWork:
         """Fold each transaction into its state and collect G_t (and a stale G_{t-1}) to embed."""
@@ -348,7 +356,8 @@ class AnomalyStage:
             if ego.num_nodes:
                 if holder in work.last_graph:
                     prev = work.last_graph[holder]
-                elif state.q_t.size and self.fresh.valid(holder, state.version, model.tag):
+                elif work.shadow is None and state.q_t.size and self.fresh.valid(holder, state.version, model.tag):
+                    # the stored q_{t-1} is the champion's; a shadowing challenger needs G_{t-1} itself
                     work.prev_cached[i] = state.q_t
                 else:
                     work.graphs.append(ego.to_data(source, eps))
@@ -366,23 +375,10 @@ class AnomalyStage:
     def complete(self, work: AnomalyWork, q: np.ndarray) -> ScoredBatch:
         """Score with the embeddings of ``work.graphs``, write rings and states (anomaly-scores: the fraud stage)."""
         batch, model = work.batch, work.model
-        n = len(batch)
         if q.shape[0] != len(work.graphs):
             raise ValueError(f"expected {len(work.graphs)} embeddings, got {q.shape[0]}")
-        scores = np.full(n, np.nan, dtype=np.float64)
-        rows = [i for i in range(n) if work.cur_graph[i] >= 0 and (work.prev_graph[i] >= 0 or i in work.prev_cached)]
-        if rows:
-            with self.clock.section("anomaly.gnn_score"):
-                q_prev = np.stack(
-                    [q[work.prev_graph[i]] if work.prev_graph[i] >= 0 else work.prev_cached[i] for i in rows]
-                )
-                if model.uses_events:
-                    prior = np.stack([work.events[i][0] for i in rows])
-                    event = np.stack([work.events[i][1] for i in rows])
-                    scores[rows] = model.score_events(q_prev.astype(np.float32), prior, event)
-                else:
-                    q_cur = q[[work.cur_graph[i] for i in rows]]
-                    scores[rows] = model.score(q_prev.astype(np.float32), q_cur.astype(np.float32))
+        with self.clock.section("anomaly.gnn_score"):
+            scores = _gnn_scores(work, q, model)
         with self.clock.section("anomaly.state_write"):
             self._write(work, q, scores)
         return ScoredBatch(
@@ -439,9 +435,39 @@ class AnomalyStage:
             return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
     def score(self, frame: pd.DataFrame, produced_us: np.ndarray, source: str = "kafka") -> ScoredBatch:
-        """Begin → embed → complete: the whole anomaly stage of one micro-batch, in this process."""
+        """Begin → embed → complete: the whole anomaly stage of one micro-batch, in this process.
+
+        While a challenger shadows, its GNN embeds the same graphs and scores the
+        same rows (its AS rides along in the batch; states keep the champion's q).
+        """
         work = self.begin(frame, produced_us, source)
-        return self.complete(work, self.embed(work))
+        scored = self.complete(work, self.embed(work))
+        if work.shadow is not None and work.graphs:
+            with self.clock.section("shadow.anomaly"):
+                parts = [work.shadow.embed(chunk) for chunk in _node_chunks(work.graphs, self.max_nodes)]
+                q_s = parts[0] if len(parts) == 1 else np.concatenate(parts)
+                shadow = _gnn_scores(work, q_s, work.shadow)
+            shadow[scored.redelivered] = np.nan
+            scored.shadow_anomaly_score, scored.shadow_anomaly_model = shadow, work.shadow.tag
+        return scored
+
+
+def _gnn_scores(work: AnomalyWork, q: np.ndarray, model: GraphScorer) -> np.ndarray:
+    """AS of every row of ``work`` with a G_{t-1} and a G_t, from the embeddings ``q`` of ``work.graphs``."""
+    scores = np.full(len(work.batch), np.nan, dtype=np.float64)
+    rows = [i for i in range(len(scores))
+            if work.cur_graph[i] >= 0 and (work.prev_graph[i] >= 0 or i in work.prev_cached)]
+    if not rows:
+        return scores
+    q_prev = np.stack([q[work.prev_graph[i]] if work.prev_graph[i] >= 0 else work.prev_cached[i] for i in rows])
+    if model.uses_events:
+        prior = np.stack([work.events[i][0] for i in rows])
+        event = np.stack([work.events[i][1] for i in rows])
+        scores[rows] = model.score_events(q_prev.astype(np.float32), prior, event)
+    else:
+        q_cur = q[[work.cur_graph[i] for i in rows]]
+        scores[rows] = model.score(q_prev.astype(np.float32), q_cur.astype(np.float32))
+    return scores
 
 
 def _node_chunks(graphs: list[Data], budget: int) -> list[list[Data]]:
@@ -464,11 +490,12 @@ def _node_chunks(graphs: list[Data], budget: int) -> list[list[Data]]:
 _LEN = struct.Struct("<I")
 
 
-def _pack_fraud(state_bytes: bytes, ring: list[dict[str, Any]]) -> bytes:
+def pack_fraud_state(state_bytes: bytes, ring: list[dict[str, Any]]) -> bytes:
+    """One KV value per cardholder: its fraud-feature state and its ring of recent decisions."""
     return _LEN.pack(len(state_bytes)) + state_bytes + json_bytes(ring)
 
 
-def _unpack_fraud(blob: bytes) -> tuple[bytes, list[dict[str, Any]]]:
+def unpack_fraud_state(blob: bytes) -> tuple[bytes, list[dict[str, Any]]]:
     (n,) = _LEN.unpack_from(blob)
     return blob[_LEN.size : _LEN.size + n], json_value(blob[_LEN.size + n :])
 
@@ -507,6 +534,11 @@ class FraudStage:
         self.scores_topic = scores_topic
         self.clock = clock or StageClock()
         self._check_layout(model)
+        self.shadow: tuple[FraudModel, str] | None = None  # the challenger fraud model while one shadows
+        self.shadow_topic: str | None = None
+        self.shadow_scored = 0  # transactions the challenger scored (for /metrics)
+        self.shadow_agreed = 0  # ... of which its decision equalled the champion's
+        self.drift: DriftMonitor | None = None  # PSI of inputs and score vs the champion's training reference
 
     def _check_layout(self, model: FraudModel) -> None:
         from training.fraud.features import feature_names
@@ -521,6 +553,12 @@ class FraudStage:
         """Use ``model`` from the next micro-batch on (callers swap between batches)."""
         self._check_layout(model)
         self.model, self.model_tag = model, tag
+
+    def set_shadow(self, shadow: tuple[FraudModel, str] | None) -> None:
+        """Score every fresh transaction with this challenger too (None stops shadowing); it never decides."""
+        if shadow is not None:
+            self._check_layout(shadow[0])
+        self.shadow = shadow
 
     def decide(self, scored: ScoredBatch, sends: list[Any] | None = None) -> list[dict[str, Any]]:
         """Decision records of ``scored`` (in its order), emitted with the scores.
@@ -563,23 +601,60 @@ class FraudStage:
                     )
                 )
                 fresh_rows.append(i)
+        shadow_out: list[dict[str, Any]] = []
         if fresh_rows:
+            X = np.stack(features)
             with clock.section("fraud.model"):
-                decisions = model.predict_batch(np.stack(features), top_k=self.top_k)
+                decisions = model.predict_batch(X, top_k=self.top_k)
             with clock.section("fraud.records"):
                 self._records(scored, fresh_rows, decisions, tag, rings, records)
+            if self.drift is not None:
+                with clock.section("fraud.drift"):
+                    self.drift.observe(np.column_stack([X, [d.score for d in decisions]]))
+            if self.shadow is not None:
+                with clock.section("shadow.fraud"):
+                    shadow_out = self._shadow_records(scored, fresh_rows, X, decisions, tag)
         with clock.section("fraud.state_write"):
             touched = {scored.cardholder[i] for i in fresh_rows}
-            self.kv.put_many("fraud", [(h, _pack_fraud(states[h].to_bytes(), rings[h])) for h in touched])
+            self.kv.put_many("fraud", [(h, pack_fraud_state(states[h].to_bytes(), rings[h])) for h in touched])
         decided = now_us()
         out = [{**_public(r), "decided_us": decided} for r in records if r is not None]
-        futures = self._emit(scored, out)
+        futures = self._emit(scored, out, shadow_out)
         if sends is None:
             with self.clock.section("kafka.flush"):
                 if futures:
                     confirm_sent(self.producer, futures)
         else:
             sends += futures
+        return out
+
+    def _shadow_records(self, scored: ScoredBatch, rows: list[int], X: np.ndarray, decisions: Sequence[Any],
+                        tag: str) -> list[dict[str, Any]]:
+        """The challenger's score of each fresh row, with the champion's beside it (``shadow-scores`` records).
+
+        The feature row is the champion's with the challenger's anomaly score in
+        the last column (the AS is the only model-made input).
+        """
+        assert self.shadow is not None
+        challenger, c_tag = self.shadow
+        as_rows = scored.shadow_anomaly_score if scored.shadow_anomaly_score is not None else scored.anomaly_score
+        a_tag = scored.shadow_anomaly_model or scored.anomaly_model
+        Xs = X.copy()
+        Xs[:, -1] = np.asarray(as_rows, dtype=np.float32)[rows]
+        c_scores = challenger.scores(Xs)
+        out = []
+        for k, i in enumerate(rows):
+            c_fraud = bool(c_scores[k] >= challenger.threshold)
+            self.shadow_agreed += int(c_fraud == bool(decisions[k].decision))
+            out.append({
+                "transaction_id": scored.transaction_id[i], "cardholder": scored.cardholder[i],
+                "champion": {"fraud_model": tag, "anomaly_model": scored.anomaly_model,
+                             "score": float(decisions[k].score), "anomaly_score": _finite(scored.anomaly_score[i])},
+                "challenger": {"fraud_model": c_tag, "anomaly_model": a_tag, "score": float(c_scores[k]),
+                               "anomaly_score": _finite(float(Xs[k, -1])), "decision": "fraud" if c_fraud else "legit"},
+                "scored_us": now_us(),
+            })
+        self.shadow_scored += len(out)
         return out
 
     def _read(self, holders: list[str]) -> tuple[dict[str, Any], dict[str, list[dict[str, Any]]]]:
@@ -591,7 +666,7 @@ class FraudStage:
         for holder, blob in zip(holders, self.kv.get_many("fraud", holders), strict=True):
             state, ring = FraudFeatureState(self.fraud_cfg, self.dim), []
             if blob:
-                raw, ring = _unpack_fraud(blob)
+                raw, ring = unpack_fraud_state(blob)
                 try:
                     state = FraudFeatureState.from_bytes(raw, self.fraud_cfg, self.dim)
                 except CorruptFraudStateError as exc:
@@ -623,8 +698,9 @@ class FraudStage:
             del ring[: max(len(ring) - self.ring, 0)]
             records[i] = record
 
-    def _emit(self, scored: ScoredBatch, records: list[dict[str, Any]]) -> list[Any]:
-        """Send the batch's anomaly scores and decisions; returns the send futures.
+    def _emit(self, scored: ScoredBatch, records: list[dict[str, Any]],
+              shadow: Sequence[dict[str, Any]] = ()) -> list[Any]:
+        """Send the batch's anomaly scores, decisions and shadow scores; returns the send futures.
 
         At-least-once: the input offsets are committed only after every one of
         these futures is acknowledged (:func:`serving.kafka.confirm_sent`, or the
@@ -655,6 +731,9 @@ class FraudStage:
                 for r in records:
                     if r["decision"] != "rejected":
                         futures.append(send(self.topic, key=r["cardholder"].encode(), value=json_bytes(r)))
+            if self.shadow_topic is not None:
+                for r in shadow:
+                    futures.append(send(self.shadow_topic, key=r["cardholder"].encode(), value=json_bytes(r)))
         return futures
 
 

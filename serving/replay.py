@@ -28,7 +28,8 @@ from serving.kafka import PRODUCED_HEADER, json_bytes, make_producer, now_us, wa
 if TYPE_CHECKING:
     from feature_store.privacy import PrivateFeaturizer
 
-__all__ = ["ReplayResult", "ReplayStats", "collect", "load_source", "replay", "replay_and_collect", "topic_end_offsets"]
+__all__ = ["LabelFeed", "ReplayResult", "ReplayStats", "collect", "load_source", "replay", "replay_and_collect",
+           "topic_end_offsets"]
 
 log = logging.getLogger(__name__)
 
@@ -74,12 +75,30 @@ def _records(frame: pd.DataFrame) -> list[dict[str, Any]]:
 
 
 @dataclass(frozen=True)
+class LabelFeed:
+    """Labels of the replayed rows, sent ``delay_s`` of *event time* after their transaction.
+
+    A label becomes due when the replay reaches the event time of its
+    transaction plus ``delay_s`` (chargebacks arrive days late: with a sped-up
+    replay they arrive the same number of replayed days late). ``flush`` sends
+    the labels still pending at the end; without it they are left out, as
+    labels of the last days are in a real feed.
+    """
+
+    topic: str = "fraud-labels"
+    delay_s: float = 86_400.0
+    flush: bool = True
+    source: str = "replay"
+
+
+@dataclass(frozen=True)
 class ReplayStats:
     """What :func:`replay` sent."""
 
     sent: int
     seconds: float
     transaction_ids: list[str]
+    labels_sent: int = 0
 
     @property
     def rate(self) -> float:
@@ -95,15 +114,18 @@ def replay(
     producer_settings: ProducerSettings | None = None,
     progress: bool = True,
     extra: Sequence[tuple[bytes | None, bytes]] = (),
+    labels: LabelFeed | None = None,
 ) -> ReplayStats:
     """Produce ``frame`` in its order at ``rate`` messages/s (0: as fast as possible), then flush.
 
     ``extra`` are raw (key, value) messages sent first (e.g. a poison message in tests).
+    ``labels`` also sends each labelled row's outcome to the labels topic, late (:class:`LabelFeed`).
     """
     producer = make_producer(bootstrap_servers, producer_settings or ProducerSettings(), client_id="fedfraud-replay")
     records = _records(frame)
     keys = [k.encode() for k in featurizer.pseudonyms(frame["cardholder_id"].astype(str).tolist())]
     payloads = [json_bytes(r) for r in records]
+    feed = _LabelQueue(frame, labels) if labels is not None else None
     start = time.perf_counter()
     try:
         for key, value in extra:
@@ -116,13 +138,49 @@ def replay(
                 if delay > 0:
                     time.sleep(delay)
             producer.send(topic, key=key, value=value, headers=[(PRODUCED_HEADER, str(now_us()).encode())])
+            if feed is not None:
+                feed.send_due(producer, i)
+        if feed is not None and feed.feed.flush:
+            feed.send_due(producer, None)
         producer.flush()
     finally:
         producer.close()
     seconds = time.perf_counter() - start
-    stats = ReplayStats(len(records) + len(extra), seconds, frame["transaction_id"].astype(str).tolist())
+    stats = ReplayStats(len(records) + len(extra), seconds, frame["transaction_id"].astype(str).tolist(),
+                        feed.sent if feed is not None else 0)
     log.info("replay sent=%d seconds=%.2f rate=%.0f/s topic=%s", stats.sent, seconds, stats.rate, topic)
     return stats
+
+
+class _LabelQueue:
+    """Labels of a replay in due order (event time + delay); :meth:`send_due` sends those due at row ``i``."""
+
+    def __init__(self, frame: pd.DataFrame, feed: LabelFeed) -> None:
+        self.feed = feed
+        known = frame["is_fraud"].notna() if "is_fraud" in frame else pd.Series(False, index=frame.index)
+        ts = pd.to_datetime(frame["timestamp"], utc=True)
+        self.event_s = ts.dt.as_unit("s").astype("int64").to_numpy()  # whatever the stored resolution
+        due = self.event_s[known.to_numpy()] + feed.delay_s
+        order = np.argsort(due, kind="stable")
+        rows = np.flatnonzero(known.to_numpy())[order]
+        self.due = due[order]
+        self.ids = frame["transaction_id"].astype(str).to_numpy()[rows]
+        self.fraud = frame["is_fraud"].to_numpy()[rows].astype(bool) if len(rows) else np.zeros(0, bool)
+        self.next = 0
+        self.sent = 0
+
+    def send_due(self, producer: Any, i: int | None) -> None:
+        from datetime import UTC, datetime
+
+        from serving.labels import label_message
+
+        end = len(self.due) if i is None else int(np.searchsorted(self.due, self.event_s[i], side="right"))
+        for k in range(self.next, end):
+            at = datetime.fromtimestamp(float(self.due[k]), UTC).isoformat()
+            producer.send(self.feed.topic, key=self.ids[k].encode(),
+                          value=label_message(self.ids[k], bool(self.fraud[k]), at, self.feed.source))
+        self.sent += max(end - self.next, 0)
+        self.next = max(self.next, end)
 
 
 def topic_end_offsets(bootstrap_servers: str, topic: str) -> dict[int, int]:
@@ -215,6 +273,7 @@ def replay_and_collect(
     topics: Any = None,
     extra: Sequence[tuple[bytes | None, bytes]] = (),
     progress: bool = False,
+    labels: LabelFeed | None = None,
 ) -> ReplayResult:
     """Replay ``frame`` and wait until every transaction has a decision (and every ``extra`` a dead letter)."""
     from serving.config import TopicNames
@@ -222,7 +281,8 @@ def replay_and_collect(
     topics = topics or TopicNames()
     dec_start = topic_end_offsets(bootstrap_servers, topics.decisions)
     dlq_start = topic_end_offsets(bootstrap_servers, topics.dlq)
-    stats = replay(frame, bootstrap_servers, topics.transactions, featurizer, rate, progress=progress, extra=extra)
+    stats = replay(frame, bootstrap_servers, topics.transactions, featurizer, rate, progress=progress, extra=extra,
+                   labels=labels)
     decisions = collect(bootstrap_servers, topics.decisions, stats.transaction_ids, dec_start, timeout_s)
     dead = collect(bootstrap_servers, topics.dlq, len(extra), dlq_start, timeout_s=10 if extra else 0.5,
                    id_field="offset") if extra else []

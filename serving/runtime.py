@@ -63,7 +63,7 @@ class ServingRuntime:
         return PrivateFeaturizer.for_bank(c.encoder, c.privacy, c.serving.bank_id)
 
     def replay(self, frame: pd.DataFrame, rate: float = 0.0, timeout_s: float = 120.0,
-               extra: Any = (), progress: bool = False) -> ReplayResult:
+               extra: Any = (), progress: bool = False, labels: Any = None) -> ReplayResult:
         """Replay ``frame`` into ``transactions`` and wait for every decision.
 
         See :func:`serving.replay.replay_and_collect`.
@@ -71,7 +71,7 @@ class ServingRuntime:
         from serving.replay import replay_and_collect
 
         return replay_and_collect(frame, self.bootstrap_servers, self.featurizer(), rate, timeout_s,
-                                  self.config.serving.topics, extra, progress)
+                                  self.config.serving.topics, extra, progress, labels)
 
     def counters(self) -> dict[str, Any]:
         """Delivery counters of the gateway (consumed, decided, dead_lettered, inflight, models...)."""

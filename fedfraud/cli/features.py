@@ -14,6 +14,7 @@ from typing import Annotated
 
 import typer
 
+from fedfraud.config import update_section
 from fedfraud.cli.common import config_of, existing_dir
 
 __all__ = ["features_app", "register"]
@@ -70,6 +71,11 @@ def apply(
     if materialize:
         materialize_repo(store)
         typer.echo("materialized")
+        if data is not None:
+            from serving.warm import warm_fraud_state
+
+            n = warm_fraud_state(update_section(cfg, "features", repo_dir=str(repo_dir)), data)
+            typer.echo(f"fraud-feature state of bank {cfg.serving.bank_id}: {n} cardholders warmed")
 
 
 @features_app.command("materialize")

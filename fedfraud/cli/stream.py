@@ -22,10 +22,18 @@ def stream_command(
     ] = None,
     bank: Annotated[int | None, typer.Option("--bank", help="replay only this bank of a dataset folder")] = None,
     limit: Annotated[int | None, typer.Option("--limit", min=1, help="first N transactions only")] = None,
+    labels_delay_days: Annotated[
+        float | None, typer.Option("--labels-delay-days", min=0,
+                                   help="also send each row's is_fraud to the labels topic this many event-time "
+                                        "days after it (a chargeback feed)")
+    ] = None,
+    no_label_flush: Annotated[
+        bool, typer.Option("--no-label-flush", help="drop the labels not yet due when the replay ends")
+    ] = False,
 ) -> None:
     """Produce transactions keyed by pseudonymous cardholder, stamping the produce time for latency."""
     from feature_store.privacy import PrivateFeaturizer
-    from serving.replay import load_source, replay
+    from serving.replay import LabelFeed, load_source, replay
 
     cfg = config_of(ctx)
     bootstrap = bootstrap_servers or cfg.serving.bootstrap_servers
@@ -36,8 +44,13 @@ def stream_command(
     if limit is not None:
         frame = frame.head(limit)
     featurizer = PrivateFeaturizer.for_bank(cfg.encoder, cfg.privacy, cfg.serving.bank_id)
-    stats = replay(frame, bootstrap, cfg.serving.topics.transactions, featurizer, rate, cfg.serving.producer)
-    typer.echo(f"sent {stats.sent} transactions in {stats.seconds:.1f}s ({stats.rate:.0f}/s) to {bootstrap}")
+    feed = None
+    if labels_delay_days is not None:
+        feed = LabelFeed(cfg.serving.topics.labels, labels_delay_days * 86_400.0, flush=not no_label_flush)
+    stats = replay(frame, bootstrap, cfg.serving.topics.transactions, featurizer, rate, cfg.serving.producer,
+                   labels=feed)
+    labelled = f", {stats.labels_sent} labels to {feed.topic}" if feed is not None else ""
+    typer.echo(f"sent {stats.sent} transactions in {stats.seconds:.1f}s ({stats.rate:.0f}/s) to {bootstrap}{labelled}")
 
 
 def _reachable(bootstrap: str, timeout_s: float = 3.0) -> None:

@@ -51,3 +51,23 @@ def time_holdout(root: Path, out: Path, holdout_days: float) -> HoldoutSplit:
         pq.write_table(canonical_table(frame[past].reset_index(drop=True)), target / TRANSACTIONS_FILE)
         live[bank] = frame[~past].sort_values(["timestamp", "transaction_id"]).reset_index(drop=True)
     return HoldoutSplit(history=out, cutoff=cutoff, live=live)
+
+
+def write_records(history: Path, out: Path, live: dict[int, pd.DataFrame], until: pd.Timestamp,
+                  unlabelled: set[int] | frozenset[int] = frozenset()) -> Path:
+    """Each bank's system of record at ``until``: its history plus the live rows up to then.
+
+    The live rows of the banks in ``unlabelled`` carry no ``is_fraud`` (their
+    outcomes are still to come back as labels); what a retrain cycle reads.
+    """
+    for bank in list_banks(history):
+        frame = read_bank(history, bank)
+        tail = live.get(bank, frame.iloc[:0])
+        tail = tail[tail["timestamp"] <= until].copy()
+        if bank in unlabelled:
+            tail["is_fraud"] = pd.NA
+        target = bank_dir(out, bank)
+        target.mkdir(parents=True, exist_ok=True)
+        both = pd.concat([frame, tail], ignore_index=True) if len(tail) else frame
+        pq.write_table(canonical_table(both.reset_index(drop=True)), target / TRANSACTIONS_FILE)
+    return out

@@ -70,7 +70,7 @@ def run_centralized(settings: RunSettings, threads: int = 1) -> RunResult:
     if settings.publish and checkpoint.history:
         selected, weights = checkpoint.selected
         version = publish_run(
-            ModelRegistry(settings.out_dir),
+            ModelRegistry(settings.registry_dir),
             weights,
             selected_round=selected,
             mode="centralized",

@@ -91,7 +91,7 @@ def run_federation(grid: Grid, settings: RunSettings, observer: ReplyObserver | 
     if settings.publish and checkpoint.history:
         selected, weights = checkpoint.selected
         version = publish_run(
-            ModelRegistry(settings.out_dir),
+            ModelRegistry(settings.registry_dir),
             weights,
             selected_round=selected,
             mode="federated",

@@ -59,6 +59,7 @@ _RUN_DEFAULTS: dict[str, Any] = {
     "num-banks": 0,
     "publish": True,
     "cache-dir": "",
+    "registry-dir": "",
 }
 #: Settings a resumed run must share with its checkpoint (they shape the model or its data).
 MODEL_KEYS: tuple[str, ...] = (
@@ -98,6 +99,7 @@ class RunSettings:
     num_banks: int = 0
     publish: bool = True
     cache: str = ""
+    registry: str = ""  # where the model is published; "" → out_dir (a retrain cycle keeps checkpoints apart)
 
     @classmethod
     def from_config(cls, cfg: FedfraudConfig, data_dir: Path, out_dir: Path, resume: bool = False) -> RunSettings:
@@ -150,6 +152,7 @@ class RunSettings:
             num_banks=int(merged["num-banks"]),
             publish=bool(merged["publish"]),
             cache=str(merged["cache-dir"]),
+            registry=str(merged["registry-dir"]),
             **sections,  # type: ignore[arg-type]
         )
 
@@ -167,6 +170,7 @@ class RunSettings:
                 "num-banks": self.num_banks,
                 "publish": self.publish,
                 "cache-dir": self.cache,
+                "registry-dir": self.registry,
             }
         )
         return flat
@@ -174,6 +178,11 @@ class RunSettings:
     def config_dump(self) -> dict[str, Any]:
         """Nested config for the registry (full, by section)."""
         return {s: getattr(self, s).model_dump() for s in _SECTIONS} | {"data_dir": str(self.data_dir)}
+
+    @property
+    def registry_dir(self) -> Path:
+        """The model registry the run publishes to (``registry-dir``, else ``out-dir``)."""
+        return Path(self.registry) if self.registry else self.out_dir
 
     @property
     def cache_dir(self) -> Path:

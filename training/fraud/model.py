@@ -223,8 +223,10 @@ class FraudModel:
                    meta["variant"], meta.get("meta", {}))
 
     def publish(self, registry: ModelRegistry, *, config: dict[str, Any], metrics: dict[str, Any],
-                privacy: dict[str, Any] | None = None) -> ModelVersion:
-        """Publish as kind ``fraud`` with metrics and a card listing feature importances."""
+                privacy: dict[str, Any] | None = None, files: dict[str, bytes] | None = None) -> ModelVersion:
+        """Publish as kind ``fraud`` with metrics and a card listing feature importances (``files``: more
+        artifacts of the version, e.g. the drift reference).
+        """
         importance = self.feature_importance()
         card = "\n".join([
             f"XGBoost fraud model, **{self.variant}** training, "
@@ -243,6 +245,8 @@ class FraudModel:
                                      "feature_importance": importance, **self.meta},
                               card=card) as staging:
             self.save(staging)
+            for name, blob in (files or {}).items():
+                (staging / name).write_bytes(blob)
         version = registry.get(KIND, "latest")
         logger.info("fraud_model published=%s variant=%s anomaly_score=%s", version.tag, self.variant,
                     self.uses_anomaly_score)

@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from contextlib import ExitStack
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import pandas as pd
 
 from training.fraud.dataset import dataset_features, load_anomaly_scorer, materialize
 from training.fraud.features import ANOMALY_FEATURE, FraudFeatures
 from training.fraud.metrics import classification_metrics
 from training.registry import ModelRegistry, ModelVersion
+from training.retrain.drift import DRIFT_FILE
 
 if TYPE_CHECKING:
     from fedfraud.config import FedfraudConfig
@@ -36,7 +39,7 @@ def load_fraud_banks(cfg: FedfraudConfig, data: Path, registry: Path, anomaly_ve
     rows = sum(len(b) for b in banks.values())
     col = next(iter(banks.values())).names.index(ANOMALY_FEATURE)
     info: dict[str, Any] = {
-        "data": str(data), "rows": rows, "anomaly_model": tag,
+        "data": str(data), "root": root, "rows": rows, "anomaly_model": tag,
         "frauds": int(sum(np.nansum(b.label) for b in banks.values())),
         "as_coverage": float(sum(np.isfinite(b.X[:, col]).sum() for b in banks.values()) / max(rows, 1)),
     }
@@ -145,6 +148,30 @@ def _train_variant(cfg: FedfraudConfig, banks: dict[int, FraudFeatures], bank: i
                                 timeout_s=fc.federated_timeout_s)["model"]
 
 
+def _drift_reference(model: Any, banks: dict[int, FraudFeatures], bank: int, root: Path, days: float) -> Any:
+    """Deciles of every input and of the fraud score on ``bank``'s own training rows of the last ``days`` (all
+    banks' if it has none): what serving's drift gauges compare the live stream with.
+
+    Recent rows only: counts and velocities grow with how long a card has been
+    observed, so a reference that starts where the data starts would show drift
+    by construction. The reference stays with the bank's model version.
+    """
+    from training.data.layout import read_bank
+    from training.retrain.drift import DriftReference
+
+    ids = [bank] if bank in banks else sorted(banks)
+    parts = []
+    for b in ids:
+        ts = read_bank(root, b, columns=["timestamp"])["timestamp"]  # FraudFeatures rows are in file order
+        recent = (ts >= ts.max() - pd.Timedelta(days=days)).to_numpy()
+        feats = banks[b]
+        parts.append(FraudFeatures(feats.X[recent], feats.names, feats.transaction_id[recent],
+                                   feats.cardholder[recent], feats.label[recent], feats.split[recent]))
+    train = FraudFeatures.concat(parts).of_split("train")
+    X = np.column_stack([train.X, model.scores(train.X)])
+    return DriftReference.from_matrix([*train.names, "fraud_score"], X)
+
+
 def train_and_publish(cfg: FedfraudConfig, data: Path, out: Path, bank: int = 0,
                       anomaly_version: str = "latest") -> tuple[ModelVersion, dict[str, Any]]:
     """``fedfraud train fraud``: train ``cfg.fraud.variant`` and publish it as kind ``fraud`` under ``out``."""
@@ -183,7 +210,9 @@ def train_and_publish(cfg: FedfraudConfig, data: Path, out: Path, bank: int = 0,
                 metrics[f"bank{bank}_test_frauds"] = int(own.label.sum())
         config = {"fraud": cfg.fraud.model_dump(), "encoder": cfg.encoder.model_dump(),
                   "anomaly_model": info["anomaly_model"], "data": info["data"], "banks": sorted(banks)}
-        version = model.publish(ModelRegistry(out), config=config, metrics=metrics, privacy=privacy)
+        reference = _drift_reference(model, banks, bank, info["root"], cfg.retrain.drift_reference_days)
+        files = {DRIFT_FILE: json.dumps(reference.to_json()).encode()}
+        version = model.publish(ModelRegistry(out), config=config, metrics=metrics, privacy=privacy, files=files)
     logger.info("fraud_train published=%s variant=%s test_f1=%.4f test_pr_auc=%.4f", version.tag,
                 cfg.fraud.variant, m.f1, m.pr_auc)
     return version, metrics

@@ -1,0 +1,219 @@
+"""The retraining loop on real parts: Flower on Ray (a real federated cycle), Ray Serve + the Tansu broker,
+Feast (SQLite), APScheduler, the outcome store.
+
+One served champion for the module; the tests run in file order, each building on the last:
+drift gauges → a drifted stream triggers a retrain → the challenger shadows without deciding →
+labels join to the shadow pairs → the cycle is idempotent and resumable.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+SMALL = ["anomaly.samples_per_epoch=48", "anomaly.local_epochs=1", "anomaly.max_train_pairs=200",
+         "anomaly.max_test_pairs=40", "anomaly.max_eval_normal=60", "federated.rounds=1", "federated.ray_cpus=2",
+         "fraud.num_boost_round=30", "retrain.drift_min_rows=250", "retrain.drift_window_rows=300",
+         "retrain.min_frauds=1",
+         # a 160-card world: its derived features move more on unchanged traffic than a bank's would (time_novelty
+         # 0.48); amounts ×25 move PSI(amount) past 5
+         "retrain.drift_psi_threshold=1.0"]
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory, ray_session, kafka_broker):
+    from fedfraud.config import load_config, update_section
+    from feature_store.feast_store import apply_repo, materialize_repo, open_store
+    from feature_store.offline import write_offline
+    from serving.broker import free_port
+    from serving.runtime import start
+    from serving.warm import warm_fraud_state
+    from training.data.config import GeneratorConfig
+    from training.data.holdout import time_holdout, write_records
+    from training.data.synthetic import generate_dataset
+    from training.federated.task import RunSettings
+    from training.federated.trainer import run_federated
+    from training.fraud.pipeline import train_and_publish
+
+    tmp = tmp_path_factory.mktemp("loop")
+    generate_dataset(tmp / "data", GeneratorConfig(banks=2, cardholders=160, days=30, fraud_rate=0.02, seed=21), raw_csv=False,
+                     progress=False)
+    split = time_holdout(tmp / "data", tmp / "history", holdout_days=10)
+    registry = tmp / "registry"
+    cfg = load_config(overrides=[*SMALL, f"features.repo_dir={tmp / 'repo'}", f"serving.registry_root={registry}",
+                                 "serving.registry_poll_s=0.5", f"serving.http_port={free_port()}"])
+    settings = RunSettings.from_config(cfg, split.history, tmp / "champion-run")
+    run_federated(RunSettings.from_flat({**settings.to_flat(), "registry-dir": str(registry)}))
+    train_and_publish(cfg, split.history, registry, bank=0)
+    store = open_store(cfg.features)
+    write_offline(split.history, tmp / "repo", cfg.encoder, cfg.privacy, cfg.egograph, cfg.features.location_cell_deg,
+                  banks=[0], progress=False)
+    apply_repo(store)
+    materialize_repo(store)
+    warm_fraud_state(cfg, split.history)  # serving continues each card's fraud features from its history
+    ray_session()  # Flower's simulation shut the session's Ray down
+    rt = start(cfg, bootstrap_servers=kafka_broker.bootstrap_servers, apply_features=False)
+    cfg = update_section(cfg, "retrain", metrics_url=f"{rt.url}/metrics", drift_check_s=1.0)
+    live = split.live[0]
+    n = len(live)
+    assert n >= 1000, f"the live tail has {n} rows; the tests below need 1,000"
+    cut = [0, int(n * 0.3), int(n * 0.6), int(n * 0.85), n]
+    parts = [live.iloc[a:b].reset_index(drop=True) for a, b in zip(cut, cut[1:], strict=False)]
+    # the banks' systems of record as the cycle sees them: history plus the first live days
+    records = write_records(split.history, tmp / "offline", split.live, until=parts[1]["timestamp"].iloc[-1])
+    yield {"cfg": cfg, "rt": rt, "registry": registry, "history": split.history, "records": records, "parts": parts, "tmp": tmp,
+           "bootstrap": kafka_broker.bootstrap_servers}
+    rt.stop()
+    from ray import serve
+
+    serve.shutdown()
+
+
+def _psi(url: str) -> dict[str, float]:
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(url, timeout=30).text
+    return {s.labels["feature"]: s.value for f in text_string_to_metric_families(text) for s in f.samples
+            if s.name == "fedfraud_drift_psi"}
+
+
+def test_drift_gauges_then_a_drifted_stream_triggers_a_retrain(world):
+    from training.registry import ModelRegistry
+    from training.retrain.schedule import RetrainScheduler
+
+    cfg, rt = world["cfg"], world["rt"]
+    normal = world["parts"][0]
+    assert rt.replay(normal, rate=0, timeout_s=180).missing == set()
+    calm = _psi(cfg.retrain.metrics_url)
+    assert {"amount", "anomaly_score", "fraud_score"} <= set(calm)
+    scheduler = RetrainScheduler(cfg, world["records"], world["registry"], policy=False)
+    scheduler.check_drift()
+    assert [e.what for e in scheduler.events] == [], f"no drift yet, but {scheduler.events} (psi {calm})"
+
+    drifted = world["parts"][1].copy()
+    drifted["amount"] = drifted["amount"] * 25  # a currency switch nobody told the model about
+    assert rt.replay(drifted, rate=0, timeout_s=180).missing == set()
+    moved = _psi(cfg.retrain.metrics_url)
+    assert moved["amount"] > cfg.retrain.drift_psi_threshold > calm["amount"]
+    scheduler.start()
+    try:
+        assert scheduler.wait_for_cycles(1, timeout_s=600)
+    finally:
+        scheduler.shutdown()
+    drift, cycle = scheduler.events[0], scheduler.events[1]
+    assert drift.what == "drift" and drift.detail["psi"] >= cfg.retrain.drift_psi_threshold
+    assert cycle.what == "cycle" and cycle.detail["trigger"] == "drift" and "error" not in cycle.detail, cycle
+    reg = ModelRegistry(world["registry"])
+    for kind in ("anomaly", "fraud"):
+        assert reg.aliases(kind) == {"champion": 1, "challenger": 2}
+        assert reg.audit(kind)[-1]["actor"] == "retrain:drift"
+    world["cycle"] = cycle.detail
+
+
+def test_the_challenger_shadows_every_transaction_and_never_decides(world):
+    import httpx
+
+    from serving.replay import collect, topic_end_offsets
+
+    rt, cfg = world["rt"], world["cfg"]
+    deadline = time.monotonic() + 60
+    while 'challenger="fraud:v2"' not in httpx.get(cfg.retrain.metrics_url, timeout=30).text:
+        assert time.monotonic() < deadline, "serving never started shadowing the challenger"
+        time.sleep(0.5)
+    part = world["parts"][2]
+    start = topic_end_offsets(world["bootstrap"], cfg.serving.topics.shadow_scores)
+    result = rt.replay(part, rate=200, timeout_s=180)
+    assert result.missing == set()
+    assert {d["models"]["fraud"] for d in result.decisions} == {"fraud:v1"}  # only the champion decides
+    assert {d["models"]["anomaly"] for d in result.decisions} == {"anomaly:v1"}
+    shadow = collect(world["bootstrap"], cfg.serving.topics.shadow_scores, set(part["transaction_id"]), start, 60)
+    assert {s["transaction_id"] for s in shadow} == set(part["transaction_id"])
+    by_id = {d["transaction_id"]: d for d in result.decisions}
+    for s in shadow:
+        assert s["challenger"]["fraud_model"] == "fraud:v2" and s["challenger"]["anomaly_model"] == "anomaly:v2"
+        assert s["champion"]["score"] == pytest.approx(by_id[s["transaction_id"]]["score"])
+    both = [(s["champion"]["anomaly_score"], s["challenger"]["anomaly_score"]) for s in shadow
+            if s["champion"]["anomaly_score"] is not None]
+    assert both and not np.allclose(*np.array(both).T)  # the challenger GNN scored the graphs itself
+    world["shadowed"] = part
+
+
+def test_labels_come_back_and_join_to_the_shadow_pairs(world):
+    from feature_store.outcomes import OutcomeStore
+    from serving.labels import LabelJoiner
+    from serving.replay import LabelFeed
+    from training.retrain.policy import decide_promotion
+
+    cfg, part = world["cfg"], world["shadowed"]
+    more = world["parts"][3]
+    feed = LabelFeed(cfg.serving.topics.labels, delay_s=86_400.0, flush=True)
+    # the next transactions stream with their own label feed; the shadowed part's labels come from the case system
+    result = world["rt"].replay(more, rate=0, timeout_s=120, labels=feed)
+    assert result.stats.labels_sent == int(more["is_fraud"].notna().sum())
+    from serving.config import ProducerSettings
+    from serving.kafka import confirm_sent, make_producer
+    from serving.labels import label_message
+
+    producer = make_producer(world["bootstrap"], ProducerSettings())
+    confirm_sent(producer, [producer.send(cfg.serving.topics.labels, value=label_message(
+        t, bool(f), "2026-11-20T00:00:00+00:00", "chargeback")) for t, f in zip(part["transaction_id"],
+                                                                                 part["is_fraud"], strict=True)])
+    producer.close()
+    outcomes = world["tmp"] / "outcomes.sqlite"
+    with OutcomeStore(outcomes) as store:
+        joiner = LabelJoiner(world["bootstrap"], store, cfg.serving.topics)
+        try:
+            joiner.run(idle_s=3)
+        finally:
+            joiner.close()
+        pairs = store.labelled_pairs("fraud:v1", "fraud:v2")
+        assert set(part["transaction_id"]) <= set(pairs["transaction_id"])
+        assert pairs["transaction_id"].is_unique
+    decision = decide_promotion(world["registry"], outcomes, cfg.retrain, apply=False)
+    assert decision.action in {"promote", "keep"} and decision.evidence["frauds"] >= 1, decision
+    assert set(decision.evidence["pr_auc"]) == {"champion", "challenger", "difference", "difference_95ci"}
+
+
+def test_a_cycle_is_idempotent_and_resumes_after_a_kill(world):
+    from training.registry import ModelRegistry
+
+    reg = ModelRegistry(world["registry"])
+    cfg_file = world["tmp"] / "cycle.yaml"
+    import yaml
+
+    cfg_file.write_text(yaml.safe_dump(world["cfg"].model_dump(mode="json")))
+    base = [sys.executable, "-m", "fedfraud", "--config", str(cfg_file), "retrain", "run", "--data",
+            str(world["records"]), "--registry", str(world["registry"]), "--json"]
+    # the drift cycle again: already done, nothing retrained
+    again = subprocess.run([*base, "--trigger", "drift"], capture_output=True, text=True, check=True)
+    assert json.loads(again.stdout.strip().splitlines()[-1])["cycle"] == world["cycle"]["cycle"]
+    assert len(reg.versions("anomaly")) == 2 and len(reg.versions("fraud")) == 2
+    # a new cycle (another window), killed once its anomaly model is published, then run again
+    proc = subprocess.Popen([*base, "--window-days", "20"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    deadline = time.monotonic() + 300
+    state = None
+    while state is None or state.get("anomaly") is None:
+        assert time.monotonic() < deadline and proc.poll() is None, "the cycle ended before it could be killed"
+        time.sleep(0.2)
+        found = list((world["registry"] / "retrain").glob("*/state.json"))
+        states = [json.loads(p.read_text()) for p in found]
+        state = next((s for s in states if s["cycle"] != world["cycle"]["cycle"]), None)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert len(reg.versions("anomaly")) == 3 and len(reg.versions("fraud")) == 2
+    done = subprocess.run([*base, "--window-days", "20"], capture_output=True, text=True, check=True)
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["done"] and result["resumed"] and result["anomaly"] == state["anomaly"]
+    assert len(reg.versions("anomaly")) == 3 and len(reg.versions("fraud")) == 3  # the GNN was not retrained
+    assert reg.aliases("fraud")["challenger"] == 3 and reg.aliases("anomaly")["challenger"] == 3
