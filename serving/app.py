@@ -29,7 +29,7 @@ from ray import serve
 from ray.serve import Application
 
 from serving.kafka import decode_messages, json_bytes, now_us
-from serving.metrics import CONTENT_TYPE, DurableCounters, PipelineMetrics
+from serving.metrics import CONTENT_TYPE, DurableCounters, MetricsBoard, PipelineMetrics
 
 __all__ = ["ScoringArgs", "StreamScorer", "build_app"]
 
@@ -54,6 +54,16 @@ class ScoringArgs(BaseModel):
         "serving.pipeline:load_anomaly_scorer",
         description="module:function(registry, version) -> GraphScorer; the seam where the anomaly model plugs in",
     )
+
+
+def _replica_id() -> str:
+    """Serve's id of this replica (a uuid outside Serve): the ``replica`` label of its metrics."""
+    import uuid
+
+    try:
+        return serve.get_replica_context().replica_id.unique_id
+    except Exception:  # noqa: BLE001 - not inside a Serve replica
+        return uuid.uuid4().hex[:12]
 
 
 def _config(args: ScoringArgs) -> Any:
@@ -147,7 +157,9 @@ class StreamScorer:
         g = self.guards
         self.validator = Validator(dedupe=False, max_future_s=g.max_future_s, max_age_days=g.max_age_days)
         self.consumer: StreamConsumer | None = None
-        self.durable = DurableCounters(self.hot.anomaly.kv, self.serving.consumer.group_id)
+        self.durable = DurableCounters(self.hot.anomaly.kv, self.serving.consumer.group_id, _replica_id())
+        self.board = MetricsBoard(self.hot.anomaly.kv, self.serving.consumer.group_id, _replica_id(),
+                                  self.metrics.render).start()
         _tune_gc(self.serving.gc_threshold)
         if self.args.consume:
             self.consumer = StreamConsumer(self.serving, self.args.bootstrap_servers, self.hot.score, self.metrics,
@@ -172,6 +184,8 @@ class StreamScorer:
             raise RuntimeError("; ".join(problems))
 
     def __del__(self) -> None:
+        if getattr(self, "board", None) is not None:
+            self.board.stop()
         if getattr(self, "consumer", None) is not None:
             self.consumer.stop()
         if getattr(self, "hot", None) is not None:
@@ -252,7 +266,7 @@ class StreamScorer:
     @api.get("/metrics")
     async def metrics_text(self) -> Response:
         """Prometheus text format."""
-        return Response(self.metrics.render(), media_type=CONTENT_TYPE)
+        return Response(await asyncio.to_thread(self.board.render), media_type=CONTENT_TYPE)
 
     def snapshot(self) -> dict[str, Any]:
         """Delivery counters of the whole consumer group (durable, all replicas) plus this replica's own.

@@ -24,7 +24,7 @@ from pathlib import Path
 
 __all__ = ["KVStore", "RedisKV", "SqliteKV", "open_kv"]
 
-TABLES = ("scores", "fraud", "counters")
+TABLES = ("scores", "fraud", "counters", "metrics")
 
 
 class KVStore(ABC):

@@ -8,6 +8,7 @@ the right-hand side at any moment).
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import defaultdict
@@ -20,7 +21,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-__all__ = ["CONTENT_TYPE", "DurableCounters", "LoopFigures", "PipelineMetrics", "StageClock"]
+__all__ = ["CONTENT_TYPE", "DurableCounters", "LoopFigures", "MetricsBoard", "PipelineMetrics", "StageClock"]
+
+log = logging.getLogger(__name__)
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -184,6 +187,85 @@ class DurableCounters:
                 out["live_replicas"] += 1
                 out["inflight"] += int(value.get("inflight", 0))
         return out
+
+
+class MetricsBoard:
+    """Every replica's metrics on every replica's ``/metrics``, each sample labelled ``replica``.
+
+    A replica writes its own exposition text to the shared state store (KV
+    table ``metrics``) every ``period_s`` and just before it answers a scrape;
+    a scrape renders the last text of every replica seen within ``stale_s``.
+    So a scrape that Serve's proxy routes to any replica returns the same
+    families, each sample tagged with the replica that counted it (Prometheus
+    sums them with ``sum without (replica)``). It is the shared-store
+    equivalent of ``ray.serve.metrics``, which would export through Ray's
+    metrics agent on another port instead of the application's ``/metrics``.
+    """
+
+    def __init__(self, kv: Any, group: str, replica: str, render: Callable[[], bytes], period_s: float = 2.0,
+                 stale_s: float = 30.0) -> None:
+        self.kv = kv
+        self.prefix = f"{group}/"
+        self.replica = replica
+        self.render_own = render
+        self.period_s = period_s
+        self.stale_s = stale_s
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def publish(self) -> None:
+        """Write this replica's current exposition text with a heartbeat."""
+        import json
+
+        value = {"replica": self.replica, "seen": time.time(), "text": self.render_own().decode("utf-8")}
+        self.kv.put_many("metrics", [(self.prefix + self.replica, json.dumps(value).encode())])
+
+    def start(self) -> MetricsBoard:
+        def loop() -> None:
+            while not self._stop.wait(self.period_s):
+                try:
+                    self.publish()
+                except Exception:  # noqa: BLE001 - a store blip must not kill the metrics thread
+                    log.debug("metrics board publish failed", exc_info=True)
+
+        self._thread = threading.Thread(target=loop, name="fedfraud-metrics-board", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def render(self) -> bytes:
+        """Prometheus text of every live replica (this one's fresh), samples labelled ``replica``."""
+        import json
+
+        from prometheus_client.core import Metric
+        from prometheus_client.parser import text_string_to_metric_families
+
+        self.publish()
+        now = time.time()
+        families: dict[str, Metric] = {}
+        for _, blob in self.kv.items("metrics", self.prefix):
+            value = json.loads(blob)
+            if now - float(value.get("seen", 0)) > self.stale_s:
+                continue
+            for fam in text_string_to_metric_families(value["text"]):
+                merged = families.get(fam.name)
+                if merged is None:
+                    merged = families[fam.name] = Metric(fam.name, fam.documentation, fam.type, fam.unit)
+                for s in fam.samples:
+                    merged.add_sample(s.name, {**s.labels, "replica": value["replica"]}, s.value, s.timestamp)
+        registry = CollectorRegistry()
+        registry.register(_Families(list(families.values())))
+        return generate_latest(registry)
+
+
+class _Families(Collector):
+    def __init__(self, families: list[Any]) -> None:
+        self.families = families
+
+    def collect(self) -> Iterator[Any]:
+        yield from self.families
 
 
 class StageClock:

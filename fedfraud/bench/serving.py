@@ -30,7 +30,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["BENCH_REDIS_DB", "COLUMNS", "ServingBenchResult", "publish_bench_models", "run_serving_bench"]
+__all__ = ["BENCH_REDIS_DB", "COLUMNS", "ServingBenchResult", "load_block", "publish_bench_models",
+           "run_serving_bench"]
 
 log = logging.getLogger(__name__)
 #: Redis database the bench owns (flushed at start); other work uses db 0.
@@ -216,13 +217,8 @@ def run_serving_bench(
             cursor += len(chunk)
             if chunk.empty:
                 break
-            rt.handle.profile.remote(reset=True).result()
-            res = rt.replay(chunk, rate=rate, timeout_s=600)
-            at_load = rt.handle.profile.remote(reset=True).result()
-            lat = res.latencies_ms
-            rows.append({"offered": rate, "achieved": res.stats.rate, "p50_ms": float(np.percentile(lat, 50)),
-                         "p99_ms": float(np.percentile(lat, 99)), "p999_ms": float(np.percentile(lat, 99.9)),
-                         "n": len(chunk), "profile": at_load})
+            row, at_load = load_block(rt, chunk, rate)
+            rows.append({**row, "profile": at_load})
             log.info("load=%.0f p50=%.1fms p99=%.1fms", rate, rows[-1]["p50_ms"], rows[-1]["p99_ms"])
         http = _http_sequential(rt.url, frame.iloc[cursor : cursor + 300].reset_index(drop=True))
         models = rt.counters()["models"]
@@ -230,6 +226,16 @@ def run_serving_bench(
         rt.stop()
     return ServingBenchResult(ceiling, sustained, backlog, rows, models, os.cpu_count() or 0, load_avg, store, profile,
                               cfg.serving.scorer_replicas, cfg.serving.partitions, http)
+
+
+def load_block(rt: Any, chunk: Any, rate: float, timeout_s: float = 600.0) -> tuple[dict[str, float], dict[str, Any]]:
+    """Replay ``chunk`` at ``rate``: produce → decision percentiles and the replicas' stage profile of that block."""
+    rt.handle.profile.remote(reset=True).result()
+    res = rt.replay(chunk, rate=rate, timeout_s=timeout_s)
+    profile = rt.handle.profile.remote(reset=True).result()
+    lat = res.latencies_ms
+    return {"offered": rate, "achieved": res.stats.rate, "n": len(chunk), "p50_ms": float(np.percentile(lat, 50)),
+            "p99_ms": float(np.percentile(lat, 99)), "p999_ms": float(np.percentile(lat, 99.9))}, profile
 
 
 def publish_bench_models(reg: Any, train: Any, cfg: Any) -> None:

@@ -112,6 +112,26 @@ def chaos(
     emit(result.to_markdown(), out)
 
 
+@bench_app.command("retrain")
+def retrain(
+    ctx: typer.Context,
+    cardholders: Annotated[int, typer.Option("--cardholders", min=50, help="generated cardholders")] = 800,
+    rounds: Annotated[int, typer.Option("--rounds", min=1, help="federated rounds of each cycle")] = 8,
+    rate: Annotated[float, typer.Option("--rate", min=10, help="offered tx/s of the shadow A/B")] = 250.0,
+    block_s: Annotated[float, typer.Option("--block-s", min=1, help="seconds of each A/B block")] = 4.0,
+    blocks: Annotated[int, typer.Option("--blocks", min=1, help="A/B pairs (off, on)")] = 2,
+    out: OutOption = None,
+) -> None:
+    """A federated retrain cycle's wall time, serving p99 with and without shadow scoring, labelled frauds the
+    policy needed to decide.
+    """
+    from fedfraud.bench.retrain import run_retrain_bench
+
+    result = run_retrain_bench(config_of(ctx), cardholders=cardholders, rounds=rounds, rate=rate, block_s=block_s,
+                               blocks=blocks)
+    emit(result.to_markdown(), out)
+
+
 @bench_app.command("anomaly")
 def anomaly(
     ctx: typer.Context,

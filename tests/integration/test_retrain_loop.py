@@ -45,8 +45,8 @@ def world(tmp_path_factory, ray_session, kafka_broker):
     from training.fraud.pipeline import train_and_publish
 
     tmp = tmp_path_factory.mktemp("loop")
-    generate_dataset(tmp / "data", GeneratorConfig(banks=2, cardholders=160, days=30, fraud_rate=0.02, seed=21), raw_csv=False,
-                     progress=False)
+    world_cfg = GeneratorConfig(banks=2, cardholders=160, days=30, fraud_rate=0.02, seed=21)
+    generate_dataset(tmp / "data", world_cfg, raw_csv=False, progress=False)
     split = time_holdout(tmp / "data", tmp / "history", holdout_days=10)
     registry = tmp / "registry"
     cfg = load_config(overrides=[*SMALL, f"features.repo_dir={tmp / 'repo'}", f"serving.registry_root={registry}",
@@ -70,7 +70,8 @@ def world(tmp_path_factory, ray_session, kafka_broker):
     parts = [live.iloc[a:b].reset_index(drop=True) for a, b in zip(cut, cut[1:], strict=False)]
     # the banks' systems of record as the cycle sees them: history plus the first live days
     records = write_records(split.history, tmp / "offline", split.live, until=parts[1]["timestamp"].iloc[-1])
-    yield {"cfg": cfg, "rt": rt, "registry": registry, "history": split.history, "records": records, "parts": parts, "tmp": tmp,
+    yield {"cfg": cfg, "rt": rt, "registry": registry, "history": split.history, "records": records, "parts": parts,
+           "tmp": tmp,
            "bootstrap": kafka_broker.bootstrap_servers}
     rt.stop()
     from ray import serve
@@ -184,7 +185,7 @@ def test_labels_come_back_and_join_to_the_shadow_pairs(world):
     assert set(decision.evidence["pr_auc"]) == {"champion", "challenger", "difference", "difference_95ci"}
 
 
-def test_a_cycle_is_idempotent_and_resumes_after_a_kill(world):
+def test_a_cycle_is_idempotent_never_overlaps_and_resumes_after_a_kill(world):
     from training.registry import ModelRegistry
 
     reg = ModelRegistry(world["registry"])
@@ -201,6 +202,14 @@ def test_a_cycle_is_idempotent_and_resumes_after_a_kill(world):
     # a new cycle (another window), killed once its anomaly model is published, then run again
     proc = subprocess.Popen([*base, "--window-days", "20"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)
+    lock = world["registry"] / ".retrain.lock"
+    deadline = time.monotonic() + 60
+    while not (lock.exists() and lock.read_text().strip() == str(proc.pid)):  # the cycle holds the lock
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.1)
+    second = subprocess.run([*base, "--window-days", "25"], capture_output=True, text=True)
+    assert second.returncode == 2 and second.stderr.strip().splitlines()[-1] == (
+        f"error: another retrain cycle is running (lock {lock}, held by pid {proc.pid})")
     deadline = time.monotonic() + 300
     state = None
     while state is None or state.get("anomaly") is None:

@@ -27,7 +27,7 @@ from training.fraud.bootstrap import RankedScores, bootstrap_counts, interval, w
 from training.registry import ModelRegistry, RegistryError
 from training.retrain.config import RetrainConfig
 
-__all__ = ["PolicyDecision", "compare", "decide_promotion"]
+__all__ = ["PolicyDecision", "compare", "decide_promotion", "verdict"]
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +73,21 @@ def compare(pairs: pd.DataFrame, cfg: RetrainConfig) -> dict[str, Any]:
     return out
 
 
+def verdict(figures: dict[str, Any]) -> tuple[str, str]:
+    """``("promote" | "keep", reason)`` from :func:`compare`'s figures: promote only when the PR-AUC gain's 95%
+    interval lies above zero and recall at the FPR target is not worse beyond its interval.
+    """
+    pr, rec, frauds = figures["pr_auc"], figures["recall_at_fpr"], figures["frauds"]
+    ci = f"[{pr['difference_95ci'][0]:+.3f}, {pr['difference_95ci'][1]:+.3f}]"
+    if pr["difference_95ci"][0] > 0 and rec["difference_95ci"][1] >= 0:
+        return "promote", (f"challenger PR-AUC {pr['challenger']:.3f} vs champion {pr['champion']:.3f}, difference "
+                           f"{pr['difference']:+.3f} with 95% CI {ci} above zero on {frauds} labelled frauds")
+    why = ("its PR-AUC gain's interval includes zero" if pr["difference_95ci"][0] <= 0
+           else "its recall at the FPR target is worse beyond the interval")
+    return "keep", (f"champion kept: challenger PR-AUC {pr['challenger']:.3f} vs {pr['champion']:.3f} (difference "
+                    f"{pr['difference']:+.3f}, 95% CI {ci}); {why}; {frauds} labelled frauds")
+
+
 def decide_promotion(registry: Path | str, outcomes: Path | str, cfg: RetrainConfig, actor: str = "policy",
                      apply: bool = True) -> PolicyDecision:
     """Compare the registry's challenger with its champion on the labelled outcomes; promote, retire or wait.
@@ -99,20 +114,7 @@ def decide_promotion(registry: Path | str, outcomes: Path | str, cfg: RetrainCon
                               f"{cfg.min_frauds} (and genuine ones)", **base,
                               evidence={"transactions": int(len(pairs)), "frauds": frauds})
     figures = compare(pairs, cfg)
-    pr, rec = figures["pr_auc"], figures["recall_at_fpr"]
-    better = pr["difference_95ci"][0] > 0 and rec["difference_95ci"][1] >= 0
-    if better:
-        action = "promote"
-        reason = (f"challenger PR-AUC {pr['challenger']:.3f} vs champion {pr['champion']:.3f}, difference "
-                  f"{pr['difference']:+.3f} with 95% CI [{pr['difference_95ci'][0]:+.3f}, "
-                  f"{pr['difference_95ci'][1]:+.3f}] above zero on {frauds} labelled frauds")
-    else:
-        action = "keep"
-        why = ("its PR-AUC gain's interval includes zero" if pr["difference_95ci"][0] <= 0
-               else "its recall at the FPR target is worse beyond the interval")
-        reason = (f"champion kept: challenger PR-AUC {pr['challenger']:.3f} vs {pr['champion']:.3f} (difference "
-                  f"{pr['difference']:+.3f}, 95% CI [{pr['difference_95ci'][0]:+.3f}, "
-                  f"{pr['difference_95ci'][1]:+.3f}]); {why}; {frauds} labelled frauds")
+    action, reason = verdict(figures)
     decision = PolicyDecision(action, reason, **base, evidence=figures)
     if apply:
         _carry_out(reg, decision, actor)

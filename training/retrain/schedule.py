@@ -21,6 +21,7 @@ import json
 import logging
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.request
@@ -103,14 +104,17 @@ class RetrainScheduler:
     # ------------------------------------------------------------------ jobs
     def run_cycle(self, trigger: str) -> dict[str, Any]:
         """One cycle in a child process (``python -m fedfraud retrain run``); returns its result or error."""
-        cfg_file = self.registry / "retrain" / f"config-{trigger}.yaml"
-        cfg_file.parent.mkdir(parents=True, exist_ok=True)
-        cfg_file.write_text(yaml.safe_dump(self.cfg.model_dump(mode="json")), encoding="utf-8")
-        cmd = [sys.executable, "-m", "fedfraud", "--config", str(cfg_file), "retrain", "run", "--data",
+        # the child gets this exact config; the file holds the bank's settings, so 0600 and gone afterwards
+        with tempfile.NamedTemporaryFile("w", suffix=".yaml", prefix="fedfraud-retrain-", delete=False) as fh:
+            fh.write(yaml.safe_dump(self.cfg.model_dump(mode="json")))
+        cmd = [sys.executable, "-m", "fedfraud", "--config", fh.name, "retrain", "run", "--data",
                str(self.data), "--registry", str(self.registry), "--trigger", trigger, "--json"]
         t0 = time.perf_counter()
         log.info("retrain cycle starting trigger=%s", trigger)
-        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        finally:
+            Path(fh.name).unlink(missing_ok=True)
         seconds = round(time.perf_counter() - t0, 1)
         if proc.returncode == 0:
             result = json.loads(proc.stdout.strip().splitlines()[-1])
