@@ -202,10 +202,12 @@ def collect(
     expected: int | Iterable[str],
     start: dict[int, int] | None = None,
     timeout_s: float = 60.0,
-    id_field: str = "transaction_id",
+    id_field: str | tuple[str, ...] = "transaction_id",
 ) -> list[dict[str, Any]]:
     """Read JSON records from ``topic`` (from ``start`` offsets, else the beginning) until ``expected``
     distinct ids (a count or the ids themselves) were seen or ``timeout_s`` passed. Duplicates are kept.
+
+    ``id_field`` may name several fields (a DLQ record is identified by its source partition and offset).
     """
     import json
 
@@ -230,7 +232,8 @@ def collect(
             for msgs in consumer.poll(timeout_ms=100).values():
                 for m in msgs:
                     record = json.loads(m.value)
-                    rid = str(record.get(id_field))
+                    rid = str(record.get(id_field)) if isinstance(id_field, str) else \
+                        "/".join(str(record.get(f)) for f in id_field)
                     if wanted is None or rid in wanted:
                         out.append(record)
                         seen.add(rid)
@@ -285,5 +288,5 @@ def replay_and_collect(
                    labels=labels)
     decisions = collect(bootstrap_servers, topics.decisions, stats.transaction_ids, dec_start, timeout_s)
     dead = collect(bootstrap_servers, topics.dlq, len(extra), dlq_start, timeout_s=10 if extra else 0.5,
-                   id_field="offset") if extra else []
+                   id_field=("topic", "partition", "offset")) if extra else []
     return ReplayResult(stats, decisions, dead)
