@@ -53,3 +53,19 @@ def parse_shares(text: str | None) -> tuple[float, ...] | None:
     if len(shares) < 2 or any(s <= 0 for s in shares) or abs(sum(shares) - 1.0) > 1e-6:
         raise UserError(f"--bank-shares {text!r}: need at least 2 positive shares that sum to 1")
     return shares
+
+
+def kafka_reachable(bootstrap: str, timeout_s: float = 3.0) -> None:
+    """One-line error unless some bootstrap server accepts a TCP connection (the Kafka client waits ~30 s)."""
+    import socket
+
+    for server in bootstrap.split(","):
+        host, _, port = server.strip().rpartition(":")
+        if not port.isdigit():
+            raise UserError(f"--bootstrap-servers {bootstrap!r}: expected host:port[,host:port]")
+        try:
+            with socket.create_connection((host.strip("[]") or "localhost", int(port)), timeout=timeout_s):
+                return
+        except OSError:
+            continue
+    raise UserError(f"no Kafka broker reachable at {bootstrap} (is it running? check --bootstrap-servers)")

@@ -17,7 +17,7 @@ from typing import Annotated
 
 import typer
 
-from fedfraud.cli.common import config_of, existing_dir
+from fedfraud.cli.common import config_of, existing_dir, kafka_reachable
 from fedfraud.config import update_section
 from fedfraud.errors import UserError
 
@@ -129,6 +129,7 @@ def join(
     bootstrap = bootstrap_servers or cfg.serving.bootstrap_servers
     if bootstrap is None:
         raise UserError("no Kafka to read labels from: pass --bootstrap-servers")
+    kafka_reachable(bootstrap)
     with OutcomeStore(outcomes) as store:
         joiner = LabelJoiner(bootstrap, store, cfg.serving.topics, cfg.serving.producer,
                              cfg.serving.guards.max_message_bytes)

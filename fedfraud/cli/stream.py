@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from fedfraud.cli.common import config_of
+from fedfraud.cli.common import config_of, kafka_reachable
 from fedfraud.errors import UserError
 
 __all__ = ["register"]
@@ -40,7 +40,7 @@ def stream_command(
     if bootstrap is None:
         raise UserError("no Kafka to stream to: pass --bootstrap-servers (fedfraud serve prints the embedded one)")
     frame = load_source(source, bank)
-    _reachable(bootstrap)
+    kafka_reachable(bootstrap)
     if limit is not None:
         frame = frame.head(limit)
     featurizer = PrivateFeaturizer.for_bank(cfg.encoder, cfg.privacy, cfg.serving.bank_id)
@@ -51,22 +51,6 @@ def stream_command(
                    labels=feed)
     labelled = f", {stats.labels_sent} labels to {feed.topic}" if feed is not None else ""
     typer.echo(f"sent {stats.sent} transactions in {stats.seconds:.1f}s ({stats.rate:.0f}/s) to {bootstrap}{labelled}")
-
-
-def _reachable(bootstrap: str, timeout_s: float = 3.0) -> None:
-    """One-line error unless some bootstrap server accepts a TCP connection (the Kafka client waits ~30 s)."""
-    import socket
-
-    for server in bootstrap.split(","):
-        host, _, port = server.strip().rpartition(":")
-        if not port.isdigit():
-            raise UserError(f"--bootstrap-servers {bootstrap!r}: expected host:port[,host:port]")
-        try:
-            with socket.create_connection((host.strip("[]") or "localhost", int(port)), timeout=timeout_s):
-                return
-        except OSError:
-            continue
-    raise UserError(f"no Kafka broker reachable at {bootstrap} (is it running? check --bootstrap-servers)")
 
 
 def register(app: typer.Typer) -> None:
