@@ -19,7 +19,7 @@ import pandas as pd
 from feature_store.activity import Activity
 from feature_store.config import EgoGraphConfig
 from feature_store.egograph import EgoGraphState
-from feature_store.encoders import merchant_hash, timestamps_us
+from feature_store.encoders import timestamps_us
 from feature_store.privacy import PrivateFeatures, PrivateFeaturizer
 from feature_store.schema import event_order
 
@@ -65,7 +65,7 @@ def prepare_batch(frame: pd.DataFrame, featurizer: PrivateFeaturizer) -> Prepare
         features=feats,
         cardholder=[str(p) for p in feats.cardholder],
         merchant_id=data["merchant_id"].astype(str).tolist(),
-        merchant_hash=merchant_hash(data["merchant_id"]).tolist(),
+        merchant_hash=featurizer.merchant_hash(data["merchant_id"]).tolist(),
         key=feats.keys.tolist(),
         ts_us=timestamps_us(data["timestamp"]).tolist(),
         lat=data["lat"].to_numpy(dtype=np.float64).tolist(),

@@ -50,7 +50,7 @@ from torch_geometric.data import Data
 from tqdm.auto import tqdm
 
 from feature_store.config import EgoGraphConfig, EncoderConfig
-from feature_store.encoders import merchant_hash, timestamps_us
+from feature_store.encoders import timestamps_us
 from feature_store.events import HISTORY_SIZE, RAW_EVENT_SIZE, history_summary, new_history, raw_event, update_history
 from feature_store.privacy import PrivateFeaturizer
 from feature_store.schema import Transaction
@@ -188,7 +188,7 @@ class EgoGraphState:
 
         Args:
             key: the transaction's noise key (:meth:`PrivateFeaturizer.noise_keys`).
-            merchant: 64-bit merchant hash (:func:`feature_store.encoders.merchant_hash`).
+            merchant: 64-bit keyed merchant hash (:meth:`feature_store.privacy.PrivateFeaturizer.merchant_hash`).
             lat: merchant latitude in degrees.
             lon: merchant longitude in degrees.
             ts_us: event time, UTC microseconds since the epoch.
@@ -244,7 +244,7 @@ class EgoGraphState:
     def apply(self, tx: Transaction, featurizer: PrivateFeaturizer) -> bool:
         """Convenience for serving: :meth:`update` from a validated :class:`Transaction`."""
         key = int(featurizer.noise_keys([tx.transaction_id])[0])
-        merchant = int(merchant_hash([tx.merchant_id])[0])
+        merchant = int(featurizer.merchant_hash([tx.merchant_id])[0])
         delta = tx.timestamp - _EPOCH
         ts_us = (delta.days * 86_400 + delta.seconds) * _US_PER_S + delta.microseconds
         return self.update(key, merchant, tx.lat, tx.lon, ts_us, tx.amount, tx.mcc)
@@ -582,7 +582,7 @@ def iter_snapshot_pairs(
     )
     feats = featurizer.transform(data)
     ts_us = timestamps_us(data["timestamp"])
-    merchants = merchant_hash(data["merchant_id"])
+    merchants = featurizer.merchant_hash(data["merchant_id"])
     lat = data["lat"].to_numpy(dtype=np.float64)
     lon = data["lon"].to_numpy(dtype=np.float64)
     tx_ids = data["transaction_id"].to_numpy()

@@ -37,9 +37,10 @@ Reading of the thesis formulas (documented choices):
   hourly are down-weighted (``_TIME_DECAY``). Values are sin/cos times
   amplitudes ≤ 1, already in [-1, 1], so no ``tanh``. Like the thesis's, the
   time embedding is periodic in the year.
-* Merchant: ids are hashed (unkeyed blake2b, so every bank maps the same id to
-  the same row without a shared vocabulary) into ``merchant_buckets`` rows of a
-  learned table initialised ``N(0, 0.1)``.
+* Merchant: ids are hashed (blake2b keyed with the federation's key, so every
+  bank maps the same id to the same row without a shared vocabulary, and the
+  server, which lacks the key, cannot map rows back to merchants) into
+  ``merchant_buckets`` rows of a learned table initialised ``N(0, 0.1)``.
 """
 
 from __future__ import annotations
@@ -250,17 +251,22 @@ def encode_time(epoch_secs: np.ndarray, cfg: EncoderConfig) -> np.ndarray:
     return np.tanh(out).astype(np.float32)
 
 
-def merchant_hash(merchant_ids: Iterable[str]) -> np.ndarray:
-    """Stable unkeyed 64-bit hash (blake2b) of merchant ids, uint64; identical at every bank."""
-    return np.fromiter(
-        (int.from_bytes(hashlib.blake2b(str(m).encode(), digest_size=8).digest(), "little") for m in merchant_ids),
-        dtype=np.uint64,
-    )
+def merchant_hash(merchant_ids: Iterable[str], key: bytes | None = None) -> np.ndarray:
+    """Stable 64-bit blake2b of merchant ids (uint64), identical at every bank: keyed with the federation's
+    ``key`` when given (what the banks use; :func:`feature_store.privacy.federation_key`), else unkeyed.
+    """
+    if key is None:
+        digests = (hashlib.blake2b(str(m).encode(), digest_size=8).digest() for m in merchant_ids)
+    else:
+        key = key if len(key) <= 64 else hashlib.blake2b(key, digest_size=64).digest()
+        digests = (hashlib.blake2b(str(m).encode(), key=key, digest_size=8, person=b"fedfraud-merch").digest()
+                   for m in merchant_ids)
+    return np.fromiter((int.from_bytes(d, "little") for d in digests), dtype=np.uint64)
 
 
-def merchant_bucket(merchant_ids: Iterable[str], cfg: EncoderConfig) -> np.ndarray:
-    """Row of each merchant id in the merchant lookup table (int64), ``merchant_hash % buckets``."""
-    return (merchant_hash(merchant_ids) % np.uint64(cfg.merchant_buckets)).astype(np.int64)
+def merchant_bucket(merchant_ids: Iterable[str], cfg: EncoderConfig, key: bytes | None = None) -> np.ndarray:
+    """Row of each merchant id in the merchant lookup table (int64): ``merchant_hash(ids, key) % buckets``."""
+    return (merchant_hash(merchant_ids, key) % np.uint64(cfg.merchant_buckets)).astype(np.int64)
 
 
 class MerchantEmbedding(nn.Module):

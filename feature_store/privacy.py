@@ -38,11 +38,12 @@ import numpy as np
 import pandas as pd
 
 from feature_store.config import EncoderConfig, PrivacyConfig
-from feature_store.encoders import encode_location, encode_time, epoch_seconds, merchant_bucket
+from feature_store.encoders import encode_location, encode_time, epoch_seconds, merchant_bucket, merchant_hash
 
 __all__ = [
     "CHANNEL_LOCATION",
     "CHANNEL_TIME",
+    "FEDERATION_KEY_ENV",
     "SECRET_ENV",
     "PrivateFeatures",
     "PrivateFeaturizer",
@@ -60,6 +61,8 @@ logger = logging.getLogger(__name__)
 
 #: Environment variable holding this bank process's secret (production).
 SECRET_ENV = "FEDFRAUD_BANK_SECRET"
+#: The key the banks of one federation share, and the server never holds: it places merchants in table rows.
+FEDERATION_KEY_ENV = "FEDFRAUD_FEDERATION_KEY"
 #: Noise channels: different channels give independent noise for the same transaction.
 CHANNEL_LOCATION = 1
 CHANNEL_TIME = 2
@@ -188,6 +191,20 @@ def bank_secret(cfg: PrivacyConfig, bank_id: int) -> bytes:
     return hashlib.blake2b(f"{cfg.secret_seed}:{bank_id}".encode(), digest_size=32, person=b"fedfraud-sim").digest()
 
 
+def federation_key(cfg: PrivacyConfig) -> bytes:
+    """The merchant-row key every bank of the federation shares and the server does not have:
+    ``$FEDFRAUD_FEDERATION_KEY`` if set (production), else derived from ``cfg.secret_seed`` (simulation; public).
+
+    Why: the merchant table is trained with sparse updates, so a bank's update changes only the rows its
+    batches touched. With the public unkeyed hash the server could map those rows back to merchant ids and
+    learn which merchants each bank's customers used; with a key it sees row numbers it cannot invert.
+    """
+    env = os.environ.get(FEDERATION_KEY_ENV)
+    if env:
+        return hashlib.blake2b(env.encode(), digest_size=32, person=b"fedfraud-fedkey").digest()
+    return hashlib.blake2b(f"{cfg.secret_seed}:federation".encode(), digest_size=32, person=b"fedfraud-sim").digest()
+
+
 def _keyed_u64(values: Iterable[object], secret: bytes, person: bytes) -> np.ndarray:
     key = _mac_key(secret)
     return np.fromiter(
@@ -299,6 +316,7 @@ class PrivateFeaturizer:
         self.encoder_cfg = encoder_cfg
         self.privacy_cfg = privacy_cfg
         self._secret = bytes(secret)
+        self._merchant_key = federation_key(privacy_cfg)
         self.permutation = shuffle_permutation(privacy_cfg.shuffle_seed, encoder_cfg.dim)
 
     @classmethod
@@ -323,7 +341,12 @@ class PrivateFeaturizer:
         return pseudonymize(cardholder_ids, self._secret)
 
     def merchant(self, merchant_ids: Iterable[str]) -> np.ndarray:
-        return merchant_bucket(merchant_ids, self.encoder_cfg)
+        """Merchant-table row of each id under the federation's key (:func:`federation_key`)."""
+        return merchant_bucket(merchant_ids, self.encoder_cfg, self._merchant_key)
+
+    def merchant_hash(self, merchant_ids: Iterable[str]) -> np.ndarray:
+        """The 64-bit keyed merchant hash ego-graph nodes are identified by (its residue is :meth:`merchant`)."""
+        return merchant_hash(merchant_ids, self._merchant_key)
 
     def _noise(self, v: np.ndarray, keys: np.ndarray, eps: np.ndarray | float, channel: int) -> np.ndarray:
         eps_row = np.broadcast_to(np.asarray(eps, dtype=np.float64), (v.shape[0],))

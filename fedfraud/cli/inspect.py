@@ -41,7 +41,7 @@ def register(app: typer.Typer) -> None:
         import numpy as np
 
         from feature_store.egograph import EgoGraphState
-        from feature_store.encoders import merchant_hash, timestamps_us
+        from feature_store.encoders import timestamps_us
         from feature_store.privacy import PrivateFeaturizer
         from training.data.layout import list_banks, read_bank
 
@@ -67,7 +67,7 @@ def register(app: typer.Typer) -> None:
 
         featurizer = PrivateFeaturizer.for_bank(cfg.encoder, cfg.privacy, bank)
         keys = featurizer.noise_keys(rows["transaction_id"]).tolist()
-        merchants = merchant_hash(rows["merchant_id"]).tolist()
+        merchants = featurizer.merchant_hash(rows["merchant_id"]).tolist()
         ts_us = timestamps_us(rows["timestamp"]).tolist()
         state = EgoGraphState(cfg.egograph)
         columns = (keys, merchants, rows["lat"], rows["lon"], ts_us, rows["amount"], rows["mcc"].astype(str))

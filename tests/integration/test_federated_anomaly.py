@@ -142,3 +142,33 @@ def test_centralized_upper_bound_runs(runs):
     result = run_centralized(settings, threads=1)
     assert result.mode == "centralized" and result.rounds == 1
     assert math.isfinite(result.summary["loss_mean"]) and result.version is not None
+
+
+def test_the_server_cannot_name_the_merchants_a_bank_trained_on(runs):
+    """The merchant table gets sparse updates: a bank's reply changes only the rows its batches touched. With the
+    public unkeyed hash the server could name those merchants; under the federation's key it cannot.
+    """
+    from feature_store.encoders import merchant_bucket
+    from feature_store.privacy import PrivateFeaturizer
+
+    settings = runs["settings"]
+    initial = build_model(settings).state_dict()["encoder.merchant.weight"]
+    buckets = initial.shape[0]
+    checked = 0
+    for kind, rnd, replies in runs["seen"]["first"]:
+        if kind != "train" or rnd != 1:
+            continue
+        for reply in replies:  # the real message a bank sent
+            bank = int(reply.content["metrics"]["partition-id"])
+            table = reply.content["arrays"].to_torch_state_dict()["encoder.merchant.weight"]
+            changed = set(np.flatnonzero((table != initial).any(dim=1).numpy()).tolist())
+            merchants = pd.read_parquet(bank_dir(runs["data"], bank) / "transactions.parquet")["merchant_id"].unique()
+            featurizer = PrivateFeaturizer.for_bank(settings.encoder, settings.privacy, bank)
+            keyed = set(featurizer.merchant(merchants).tolist())
+            public = set(merchant_bucket(merchants, settings.encoder).tolist())  # what the server can compute
+            assert changed and changed <= keyed  # the bank's own rows moved, nothing else
+            chance = len(public) / buckets
+            hit = len(changed & public) / len(changed)
+            assert hit < chance + 0.25, f"{hit:.0%} of the moved rows are public-hash rows of the bank's merchants"
+            checked += 1
+    assert checked == 2
