@@ -11,6 +11,10 @@ rows came from are written **in the same SQLite transaction** (Kafka's
 "store offsets outside Kafka" pattern). A joiner that crashes anywhere
 restarts from the stored positions: a message is either fully applied with
 its position or not at all, and a label sent twice is counted, not stored twice.
+
+Labels: a ``fraud`` label overrides an earlier ``genuine`` one (an analyst
+cleared it, then the chargeback came); the reverse is ignored and counted as a
+duplicate, because a confirmed fraud is not un-confirmed by a later message.
 """
 
 from __future__ import annotations
@@ -92,7 +96,7 @@ class OutcomeStore:
             cur = self._db.cursor()
             n_dec = _insert(cur, "decisions", _DECISION_COLS, decisions)
             n_sh = _insert(cur, "shadow", _SHADOW_COLS, shadow)
-            n_lab = _insert(cur, "labels", _LABEL_COLS, labels)
+            n_lab = _upsert_labels(cur, labels)
             cur.executemany(
                 "INSERT INTO positions(topic, partition, next_offset) VALUES (?, ?, ?) "
                 "ON CONFLICT(topic, partition) DO UPDATE SET next_offset = max(next_offset, excluded.next_offset)",
@@ -128,19 +132,28 @@ class OutcomeStore:
         frame["is_fraud"] = frame["is_fraud"].astype(bool)
         return frame
 
-    def labelled_pairs(self, champion: str, challenger: str) -> pd.DataFrame:
-        """Labelled transactions scored by ``champion`` (decided) and shadowed by ``challenger`` (fraud-model tags).
+    def labelled_pairs(self, champion: str, challenger: str, challenger_anomaly: str | None = None,
+                       mature_before_us: int | None = None) -> pd.DataFrame:
+        """Transactions decided by ``champion`` and shadowed by ``challenger`` (fraud-model tags; with
+        ``challenger_anomaly``, only those its GNN scored), with their outcome.
 
+        The outcome is the label that came back; with ``mature_before_us``, a
+        transaction scored before then without a label counts as genuine (no
+        chargeback came in the maturity window), as the retrain cycle counts it.
         Columns: ``transaction_id``, ``cardholder``, ``is_fraud``, ``champion_score``, ``challenger_score``.
         """
         query = (
-            "SELECT s.transaction_id, s.cardholder, l.is_fraud, s.champion_score, s.score AS challenger_score "
-            "FROM shadow s JOIN labels l USING (transaction_id) "
-            "WHERE s.fraud_model = ? AND s.champion_fraud_model = ?"
+            "SELECT s.transaction_id, s.cardholder, "
+            "COALESCE(l.is_fraud, CASE WHEN ? IS NOT NULL AND s.scored_us < ? THEN 0 END) AS is_fraud, "
+            "s.champion_score, s.score AS challenger_score "
+            "FROM shadow s LEFT JOIN labels l USING (transaction_id) "
+            "WHERE s.fraud_model = ? AND s.champion_fraud_model = ? AND (? IS NULL OR s.anomaly_model = ?)"
         )
-        frame = pd.read_sql_query(query, self._db, params=(challenger, champion))
+        params = (mature_before_us, mature_before_us, challenger, champion, challenger_anomaly, challenger_anomaly)
+        frame = pd.read_sql_query(query, self._db, params=params)
+        frame = frame[frame["is_fraud"].notna()].copy()
         frame["is_fraud"] = frame["is_fraud"].astype(bool)
-        return frame.drop_duplicates("transaction_id")
+        return frame.drop_duplicates("transaction_id").reset_index(drop=True)
 
     def joined(self) -> pd.DataFrame:
         """Labels joined to the champion's decisions (left join: a label may come before its decision is read)."""
@@ -149,6 +162,20 @@ class OutcomeStore:
             "d.decision, d.fraud_model, d.anomaly_model FROM labels l LEFT JOIN decisions d USING (transaction_id)",
             self._db,
         )
+
+
+def _upsert_labels(cur: sqlite3.Cursor, rows: Sequence[dict[str, Any]]) -> int:
+    """Insert new labels; a fraud label replaces a stored genuine one. Returns the rows inserted or replaced."""
+    if not rows:
+        return 0
+    before = cur.connection.total_changes
+    cur.executemany(
+        f"INSERT INTO labels({', '.join(_LABEL_COLS)}) VALUES ({', '.join('?' * len(_LABEL_COLS))}) "
+        "ON CONFLICT(transaction_id) DO UPDATE SET is_fraud = excluded.is_fraud, labelled_at = excluded.labelled_at, "
+        "source = excluded.source, received_us = excluded.received_us WHERE excluded.is_fraud > labels.is_fraud",
+        [tuple(r.get(c) for c in _LABEL_COLS) for r in rows],
+    )
+    return cur.connection.total_changes - before
 
 
 def _insert(cur: sqlite3.Cursor, table: str, cols: Iterable[str], rows: Sequence[dict[str, Any]]) -> int:

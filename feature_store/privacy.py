@@ -202,6 +202,11 @@ def federation_key(cfg: PrivacyConfig) -> bytes:
     env = os.environ.get(FEDERATION_KEY_ENV)
     if env:
         return hashlib.blake2b(env.encode(), digest_size=32, person=b"fedfraud-fedkey").digest()
+    if os.environ.get(SECRET_ENV):  # a production bank (it has its own secret) must not fall back to a public key
+        from fedfraud.errors import UserError
+
+        raise UserError(f"{SECRET_ENV} is set but {FEDERATION_KEY_ENV} is not: set the key the federation's banks "
+                        "share (the server must not have it), or unset both for a simulation")
     return hashlib.blake2b(f"{cfg.secret_seed}:federation".encode(), digest_size=32, person=b"fedfraud-sim").digest()
 
 

@@ -98,10 +98,11 @@ class HotPath:
     def loop_figures(self) -> Any:
         """Drift PSI and shadow counts for ``/metrics`` (:class:`serving.metrics.LoopFigures`)."""
         from serving.metrics import LoopFigures
+        from serving.pipeline import SIDE_ERRORS
 
         drift, f = self.fraud.drift, self.fraud
         return LoopFigures(drift.psi() if drift else {}, drift.rows if drift else 0, f.shadow_scored,
-                           f.shadow_agreed, f.shadow[1] if f.shadow else None)
+                           f.shadow_agreed, f.shadow[1] if f.shadow else None, dict(SIDE_ERRORS))
 
     def _drift_monitor(self, fraud_tag: str) -> Any:
         """A fresh drift window against the training reference of ``fraud_tag`` (None if it has none)."""
@@ -128,23 +129,47 @@ class HotPath:
             self._watcher.start()
 
     def _watch(self, poll_s: float) -> None:
-        s = self.serving
         while not self._stop.wait(poll_s):
-            if s.anomaly_version in FOLLOWED:
-                self._maybe_swap("anomaly", s.anomaly_version, lambda: self.anomaly.model.tag, self._load_anomaly,
-                                 lambda m: setattr(self.anomaly, "model", m))
-            if s.fraud_version in FOLLOWED:
-                self._maybe_swap("fraud", s.fraud_version, lambda: self.fraud.model_tag, self._load_fraud,
-                                 self._swap_fraud)
+            self._follow_champions()
             self._maybe_shadow()
 
-    def _swap_fraud(self, model_tag: tuple[Any, str]) -> None:
-        self.fraud.swap(*model_tag)
-        self.fraud.drift = self._drift_monitor(model_tag[1])
+    def _follow_champions(self) -> None:
+        """Swap in what the followed names (``champion`` or ``latest``) point at, both kinds in one critical
+        section: a promotion moves the anomaly and fraud models together, so no micro-batch pairs the new GNN with
+        the old fraud model. Loading happens outside the lock; if either load fails, the old pair stays.
+        """
+        s = self.serving
+        current = {"anomaly": self.anomaly.model.tag, "fraud": self.fraud.model_tag}
+        follow = {"anomaly": s.anomaly_version, "fraud": s.fraud_version}
+        try:
+            targets = {k: self.registry.get(k, v) for k, v in follow.items() if v in FOLLOWED}
+            changed = {k: t for k, t in targets.items() if t.tag != current[k]}
+            if not changed:
+                return
+            loaded: dict[str, Any] = {}
+            if "anomaly" in changed:
+                loaded["anomaly"] = self._load_anomaly(str(changed["anomaly"].version))
+            if "fraud" in changed:
+                model, tag = self._load_fraud(str(changed["fraud"].version))
+                self.fraud.check_layout(model)
+                loaded["fraud"] = (model, tag, self._drift_monitor(tag))
+        except Exception:  # keep serving the old pair if a new model cannot be read
+            log.exception("reload failed; keeping %s", current)
+            return
+        with self._lock:
+            if "anomaly" in loaded:
+                self.anomaly.model = loaded["anomaly"]
+            if "fraud" in loaded:
+                model, tag, drift = loaded["fraud"]
+                self.fraud.swap(model, tag)
+                self.fraud.drift = drift
+        for kind, target in changed.items():
+            log.info("hot_swap kind=%s from=%s to=%s (%s)", kind, current[kind], target.tag, follow[kind])
 
     def _maybe_shadow(self) -> None:
         """Shadow with the registry's ``challenger`` pair while it has one (a kind without a challenger shadows
-        with its champion); stop when it is promoted or retired.
+        with its champion); stop when it is promoted or retired. Both models are loaded and checked before
+        either is installed, so a bad challenger leaves the previous shadow state whole.
         """
         try:
             aliases = {k: self.registry.aliases(k).get("challenger") for k in ("anomaly", "fraud")}
@@ -162,29 +187,15 @@ class HotPath:
                 return
             a_model = self._load_anomaly(str(a.version)) if a else None
             f_model = self._load_fraud(str(f.version)) if f else (self.fraud.model, self.fraud.model_tag)
-            with self._lock:
-                self.anomaly.shadow = a_model
-                self.fraud.set_shadow(f_model)
-                self._shadow_tags = tags
-            log.info("shadow started anomaly=%s fraud=%s", *tags)
+            self.fraud.check_layout(f_model[0])
         except Exception:  # a challenger that cannot be read never stops the champion
-            log.exception("challenger could not be loaded; not shadowing")
-
-    def _maybe_swap(self, kind: str, follow: str, current: Any, load: Any, swap: Any) -> None:
-        """Load the version ``follow`` names when it changed, outside the lock; swap it in between micro-batches
-        (publish and alias changes are atomic, so a half-written version is never seen).
-        """
-        try:
-            target = self.registry.get(kind, follow)
-            if target.tag == current():
-                return
-            loaded = load(str(target.version))
-            before = current()
-            with self._lock:
-                swap(loaded)
-            log.info("hot_swap kind=%s from=%s to=%s (%s)", kind, before, target.tag, follow)
-        except Exception:  # keep serving the old version if a new one cannot be read
-            log.exception("reload of %s failed; keeping %s", kind, current())
+            log.exception("challenger could not be loaded; shadow state unchanged")
+            return
+        with self._lock:
+            self.anomaly.shadow = a_model
+            self.fraud.set_shadow(f_model)
+            self._shadow_tags = tags
+        log.info("shadow started anomaly=%s fraud=%s", *tags)
 
     def close(self) -> None:
         self._stop.set()

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections import Counter
 import threading
 import time
 from collections.abc import Iterable
@@ -77,6 +78,12 @@ def _finite(value: Any) -> float | None:
     return x if math.isfinite(x) else None
 
 
+def _int(value: Any) -> int | None:
+    """An integer timestamp, or None (a record is never rejected, nor the joiner stopped, by a bad one)."""
+    return int(value) if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) \
+        else None
+
+
 def _decision_row(value: Any) -> dict[str, Any] | None:
     if not isinstance(value, dict) or not isinstance(value.get("transaction_id"), str):
         return None
@@ -84,7 +91,7 @@ def _decision_row(value: Any) -> dict[str, Any] | None:
     return {"transaction_id": value["transaction_id"], "cardholder": str(value.get("cardholder", "")),
             "score": _finite(value.get("score")), "anomaly_score": _finite(value.get("anomaly_score")),
             "decision": str(value.get("decision", "")), "fraud_model": str(models.get("fraud", "")),
-            "anomaly_model": str(models.get("anomaly", "")), "decided_us": value.get("decided_us")}
+            "anomaly_model": str(models.get("anomaly", "")), "decided_us": _int(value.get("decided_us"))}
 
 
 def _shadow_row(value: Any) -> dict[str, Any] | None:
@@ -98,7 +105,7 @@ def _shadow_row(value: Any) -> dict[str, Any] | None:
             "fraud_model": str(ch.get("fraud_model", "")), "anomaly_model": str(ch.get("anomaly_model", "")),
             "score": score, "anomaly_score": _finite(ch.get("anomaly_score")),
             "champion_fraud_model": str(cp.get("fraud_model", "")), "champion_score": champion_score,
-            "scored_us": value.get("scored_us")}
+            "scored_us": _int(value.get("scored_us"))}
 
 
 @dataclass
@@ -125,8 +132,10 @@ class LabelJoiner:
         self.max_message_bytes = max_message_bytes
         t = self.topics
         self._kind = {t.decisions: "decisions", t.shadow_scores: "shadow", t.labels: "labels"}
+        # earliest: a stored position that fell out of retention must not jump to the end and skip records
         self._consumer = KafkaConsumer(bootstrap_servers=bootstrap_servers, enable_auto_commit=False,
-                                       max_poll_records=2000, fetch_max_wait_ms=50, client_id="fedfraud-labels")
+                                       auto_offset_reset="earliest", max_poll_records=2000, fetch_max_wait_ms=50,
+                                       client_id="fedfraud-labels")
         self._producer = make_producer(bootstrap_servers, producer or ProducerSettings(), client_id="fedfraud-labels")
         parts = [TopicPartition(topic, p) for topic in self._kind
                  for p in sorted(wait_for_partitions(self._consumer, topic))]
@@ -174,7 +183,7 @@ class LabelJoiner:
         self._dead_letter(dead)
         applied = self.store.apply(decisions=rows["decisions"], shadow=rows["shadow"], labels=rows["labels"],
                                    positions=positions,
-                                   counters={f"dlq_{d.reason}": 1 for d in dead} if dead else None)
+                                   counters=dict(Counter(f"dlq_{d.reason}" for d in dead)))
         s = self.stats
         s.messages += n
         s.decisions += applied.decisions

@@ -108,6 +108,7 @@ class LoopFigures:
     shadow_scored: int
     shadow_agreed: int
     challenger: str | None
+    side_errors: dict[str, int]
 
 
 class _LoopCollector(Collector):
@@ -136,6 +137,11 @@ class _LoopCollector(Collector):
             agreed.add_metric([f.challenger], f.shadow_agreed)
         yield scored
         yield agreed
+        errors = CounterMetricFamily("fedfraud_side_errors", "micro-batches whose shadow scoring or drift update "
+                                     "failed (their decisions were made and sent)", labels=["kind"])
+        for kind, n in sorted(f.side_errors.items()):
+            errors.add_metric([kind], n)
+        yield errors
 
 
 class DurableCounters:

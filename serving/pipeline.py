@@ -64,6 +64,7 @@ __all__ = [
     "AnomalyWork",
     "FraudStage",
     "GraphScorer",
+    "SIDE_ERRORS",
     "ScoredBatch",
     "fraud_config_for",
     "load_anomaly_scorer",
@@ -443,13 +444,33 @@ class AnomalyStage:
         work = self.begin(frame, produced_us, source)
         scored = self.complete(work, self.embed(work))
         if work.shadow is not None and work.graphs:
-            with self.clock.section("shadow.anomaly"):
-                parts = [work.shadow.embed(chunk) for chunk in _node_chunks(work.graphs, self.max_nodes)]
-                q_s = parts[0] if len(parts) == 1 else np.concatenate(parts)
-                shadow = _gnn_scores(work, q_s, work.shadow)
-            shadow[scored.redelivered] = np.nan
-            scored.shadow_anomaly_score, scored.shadow_anomaly_model = shadow, work.shadow.tag
+            with self.clock.section("shadow.anomaly"):  # never fails the batch (see _guarded)
+                shadow = _guarded("shadow", lambda: self._shadow_scores(work))
+            if shadow is not None:
+                shadow[scored.redelivered] = np.nan
+                scored.shadow_anomaly_score, scored.shadow_anomaly_model = shadow, work.shadow.tag
         return scored
+
+    def _shadow_scores(self, work: AnomalyWork) -> np.ndarray:
+        assert work.shadow is not None
+        parts = [work.shadow.embed(chunk) for chunk in _node_chunks(work.graphs, self.max_nodes)]
+        q_s = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        return _gnn_scores(work, q_s, work.shadow)
+
+
+#: Errors of the optional per-batch work (shadow scoring, drift), by kind; exported on /metrics.
+SIDE_ERRORS: dict[str, int] = {"shadow": 0, "drift": 0}
+
+
+def _guarded(kind: str, work: Any) -> Any:
+    """Run optional per-batch work; on an error log it, count it and return None (the champion's path goes on)."""
+    try:
+        return work()
+    except Exception:  # noqa: BLE001 - a challenger or a monitor must never stop the champion
+        SIDE_ERRORS[kind] += 1
+        log.exception("%s work failed for this micro-batch (%d so far); decisions are unaffected", kind,
+                      SIDE_ERRORS[kind])
+        return None
 
 
 def _gnn_scores(work: AnomalyWork, q: np.ndarray, model: GraphScorer) -> np.ndarray:
@@ -533,14 +554,15 @@ class FraudStage:
         self.topic = topic
         self.scores_topic = scores_topic
         self.clock = clock or StageClock()
-        self._check_layout(model)
+        self.check_layout(model)
         self.shadow: tuple[FraudModel, str] | None = None  # the challenger fraud model while one shadows
         self.shadow_topic: str | None = None
         self.shadow_scored = 0  # transactions the challenger scored (for /metrics)
         self.shadow_agreed = 0  # ... of which its decision equalled the champion's
         self.drift: DriftMonitor | None = None  # PSI of inputs and score vs the champion's training reference
 
-    def _check_layout(self, model: FraudModel) -> None:
+    def check_layout(self, model: FraudModel) -> None:
+        """Raise unless ``model`` reads the feature row this stage builds."""
         from training.fraud.features import feature_names
 
         names = feature_names(self.fraud_cfg)
@@ -551,14 +573,15 @@ class FraudStage:
 
     def swap(self, model: FraudModel, tag: str) -> None:
         """Use ``model`` from the next micro-batch on (callers swap between batches)."""
-        self._check_layout(model)
+        self.check_layout(model)
         self.model, self.model_tag = model, tag
 
     def set_shadow(self, shadow: tuple[FraudModel, str] | None) -> None:
         """Score every fresh transaction with this challenger too (None stops shadowing); it never decides."""
         if shadow is not None:
-            self._check_layout(shadow[0])
+            self.check_layout(shadow[0])
         self.shadow = shadow
+        self.shadow_scored = self.shadow_agreed = 0  # the counters are per challenger
 
     def decide(self, scored: ScoredBatch, sends: list[Any] | None = None) -> list[dict[str, Any]]:
         """Decision records of ``scored`` (in its order), emitted with the scores.
@@ -608,12 +631,14 @@ class FraudStage:
                 decisions = model.predict_batch(X, top_k=self.top_k)
             with clock.section("fraud.records"):
                 self._records(scored, fresh_rows, decisions, tag, rings, records)
+            # monitoring and shadowing never fail a decision: an error costs this batch's figures, not its records
             if self.drift is not None:
                 with clock.section("fraud.drift"):
-                    self.drift.observe(np.column_stack([X, [d.score for d in decisions]]))
+                    _guarded("drift", lambda: self.drift.observe(np.column_stack([X, [d.score for d in decisions]])))
             if self.shadow is not None:
                 with clock.section("shadow.fraud"):
-                    shadow_out = self._shadow_records(scored, fresh_rows, X, decisions, tag)
+                    shadow_out = _guarded("shadow", lambda: self._shadow_records(scored, fresh_rows, X, decisions,
+                                                                                   tag)) or []
         with clock.section("fraud.state_write"):
             touched = {scored.cardholder[i] for i in fresh_rows}
             self.kv.put_many("fraud", [(h, pack_fraud_state(states[h].to_bytes(), rings[h])) for h in touched])

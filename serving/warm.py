@@ -25,6 +25,7 @@ def warm_fraud_state(cfg: Any, data: Path, bank: int | None = None) -> int:
     """Fold ``bank``'s transactions under ``data`` into per-cardholder fraud states and write them to the KV.
 
     Uses the champion fraud model's feature config (what serving decides with).
+    Cards the KV already holds a state for are skipped (serving's state is newer).
     Returns the number of cardholders written.
     """
     from feature_store.privacy import PrivateFeaturizer
@@ -46,9 +47,14 @@ def warm_fraud_state(cfg: Any, data: Path, bank: int | None = None) -> int:
     states: dict[str, FraudFeatureState] = {}
     build_features(frame, private, fraud_cfg, None, states=states)
     kv = open_kv(cfg.serving.fraud_state_path, Path(cfg.features.repo_dir))
-    items = [(holder, pack_fraud_state(state.to_bytes(), [])) for holder, state in states.items()]
-    for start in range(0, len(items), 1000):
-        kv.put_many("fraud", items[start:start + 1000])
-    log.info("fraud_state warmed bank=%d cardholders=%d rows=%d seconds=%.1f", bank, len(states), len(frame),
-             time.perf_counter() - t0)
-    return len(states)
+    holders = list(states)
+    written = 0
+    for start in range(0, len(holders), 1000):
+        chunk = holders[start:start + 1000]
+        # a card serving already holds state for is left alone: its state and decision ring are newer
+        absent = [h for h, blob in zip(chunk, kv.get_many("fraud", chunk), strict=True) if blob is None]
+        kv.put_many("fraud", [(h, pack_fraud_state(states[h].to_bytes(), [])) for h in absent])
+        written += len(absent)
+    log.info("fraud_state warmed bank=%d cardholders=%d (of %d) rows=%d seconds=%.1f", bank, written, len(states),
+             len(frame), time.perf_counter() - t0)
+    return written

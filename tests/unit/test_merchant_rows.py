@@ -27,3 +27,12 @@ def test_the_production_key_comes_from_the_environment(monkeypatch: pytest.Monke
     keyed = PrivateFeaturizer.for_bank(ENC, PrivacyConfig(), 0)
     assert np.mean(keyed.merchant(IDS) == simulated) < 0.01
     np.testing.assert_array_equal(keyed.merchant(IDS), keyed.merchant_hash(IDS) % np.uint64(ENC.merchant_buckets))
+
+
+def test_a_production_bank_without_the_federation_key_is_refused(monkeypatch: pytest.MonkeyPatch):
+    from fedfraud.errors import UserError
+
+    monkeypatch.setenv("FEDFRAUD_BANK_SECRET", "this bank's own secret")
+    monkeypatch.delenv(FEDERATION_KEY_ENV, raising=False)
+    with pytest.raises(UserError, match="FEDFRAUD_FEDERATION_KEY is not"):
+        PrivateFeaturizer.for_bank(ENC, PrivacyConfig(), 0)

@@ -60,3 +60,23 @@ def test_bad_label_messages_get_a_reason(raw, reason):
 def test_a_good_label_parses():
     row, reason, _ = parse_label(b'{"transaction_id": "t9", "label": "genuine", "source": "analyst"}')
     assert reason == "" and row["is_fraud"] == 0 and row["source"] == "analyst" and row["labelled_at"] is None
+
+
+def test_a_chargeback_overrides_an_earlier_genuine_verdict_but_not_the_reverse(tmp_path):
+    with OutcomeStore(tmp_path / "o.sqlite") as store:
+        store.apply(labels=[_label("t1", False), _label("t2", True)])
+        later = store.apply(labels=[_label("t1", True), _label("t2", False)])
+        assert (later.labels, later.duplicate_labels) == (1, 1)
+        assert store.labels().set_index("transaction_id")["is_fraud"].to_dict() == {"t1": True, "t2": True}
+
+
+def test_unlabelled_shadow_pairs_count_as_genuine_only_once_mature(tmp_path):
+    base = {"cardholder": "c", "fraud_model": "fraud:v2", "anomaly_model": "anomaly:v2", "score": 0.5,
+            "anomaly_score": None, "champion_fraud_model": "fraud:v1", "champion_score": 0.4}
+    with OutcomeStore(tmp_path / "o.sqlite") as store:
+        store.apply(shadow=[{**base, "transaction_id": "old", "scored_us": 100},
+                            {**base, "transaction_id": "young", "scored_us": 900},
+                            {**base, "transaction_id": "other-gnn", "anomaly_model": "anomaly:v3", "scored_us": 100}])
+        assert store.labelled_pairs("fraud:v1", "fraud:v2").empty  # no label, no maturity rule: nothing
+        mature = store.labelled_pairs("fraud:v1", "fraud:v2", "anomaly:v2", mature_before_us=500)
+        assert mature["transaction_id"].tolist() == ["old"] and not mature["is_fraud"].any()

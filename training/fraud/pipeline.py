@@ -149,8 +149,8 @@ def _train_variant(cfg: FedfraudConfig, banks: dict[int, FraudFeatures], bank: i
 
 
 def _drift_reference(model: Any, banks: dict[int, FraudFeatures], bank: int, root: Path, days: float) -> Any:
-    """Deciles of every input and of the fraud score on ``bank``'s own training rows of the last ``days`` (all
-    banks' if it has none): what serving's drift gauges compare the live stream with.
+    """Deciles of every input and of the fraud score on ``bank``'s own rows of the last ``days``, of cardholders
+    held out of training (all banks' if it has none): what serving's drift gauges compare the live stream with.
 
     Recent rows only: counts and velocities grow with how long a card has been
     observed, so a reference that starts where the data starts would show drift
@@ -167,9 +167,10 @@ def _drift_reference(model: Any, banks: dict[int, FraudFeatures], bank: int, roo
         feats = banks[b]
         parts.append(FraudFeatures(feats.X[recent], feats.names, feats.transaction_id[recent],
                                    feats.cardholder[recent], feats.label[recent], feats.split[recent]))
-    train = FraudFeatures.concat(parts).of_split("train")
-    X = np.column_stack([train.X, model.scores(train.X)])
-    return DriftReference.from_matrix([*train.names, "fraud_score"], X)
+    # held-out cardholders: the model's scores on its own training rows are more confident than live ones
+    held_out = FraudFeatures.concat(parts).of_split("valid", "test")
+    X = np.column_stack([held_out.X, model.scores(held_out.X)])
+    return DriftReference.from_matrix([*held_out.names, "fraud_score"], X)
 
 
 def train_and_publish(cfg: FedfraudConfig, data: Path, out: Path, bank: int = 0,

@@ -8,8 +8,9 @@ Guarantees:
   (the scheduler also runs at most one instance, but the lock covers cycles
   started by hand, by cron on another pod, or by the drift trigger).
 * **Idempotent.** A cycle is named by its window end and a hash of its
-  config; its steps are recorded in ``<registry>/retrain/<cycle>/state.json``.
-  Running the same cycle again returns the recorded result.
+  config and the number of labels that have come back; its steps are recorded
+  in ``<registry>/retrain/<cycle>/state.json``. Running the same cycle again
+  returns the recorded result; new labels make a new cycle.
 * **Resumable.** A cycle killed mid-way resumes at its first unfinished step;
   the federated anomaly training resumes from its last round checkpoint.
   A crash between a publish and the state write leaves one unaliased version
@@ -130,8 +131,21 @@ def window_dataset(data: Path, out: Path, end: pd.Timestamp, window_days: float,
     return totals
 
 
+def _labels_seen(data: Path) -> int:
+    """How many labels have come back to the banks' outcome stores: part of a cycle's identity, so labels that
+    arrive after a cycle make the next one a new cycle even when no transaction was added.
+    """
+    total = 0
+    for bank in list_banks(data):
+        path = bank_dir(data, bank) / OUTCOMES_FILE
+        if path.exists():
+            with OutcomeStore(path) as store:
+                total += store.count("labels")
+    return total
+
+
 def _cycle_id(cfg: FedfraudConfig, data: Path, end: pd.Timestamp) -> str:
-    keyed = json.dumps({"data": str(data.resolve()), "anomaly": cfg.anomaly.model_dump(),
+    keyed = json.dumps({"data": str(data.resolve()), "labels": _labels_seen(data), "anomaly": cfg.anomaly.model_dump(),
                         "federated": cfg.federated.model_dump(), "fraud": cfg.fraud.model_dump(),
                         "retrain": cfg.retrain.model_dump(exclude={"schedule", "metrics_url"})},
                        sort_keys=True, default=str)

@@ -90,45 +90,59 @@ def verdict(figures: dict[str, Any]) -> tuple[str, str]:
 
 def decide_promotion(registry: Path | str, outcomes: Path | str, cfg: RetrainConfig, actor: str = "policy",
                      apply: bool = True) -> PolicyDecision:
-    """Compare the registry's challenger with its champion on the labelled outcomes; promote, retire or wait.
+    """Compare the registry's challenger pair with its champion on the labelled outcomes; promote, retire or wait.
 
-    With ``apply`` the decision is carried out (aliases moved, audit appended);
-    ``wait`` changes nothing. Serving swaps the new champion in between
-    micro-batches (:meth:`serving.hotpath.HotPath.watch_registry`).
+    The pair is read once and holds the registry's retrain lock throughout, so
+    no cycle can register a new challenger between the evaluation and the
+    alias change (while a cycle runs, the policy waits). The pairs compared are
+    the transactions this exact pair shadowed: the fraud model's and the GNN's
+    tags both match. Unlabelled transactions older than ``label_maturity_days``
+    count as genuine, as in the retrain cycle. With ``apply`` the decision is
+    carried out (aliases moved, audit appended); ``wait`` changes nothing.
+    Serving swaps the new champion pair in between micro-batches.
     """
+    import time
+
+    from training.retrain.cycle import RetrainBusy, cycle_lock
+
     reg = ModelRegistry(registry)
-    challenger = reg.aliases("fraud").get("challenger")
-    if challenger is None:
-        return PolicyDecision("wait", "no challenger to evaluate")
     try:
-        champion_v = reg.get("fraud", "champion")
-    except RegistryError as exc:
-        return PolicyDecision("wait", str(exc))
-    challenger_v = reg.get("fraud", challenger)
-    with OutcomeStore(outcomes) as store:
-        pairs = store.labelled_pairs(champion_v.tag, challenger_v.tag)
-    frauds = int(pairs["is_fraud"].sum())
-    base = {"champion": champion_v.tag, "challenger": challenger_v.tag}
-    if frauds < cfg.min_frauds or frauds == len(pairs):
-        return PolicyDecision("wait", f"{frauds} labelled frauds scored by both models; the policy needs "
-                              f"{cfg.min_frauds} (and genuine ones)", **base,
-                              evidence={"transactions": int(len(pairs)), "frauds": frauds})
-    figures = compare(pairs, cfg)
-    action, reason = verdict(figures)
-    decision = PolicyDecision(action, reason, **base, evidence=figures)
-    if apply:
-        _carry_out(reg, decision, actor)
+        with cycle_lock(Path(registry)):
+            pair = {k: reg.aliases(k).get("challenger") for k in ("anomaly", "fraud")}
+            if pair["fraud"] is None:
+                return PolicyDecision("wait", "no challenger to evaluate")
+            try:
+                champion_v = reg.get("fraud", "champion")
+            except RegistryError as exc:
+                return PolicyDecision("wait", str(exc))
+            challenger_v = reg.get("fraud", pair["fraud"])
+            anomaly_tag = reg.get("anomaly", pair["anomaly"]).tag if pair["anomaly"] is not None else None
+            mature = int((time.time() - cfg.label_maturity_days * 86_400) * 1e6)
+            with OutcomeStore(outcomes) as store:
+                pairs = store.labelled_pairs(champion_v.tag, challenger_v.tag, anomaly_tag, mature)
+            frauds = int(pairs["is_fraud"].sum())
+            base = {"champion": champion_v.tag, "challenger": challenger_v.tag}
+            if frauds < cfg.min_frauds or frauds == len(pairs):
+                return PolicyDecision("wait", f"{frauds} labelled frauds scored by both models; the policy needs "
+                                      f"{cfg.min_frauds} (and genuine ones)", **base,
+                                      evidence={"transactions": int(len(pairs)), "frauds": frauds})
+            figures = compare(pairs, cfg)
+            action, reason = verdict(figures)
+            decision = PolicyDecision(action, reason, **base, evidence=figures)
+            if apply:
+                _carry_out(reg, decision, pair, actor)
+    except RetrainBusy:
+        return PolicyDecision("wait", "a retrain cycle is running; the policy decides once it has registered")
     log.info("promotion policy: %s: %s", action, reason)
     return decision
 
 
-def _carry_out(reg: ModelRegistry, decision: PolicyDecision, actor: str) -> None:
-    """Promote the challenger pair, or retire it; the anomaly challenger follows the fraud challenger."""
-    for kind in ("anomaly", "fraud"):
-        challenger = reg.aliases(kind).get("challenger")
-        if challenger is None:
+def _carry_out(reg: ModelRegistry, decision: PolicyDecision, pair: dict[str, int | None], actor: str) -> None:
+    """Promote the evaluated challenger pair, or retire it (the caller holds the retrain lock)."""
+    for kind, version in pair.items():
+        if version is None:
             continue
         if decision.action == "promote":
-            reg.promote(kind, challenger, actor=actor, reason=decision.reason, evidence=decision.evidence)
+            reg.promote(kind, version, actor=actor, reason=decision.reason, evidence=decision.evidence)
         else:
             reg.set_alias(kind, "challenger", None, actor=actor, reason=decision.reason, evidence=decision.evidence)
