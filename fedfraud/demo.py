@@ -198,6 +198,7 @@ def _stage_train_anomaly(cfg: FedfraudConfig, args: DemoArgs, ctx: dict[str, Any
     cfg = update_section(cfg, "federated", rounds=args.rounds)
     settings = RunSettings.from_config(cfg, ctx["split"].history, ctx["registry"])
     result = run_federated(settings)
+    _make_champion(ctx["registry"], "anomaly", str(result.version))
     # label-free score against the labels of held-out test cardholders, with label-free baselines beside it
     quality = evaluate_published(ctx["split"].history, ctx["registry"], cfg.privacy, labels_from=ctx["data"])
     summary: dict[str, Any] = {
@@ -228,11 +229,24 @@ def _stage_train_fraud(cfg: FedfraudConfig, args: DemoArgs, ctx: dict[str, Any])
 
     t0 = time.perf_counter()
     version, metrics = train_and_publish(cfg, ctx["split"].history, ctx["registry"], bank=cfg.serving.bank_id)
+    _make_champion(ctx["registry"], "fraud", version.tag)
     return StageResult(
         "train fraud",
         time.perf_counter() - t0,
         {"model": version.tag, **{k: round(v, 4) for k, v in metrics.items() if isinstance(v, float)}},
     )
+
+
+def _make_champion(registry: Path, kind: str, tag: str) -> None:
+    """The model this demo run just trained serves: promoted, with a reason, so that a champion left in the
+    folder by an earlier run (or pinned by its retrain cycle) is not served instead.
+    """
+    from training.registry import ModelRegistry
+
+    reg = ModelRegistry(registry)
+    reg.promote(kind, tag.rsplit(":v", 1)[-1], actor="demo", reason="trained by this demo run")
+    if reg.aliases(kind).get("challenger") is not None:
+        reg.set_alias(kind, "challenger", None, actor="demo", reason="an earlier run's challenger; a new run starts")
 
 
 def _fresh_serving_state(cfg: FedfraudConfig) -> None:
