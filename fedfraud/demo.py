@@ -239,11 +239,16 @@ def _stage_train_fraud(cfg: FedfraudConfig, args: DemoArgs, ctx: dict[str, Any])
 
 def _make_champion(registry: Path, kind: str, tag: str) -> None:
     """The model this demo run just trained serves: promoted, with a reason, so that a champion left in the
-    folder by an earlier run (or pinned by its retrain cycle) is not served instead.
+    folder by an earlier run (or pinned by its retrain cycle) is not served instead; that run's retrain records
+    and challenger are cleared too (a cycle on the same data would otherwise return its recorded result).
     """
     from training.registry import ModelRegistry
 
+    import shutil
+
     reg = ModelRegistry(registry)
+    # an earlier run's cycles are done for this same data: the demo's scheduled cycle must run again
+    shutil.rmtree(Path(registry) / "retrain", ignore_errors=True)
     reg.promote(kind, tag.rsplit(":v", 1)[-1], actor="demo", reason="trained by this demo run")
     if reg.aliases(kind).get("challenger") is not None:
         reg.set_alias(kind, "challenger", None, actor="demo", reason="an earlier run's challenger; a new run starts")
@@ -402,6 +407,7 @@ def _stage_stream(cfg: FedfraudConfig, args: DemoArgs, ctx: dict[str, Any]) -> S
             "latency_p99_ms": round(float(np.percentile(latency, 99)), 1) if len(latency) else None,
             **summary,
             "consumed": counters.get("consumed"),
+            "decided_by": sorted({f'{d["models"]["anomaly"]}+{d["models"]["fraud"]}' for d in first_seen.values()}),
             "labels_sent": part_a.stats.labels_sent + part_b.stats.labels_sent,
             **loop,
         },
