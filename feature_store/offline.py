@@ -164,7 +164,7 @@ def write_offline(
     progress: bool = True,
 ) -> OfflineReport:
     """Featurise every bank of ``data_dir`` (``bank_<k>/transactions.parquet``) into the repo's offline parquet."""
-    from training.data.layout import list_banks, read_bank
+    from feature_store.layout import list_banks, read_bank
 
     start = time.perf_counter()
     chosen = banks if banks is not None else list_banks(Path(data_dir))

@@ -147,7 +147,7 @@ def _stage_ingest(cfg: FedfraudConfig, args: DemoArgs, ctx: dict[str, Any]) -> S
 def _stage_features(cfg: FedfraudConfig, args: DemoArgs, ctx: dict[str, Any]) -> StageResult:
     """Each bank computes its private features with its own secret; report the thesis's μ-GDP heuristic."""
     from feature_store.privacy import PrivateFeaturizer, mu_gdp
-    from training.data.layout import list_banks, read_bank
+    from feature_store.layout import list_banks, read_bank
 
     t0 = time.perf_counter()
     per_bank: dict[str, Any] = {}
@@ -316,7 +316,7 @@ def _stage_stream(cfg: FedfraudConfig, args: DemoArgs, ctx: dict[str, Any]) -> S
     from serving.replay import LabelFeed
     from serving.runtime import start
     from training.data.holdout import write_records
-    from training.data.layout import bank_dir
+    from feature_store.layout import bank_dir
     from training.retrain.policy import decide_promotion
     from training.retrain.schedule import RetrainScheduler
 

@@ -34,7 +34,7 @@ from tqdm.auto import tqdm
 from fedfraud.errors import UserError
 from feature_store.config import PrivacyConfig
 from feature_store.privacy import PrivateFeaturizer
-from training.data.layout import MANIFEST_FILE, REJECTS_FILE, list_banks, read_bank
+from feature_store.layout import MANIFEST_FILE, REJECTS_FILE, list_banks, read_bank
 
 __all__ = ["ScoreReport", "score_path"]
 

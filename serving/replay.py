@@ -38,7 +38,7 @@ def load_source(path: Path, bank: int | None = None) -> pd.DataFrame:
     """Transactions of a dataset folder (``bank_<k>/transactions.parquet``; all banks or ``bank``) or a CSV
     with canonical columns, sorted by (timestamp, transaction_id).
     """
-    from training.data.layout import list_banks, read_bank
+    from feature_store.layout import list_banks, read_bank
 
     path = Path(path)
     if path.is_dir():

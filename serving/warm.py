@@ -31,7 +31,7 @@ def warm_fraud_state(cfg: Any, data: Path, bank: int | None = None) -> int:
     from feature_store.privacy import PrivateFeaturizer
     from serving.kvstore import open_kv
     from serving.pipeline import pack_fraud_state, fraud_config_for
-    from training.data.layout import read_bank
+    from feature_store.layout import read_bank
     from training.fraud.features import FraudFeatureState, build_features
     from training.registry import ModelRegistry, RegistryError
 

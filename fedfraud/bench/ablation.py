@@ -87,7 +87,7 @@ def run_ablation(
     from training.anomaly.model import AnomalyModel, score_pairs
     from training.data.config import IngestConfig
     from training.data.ingest import ingest_csv
-    from training.data.layout import list_banks
+    from feature_store.layout import list_banks
 
     work = Path(work)
     data = work / "data"

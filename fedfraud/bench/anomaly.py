@@ -234,7 +234,7 @@ def _external(eval_data: Path, out: Path, model_root: Path) -> dict[str, float]:
     from training.anomaly.scorer import AnomalyScorer
     from training.data.config import IngestConfig
     from training.data.ingest import ingest_csv
-    from training.data.layout import list_banks
+    from feature_store.layout import list_banks
 
     target = out / "eval-data"
     if not (target / "manifest.json").exists():

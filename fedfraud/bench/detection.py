@@ -8,7 +8,7 @@ Protocol:
 
 * the CSV is ingested into 5 banks (hash partition by cardholder);
 * cardholders are split by a keyed hash: 60% train, 15% validation, 25% test
-  (:func:`training.data.layout.split_of`); the models train on train
+  (:func:`feature_store.layout.split_of`); the models train on train
   cardholders only and the round is selected on validation loss; labels are
   never used in training or selection;
 * the federated model (Flower simulation on Ray, FedProx) and the centralized
@@ -184,7 +184,7 @@ def _score_split(
     from feature_store.privacy import PrivateFeaturizer
     from training.anomaly.baselines import causal_baselines, isolation_forest_scores
     from training.anomaly.scorer import AnomalyScorer
-    from training.data.layout import list_banks, read_bank, split_of
+    from feature_store.layout import list_banks, read_bank, split_of
 
     scorers = {name: AnomalyScorer.from_registry(path, device="cpu") for name, path in registries.items()}
     parts = []
@@ -324,7 +324,7 @@ def per_scenario(rows: pd.DataFrame, detector: str, labels_root: Path) -> dict[s
     """ROC-AUC of ``detector`` per fraud scenario (its frauds against all legitimate rows), from the generator's
     ``bank_<k>/labels.parquet``; empty when the dataset has none (third-party data).
     """
-    from training.data.layout import bank_dir
+    from feature_store.layout import bank_dir
 
     banks = sorted(rows["bank"].unique())
     paths = [bank_dir(labels_root, int(b)) / "labels.parquet" for b in banks]

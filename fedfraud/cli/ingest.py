@@ -31,7 +31,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Validate a transaction CSV and write it as per-bank canonical parquet plus rejects and manifest."""
         from training.data.ingest import ingest_csv
-        from training.data.layout import REJECTS_FILE
+        from feature_store.layout import REJECTS_FILE
 
         readable_file(path)
         shares = parse_shares(bank_shares)

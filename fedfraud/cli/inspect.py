@@ -43,7 +43,7 @@ def register(app: typer.Typer) -> None:
         from feature_store.egograph import EgoGraphState
         from feature_store.encoders import timestamps_us
         from feature_store.privacy import PrivateFeaturizer
-        from training.data.layout import list_banks, read_bank
+        from feature_store.layout import list_banks, read_bank
 
         cfg = config_of(ctx)
         existing_dir(data, "data directory")

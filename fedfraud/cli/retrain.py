@@ -36,7 +36,7 @@ RegistryOption = Annotated[
 
 def _outcomes(cfg, data: Path, outcomes: Path | None) -> Path:  # noqa: ANN001 - FedfraudConfig
     from feature_store.outcomes import OUTCOMES_FILE
-    from training.data.layout import bank_dir
+    from feature_store.layout import bank_dir
 
     return outcomes or bank_dir(data, cfg.serving.bank_id) / OUTCOMES_FILE
 

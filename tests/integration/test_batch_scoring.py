@@ -24,7 +24,7 @@ from training.anomaly.engine import evaluate_task, sources_of, train_model
 from training.anomaly.model import AnomalyModel
 from training.anomaly.run import RoundRecord, publish_run
 from training.data.config import GeneratorConfig
-from training.data.layout import read_bank
+from feature_store.layout import read_bank
 from training.data.synthetic import generate_dataset
 from training.registry import ModelRegistry
 

@@ -8,7 +8,7 @@ import pytest
 
 from fedfraud.cli.app import main
 from training.data.config import GeneratorConfig
-from training.data.layout import read_bank
+from feature_store.layout import read_bank
 from training.data.synthetic import generate_dataset
 
 pytestmark = pytest.mark.integration

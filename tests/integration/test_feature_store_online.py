@@ -20,7 +20,7 @@ from feature_store.egograph import EgoGraphState
 from feature_store.offline import CARDHOLDER_FILE, bank_tables, write_offline
 from feature_store.privacy import PrivateFeaturizer
 from training.data.config import GeneratorConfig
-from training.data.layout import read_bank
+from feature_store.layout import read_bank
 from training.data.synthetic import generate_dataset
 
 pytestmark = pytest.mark.integration

@@ -15,7 +15,7 @@ import torch
 from training.anomaly.run import Checkpoint, checkpoint_dir
 from training.anomaly.scorer import AnomalyScorer
 from training.data.config import GeneratorConfig
-from training.data.layout import bank_dir
+from feature_store.layout import bank_dir
 from training.data.synthetic import generate_dataset
 from training.federated.centralized import run_centralized
 from training.federated.task import RunSettings, build_model

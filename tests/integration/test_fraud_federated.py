@@ -185,7 +185,7 @@ def test_bagging_variant_is_still_selectable(world):
 
 def test_default_anomaly_adapter_crossfits_with_the_anomaly_api(world):
     from fedfraud.config import load_config
-    from training.data.layout import list_banks, read_bank
+    from feature_store.layout import list_banks, read_bank
     from training.fraud.stacking import anomaly_fit_and_score, cardholder_folds, crossfit_anomaly_scores
 
     frames = {b: read_bank(world["data"], b) for b in list_banks(world["data"])}

@@ -22,7 +22,7 @@ from training.anomaly.model import AnomalyModel
 from training.anomaly.run import RoundRecord, publish_run, summarize_banks
 from training.anomaly.scorer import AnomalyScorer
 from training.data.config import GeneratorConfig
-from training.data.layout import read_bank
+from feature_store.layout import read_bank
 from training.data.synthetic import generate_dataset
 from training.registry import ModelRegistry
 

@@ -10,7 +10,7 @@ from fedfraud.cli.app import main
 from fedfraud.config import FedfraudConfig
 from fedfraud.errors import ConfigError
 from training.data.config import GeneratorConfig
-from training.data.layout import bank_dir
+from feature_store.layout import bank_dir
 from training.data.synthetic import generate_dataset
 from training.federated.task import RunSettings
 

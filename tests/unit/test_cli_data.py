@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from fedfraud.cli.app import main
-from training.data.layout import read_manifest
+from feature_store.layout import read_manifest
 
 SAMPLE = Path(__file__).parents[1] / "fixtures" / "tabformer_sample.csv"
 

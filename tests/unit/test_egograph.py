@@ -19,7 +19,7 @@ from feature_store.egograph import (
 from feature_store.encoders import merchant_hash
 from feature_store.privacy import PrivateFeaturizer
 from feature_store.schema import frame_to_transactions
-from training.data.layout import split_of
+from feature_store.layout import split_of
 
 ENC, PRIV = EncoderConfig(), PrivacyConfig()
 FEAT = PrivateFeaturizer(ENC, PRIV, b"bank-test-secret")

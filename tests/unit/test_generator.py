@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from training.data.config import GeneratorConfig
-from training.data.layout import TRANSACTIONS_FILE, bank_dir, list_banks, read_bank, read_manifest
+from feature_store.layout import TRANSACTIONS_FILE, bank_dir, list_banks, read_bank, read_manifest
 from training.data.synthetic import FRAUD_SCENARIOS, REGIONS, generate_dataset, generate_frame
 from training.data.writer import LABELS_FILE
 

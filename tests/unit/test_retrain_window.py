@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from feature_store.outcomes import OUTCOMES_FILE, OutcomeStore
-from training.data.layout import TRANSACTIONS_FILE, bank_dir, read_bank
+from feature_store.layout import TRANSACTIONS_FILE, bank_dir, read_bank
 from training.data.writer import canonical_table
 from training.retrain.cycle import RetrainBusy, cycle_lock, window_dataset
 

@@ -13,7 +13,7 @@ from fedfraud.errors import UserError
 from training.data.config import IngestConfig
 from training.data.csvio import read_header
 from training.data.ingest import detect_format, ingest_csv
-from training.data.layout import REJECTS_FILE, list_banks, read_bank, read_manifest
+from feature_store.layout import REJECTS_FILE, list_banks, read_bank, read_manifest
 from training.data.partition import state_bank_map
 from training.data.sparkov import write_sparkov_csv
 

@@ -12,7 +12,7 @@ from training.data.config import IngestConfig
 from training.data.csvio import read_header
 from training.data.geo import US_CENTER, geo_tables
 from training.data.ingest import detect_format, ingest_csv
-from training.data.layout import REJECTS_FILE, list_banks, read_bank, read_manifest
+from feature_store.layout import REJECTS_FILE, list_banks, read_bank, read_manifest
 from training.data.tabformer import home_states
 
 SAMPLE = Path(__file__).parents[1] / "fixtures" / "tabformer_sample.csv"

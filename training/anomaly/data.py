@@ -42,7 +42,7 @@ from feature_store.events import HISTORY_SIZE, RAW_EVENT_SIZE
 from feature_store.privacy import PrivateFeaturizer, mu_gdp
 from training.anomaly.config import AnomalyConfig
 from training.anomaly.negatives import FeaturePool, NegativeSampler
-from training.data.layout import TRANSACTIONS_FILE, bank_dir, list_banks, read_bank, split_of
+from feature_store.layout import TRANSACTIONS_FILE, bank_dir, list_banks, read_bank, split_of
 
 __all__ = ["BankData", "BankPrivacy", "PairSet", "check_dataset", "load_bank_data"]
 

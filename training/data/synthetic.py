@@ -38,7 +38,7 @@ from tqdm.auto import tqdm
 from feature_store.schema import CANONICAL_COLUMNS, Validator
 from training.data.config import GeneratorConfig
 from training.data.geo import GEO_EXACT
-from training.data.layout import TRANSACTIONS_FILE, bank_dir
+from feature_store.layout import TRANSACTIONS_FILE, bank_dir
 from training.data.sparkov import write_sparkov_csv
 from training.data.writer import LABELS_FILE, DatasetWriter
 
@@ -636,7 +636,7 @@ def _sparkov_rows(frame: pd.DataFrame, persona: pd.DataFrame) -> pd.DataFrame:
 
 
 def generate_dataset(out: Path, config: GeneratorConfig, raw_csv: bool = True, progress: bool = True) -> GenerateReport:
-    """Generate a multi-bank dataset under ``out`` (layout of :mod:`training.data.layout`).
+    """Generate a multi-bank dataset under ``out`` (layout of :mod:`feature_store.layout`).
 
     Writes ``bank_<k>/transactions.parquet`` (canonical), ``bank_<k>/labels.parquet``
     (transaction_id, scenario; row-aligned), ``manifest.json``, ``rejects.jsonl``

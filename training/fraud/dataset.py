@@ -2,7 +2,7 @@
 
 Split by cardholder, never by row, so no cardholder's history leaks between
 fitting and evaluation: ``test`` is the project-wide 25 % test split
-(:func:`training.data.layout.split_of`, the same cardholders the anomaly model
+(:func:`feature_store.layout.split_of`, the same cardholders the anomaly model
 never trained on); of the remaining cardholders ``validation_fraction`` go to
 ``valid`` (where the decision threshold is chosen) by an independent hash.
 """
@@ -25,7 +25,7 @@ from fedfraud.errors import UserError
 from feature_store.config import EncoderConfig, PrivacyConfig
 from feature_store.privacy import PrivateFeaturizer
 from training.data.config import IngestConfig
-from training.data.layout import list_banks, read_bank, split_of
+from feature_store.layout import list_banks, read_bank, split_of
 from training.fraud.config import FraudConfig
 from training.fraud.features import FraudFeatures, build_features
 

@@ -56,7 +56,7 @@ def stacking_study(cfg: FedfraudConfig, data: Path, registry: Path, anomaly_vers
     training cardholders, kept only for comparison) or ``none``.
     """
     from fedfraud.errors import UserError
-    from training.data.layout import list_banks, read_bank
+    from feature_store.layout import list_banks, read_bank
     from training.fraud.dataset import anomaly_scores_for, bank_features
     from training.fraud.evaluate import run_study
     from training.fraud.stacking import (
@@ -156,7 +156,7 @@ def _drift_reference(model: Any, banks: dict[int, FraudFeatures], bank: int, roo
     observed, so a reference that starts where the data starts would show drift
     by construction. The reference stays with the bank's model version.
     """
-    from training.data.layout import read_bank
+    from feature_store.layout import read_bank
     from training.retrain.drift import DriftReference
 
     ids = [bank] if bank in banks else sorted(banks)

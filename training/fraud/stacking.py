@@ -160,9 +160,7 @@ def anomaly_fit_and_score(cfg: FedfraudConfig, rounds: int = 1, threads: int = 1
     as in ``fedfraud train anomaly --centralized``. Scoring replays ego graphs
     (``AnomalyScorer.score_frame``).
     """
-    from fedfraud.config import update_section
-
-    budget = update_section(cfg, "federated", rounds=rounds)
+    budget = cfg.model_copy(update={"federated": cfg.federated.model_copy(update={"rounds": rounds})})
 
     def fit_and_score(train_frames: dict[int, pd.DataFrame],
                       score_frames: dict[int, pd.DataFrame]) -> dict[int, np.ndarray]:

@@ -41,7 +41,7 @@ import pyarrow.parquet as pq
 
 from fedfraud.errors import UserError
 from feature_store.outcomes import OUTCOMES_FILE, OutcomeStore
-from training.data.layout import TRANSACTIONS_FILE, bank_dir, list_banks, read_bank
+from feature_store.layout import TRANSACTIONS_FILE, bank_dir, list_banks, read_bank
 from training.data.writer import canonical_table
 from training.registry import ModelRegistry
 
@@ -176,7 +176,6 @@ def run_cycle(cfg: FedfraudConfig, data: Path, registry: Path, *, bank: int | No
 
     ``bank`` is the bank whose fraud model is published (default ``serving.bank_id``).
     """
-    from fedfraud.config import update_section
     from training.federated.task import RunSettings
     from training.federated.trainer import run_federated
     from training.fraud.pipeline import train_and_publish
@@ -214,7 +213,8 @@ def run_cycle(cfg: FedfraudConfig, data: Path, registry: Path, *, bank: int | No
                      totals["rows"], totals["frauds"], totals["labels_used"], totals["left_out_unlabelled"])
         if result.anomaly is None:
             t0 = time.perf_counter()
-            run_cfg = update_section(cfg, "federated", rounds=r.rounds)
+            run_cfg = cfg if r.rounds is None else cfg.model_copy(
+                update={"federated": cfg.federated.model_copy(update={"rounds": r.rounds})})
             # checkpoints (and the resume point) of this cycle under its own folder; the model goes to the registry
             settings = RunSettings.from_config(run_cfg, window, home / "artifacts", resume=True)
             settings = RunSettings.from_flat({**settings.to_flat(), "registry-dir": str(registry)})
