@@ -295,12 +295,13 @@ class EgoGraphState:
             self._drop_oldest_edges(bisect.bisect_left(self.edge_ts, cutoff_us))
 
     # ------------------------------------------------------------------ model input
-    def to_data(self, featurizer: FeatureSource, epsilon: float) -> Data:
+    def to_data(self, featurizer: FeatureSource, epsilon: float, history: torch.Tensor | None = None) -> Data:
         """The graph as PyG ``Data`` with private features only.
 
         ``x`` [n, d] float32 (L'), ``merchant`` [n] long (bucket), ``edge_index``
         [2, e] long, ``edge_attr`` [e, d] float32 (T'), ``history`` [1, s]
-        float32 (:func:`feature_store.events.history_summary`). An empty state
+        float32 (:func:`feature_store.events.history_summary`; a caller that
+        summarises many histories in one call passes the row). An empty state
         gives a valid 0-node graph. No timestamps, coordinates or ids are included.
         """
         d = featurizer.encoder_cfg.dim
@@ -331,7 +332,7 @@ class EgoGraphState:
             torch.from_numpy(self._edge_index()),
             torch.from_numpy(edge_attr),
             torch.from_numpy(buckets.astype(np.int64)),
-            torch.from_numpy(history_summary(self.history)),
+            torch.from_numpy(history_summary(self.history)) if history is None else history,
         )
 
     def _edge_index(self) -> np.ndarray:

@@ -82,6 +82,10 @@ class ProducerSettings(_Section):
     linger_ms: int = Field(2, ge=0, description="wait this long to fill a batch; bounded latency cost")
     batch_size: int = Field(64 * 1024, ge=1024)
     compression_type: str | None = Field(None, description="none on loopback; lz4/zstd on a real network")
+    delivery_timeout_ms: int = Field(
+        30_000, ge=1000, description="a record not acknowledged by then fails (librdkafka message.timeout.ms); the "
+        "consumer then stops uncommitted and the batch is redelivered")
+    max_request_size: int = Field(1 << 20, ge=1024, description="largest record the producer will send")
 
 
 class GuardSettings(_Section):

@@ -30,6 +30,7 @@ import numpy as np
 from serving.config import ServingConfig
 from serving.acks import AckWindow
 from serving.kafka import DeadLetter, DecodedBatch, decode_messages, dlq_headers, dlq_value, json_bytes
+from serving.kafka_consumer import CommitFailed, IngressConsumer, Partition
 from serving.metrics import DurableCounters, PipelineMetrics, StageClock
 from serving.poison import Outage, is_outage, isolate_failures
 
@@ -45,23 +46,6 @@ class Score(Protocol):
 
     def __call__(self, frame: Any, produced_us: np.ndarray, content: list[str], *,
                  sends: list[Any]) -> list[dict[str, Any]]: ...
-
-
-def _listener(target: _Revocations) -> Any:
-    """``target`` as a kafka-python ``ConsumerRebalanceListener`` (the client checks the class)."""
-    from kafka import ConsumerRebalanceListener
-
-    class Listener(ConsumerRebalanceListener):
-        def on_partitions_revoked(self, revoked: Any) -> None:
-            target.on_partitions_revoked(revoked)
-
-        def on_partitions_assigned(self, assigned: Any) -> None:
-            target.on_partitions_assigned(assigned)
-
-        def on_partitions_lost(self, lost: Any) -> None:
-            target.on_partitions_lost(lost)
-
-    return Listener()
 
 
 def _without(msgs: list[Any], revoked: set[tuple[str, int]]) -> list[Any]:
@@ -82,7 +66,7 @@ class _StageFailed(RuntimeError):
 class _Revocations:
     """Rebalance listener (Kafka's consumer contract): remembers partitions revoked during a batch window.
 
-    kafka-python calls it from inside ``poll``, on the consumer's thread. A
+    The client calls it from inside ``poll``, on the consumer's thread. A
     partition revoked while a micro-batch is being gathered is dropped from
     that batch: the new owner reads it again from the last commit, so this
     replica must not score it too (that would make two unmarked decisions).
@@ -93,8 +77,8 @@ class _Revocations:
         self.before_revoke: Callable[[], Any] | None = None
         self.joined = False
 
-    def on_partitions_revoked(self, revoked: Any) -> None:
-        self.revoked |= {(tp.topic, tp.partition) for tp in revoked}
+    def on_partitions_revoked(self, revoked: list[Partition]) -> None:
+        self.revoked |= set(revoked)
         if revoked:
             log.info("partitions revoked: %s", sorted(self.revoked))
             if self.before_revoke is not None:
@@ -103,13 +87,13 @@ class _Revocations:
                 except Exception as exc:  # the new owner redelivers what was not committed
                     log.warning("could not commit before the rebalance (%s); those batches will be redelivered", exc)
 
-    def on_partitions_lost(self, lost: Any) -> None:
-        self.revoked |= {(tp.topic, tp.partition) for tp in lost}  # lost: too late to commit for them
+    def on_partitions_lost(self, lost: list[Partition]) -> None:
+        self.revoked |= set(lost)  # lost: too late to commit for them
 
-    def on_partitions_assigned(self, assigned: Any) -> None:
+    def on_partitions_assigned(self, assigned: list[Partition]) -> None:
         self.joined = True  # the group join completed (an empty assignment is a hot standby: still ready)
         if assigned:
-            log.info("partitions assigned: %s", sorted((tp.topic, tp.partition) for tp in assigned))
+            log.info("partitions assigned: %s", sorted(assigned))
 
 
 class StreamConsumer:
@@ -192,9 +176,10 @@ class StreamConsumer:
         from serving.kafka import make_consumer, make_producer
 
         s = self.serving
-        self._rebalance = _Revocations()
-        listener = _listener(self._rebalance)
-        consumer = make_consumer(self.bootstrap_servers, s.consumer, s.topics.transactions, listener=listener)
+        self._rebalance = r = _Revocations()
+        consumer = make_consumer(self.bootstrap_servers, s.consumer, s.topics.transactions,
+                                 on_assign=r.on_partitions_assigned, on_revoke=r.on_partitions_revoked,
+                                 on_lost=r.on_partitions_lost)
         producer = make_producer(self.bootstrap_servers, s.producer, client_id="fedfraud-dlq")
         self._acks = AckWindow(s.consumer.max_unacked_batches, s.consumer.commit_interval_ms,
                                lambda offsets: self._commit(consumer, offsets))
@@ -234,16 +219,14 @@ class StreamConsumer:
         """
         with self.clock.section("consumer.poll"):
             self._rebalance.revoked.clear()
-            polled = consumer.poll(timeout_ms=100, max_records=self.max_records)
-            msgs = [m for part in polled.values() for m in part]
+            msgs = consumer.poll(timeout_ms=100, max_records=self.max_records)
             if msgs and self.max_wait_ms > 0:
                 deadline = time.monotonic() + self.max_wait_ms / 1000
                 while len(msgs) < self.max_records:
                     left_ms = int((deadline - time.monotonic()) * 1000)
                     if left_ms <= 0:
                         break
-                    more = consumer.poll(timeout_ms=left_ms, max_records=self.max_records - len(msgs))
-                    msgs += [m for part in more.values() for m in part]
+                    msgs += consumer.poll(timeout_ms=left_ms, max_records=self.max_records - len(msgs))
             return _without(msgs, self._rebalance.revoked)
 
     def _drain(self) -> None:
@@ -256,8 +239,6 @@ class StreamConsumer:
         transactions; each partition is sought back to its first message left out (read again next poll).
         Commits first when the batches awaiting acks already fill a cardholder's window.
         """
-        from kafka import TopicPartition
-
         window = self.replay_window
         wanted = Counter(m.key for m in msgs)
         if any(self._uncommitted[k] + n > window for k, n in wanted.items()):
@@ -276,25 +257,23 @@ class StreamConsumer:
                 continue
             self._uncommitted[m.key] += 1
             kept.append(m)
-        for (topic, partition), offset in cut.items():
-            consumer.seek(TopicPartition(topic, partition), offset)
+        for tp, offset in cut.items():
+            consumer.seek(tp, offset)
         log.info("micro-batch cut to %d of %d records: a cardholder reached %d uncommitted transactions",
                  len(kept), len(msgs), window)
         return kept
 
     def _process(self, consumer: Any, producer: Any, msgs: list[Any]) -> None:
         """Decode, score, dead-letter, confirm, commit, account: one micro-batch, start to end."""
-        from kafka import TopicPartition
-
         t0 = time.perf_counter()
         self.metrics.consumed.inc(len(msgs))
         self.metrics.inflight.inc(len(msgs))
         self.metrics.batch_size.observe(len(msgs))
         self._inflight += len(msgs)
-        offsets: dict[Any, int] = {}
+        offsets: dict[Partition, int] = {}
         with self.clock.section("consumer.decode"):
             for m in msgs:
-                tp = TopicPartition(m.topic, m.partition)
+                tp = (m.topic, m.partition)
                 offsets[tp] = max(offsets.get(tp, -1), m.offset + 1)
             decoded = decode_messages(msgs, self.validator, self.guards.max_message_bytes)
             futures = [self._dead_letter(producer, dead) for dead in decoded.dead]
@@ -313,13 +292,10 @@ class StreamConsumer:
         self._progress = time.monotonic()
         self._account(records, decoded, dead_reasons)
 
-    def _commit(self, consumer: Any, offsets: dict[Any, int]) -> None:
-        from kafka.errors import KafkaError
-        from kafka.structs import OffsetAndMetadata
-
+    def _commit(self, consumer: IngressConsumer, offsets: dict[Partition, int]) -> None:
         try:
-            consumer.commit({tp: OffsetAndMetadata(off, "", -1) for tp, off in offsets.items()})
-        except KafkaError as exc:  # lost the partitions in a rebalance: the new owner redelivers
+            consumer.commit(offsets)
+        except CommitFailed as exc:  # lost the partitions in a rebalance: the new owner redelivers
             log.warning("commit failed (%s); the batches will be redelivered and re-emitted as redelivered", exc)
         self._progress = time.monotonic()
         self.save_counters()
@@ -446,16 +422,9 @@ class StreamConsumer:
             m.set_model("anomaly", decided[-1]["models"]["anomaly"])
             m.set_model("fraud", decided[-1]["models"]["fraud"])
 
-    def _update_lag(self, consumer: Any) -> None:
+    def _update_lag(self, consumer: IngressConsumer) -> None:
         try:
-            parts = consumer.assignment()
-            if not parts:
-                consumer.topics()  # a round trip all the same: clears a broker error once it answers again
-                self._lag = 0
-                self._broker_error = None
-                return
-            ends = consumer.end_offsets(list(parts))
-            self._lag = sum(max(ends[tp] - consumer.position(tp), 0) for tp in parts)
+            self._lag = consumer.lag()
             self.metrics.lag.set(self._lag)
             self._broker_error = None
         except Exception as exc:  # the broker did not answer: health says so

@@ -11,9 +11,12 @@ cardholder's messages share a partition and keep their order:
   (:class:`feature_store.schema.RejectReason` value), detail and source offset;
   headers ``reason`` and ``detail`` as well so tools can filter without decoding.
 
-The factories apply :class:`serving.config.ConsumerSettings` /
-:class:`serving.config.ProducerSettings` and nothing else, so the same code
-talks to the embedded Tansu broker and to a production cluster.
+The scoring path's clients are librdkafka's (:mod:`serving.kafka_consumer`,
+:mod:`serving.kafka_producer`, re-exported here); their factories apply
+:class:`serving.config.ConsumerSettings` / :class:`serving.config.ProducerSettings`
+and nothing else, so the same code talks to the embedded Tansu broker and to a
+production cluster. The operator tools that read topics end to end (replay's
+``collect``, the label joiner) still use kafka-python's consumer.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import math
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import orjson
@@ -32,17 +35,20 @@ import pandas as pd
 
 from feature_store.schema import MAX_EPOCH_S, RejectReason, Validator, event_order
 
-from serving.config import ConsumerSettings, ProducerSettings
+from serving.kafka_consumer import IngressConsumer, Record, make_consumer
+from serving.kafka_producer import Delivery, DeliveryError, Producer, confirm_sent, make_producer
 
-if TYPE_CHECKING:
-    from kafka import KafkaConsumer, KafkaProducer
 
 __all__ = [
     "PRODUCED_HEADER",
+    "Record",
     "DeadLetter",
     "DecodedBatch",
     "decode_messages",
+    "Delivery",
+    "IngressConsumer",
     "DeliveryError",
+    "Producer",
     "confirm_sent",
     "content_hashes",
     "dlq_headers",
@@ -94,77 +100,6 @@ def json_bytes(value: Any) -> bytes:
 def json_value(raw: bytes) -> Any:
     """Parse JSON this service wrote itself (state rings); input from outside goes through :func:`parse_json`."""
     return orjson.loads(raw)
-
-
-def make_producer(bootstrap_servers: str, settings: ProducerSettings, client_id: str = "fedfraud") -> KafkaProducer:
-    """A producer with the pipeline's durability settings (acks=all, idempotent by default)."""
-    from kafka import KafkaProducer
-
-    return KafkaProducer(
-        bootstrap_servers=bootstrap_servers,
-        client_id=client_id,
-        acks=settings.acks if settings.acks == "all" else int(settings.acks),
-        enable_idempotence=settings.enable_idempotence,
-        linger_ms=settings.linger_ms,
-        batch_size=settings.batch_size,
-        compression_type=settings.compression_type,
-    )
-
-
-def make_consumer(
-    bootstrap_servers: str, settings: ConsumerSettings, topic: str, group_id: str | None = None,
-    listener: Any = None,
-) -> KafkaConsumer:
-    """The ingress consumer: manual commits (at-least-once), group or manual partition assignment."""
-    from kafka import KafkaConsumer, TopicPartition
-
-    consumer = KafkaConsumer(
-        bootstrap_servers=bootstrap_servers,
-        group_id=group_id or settings.group_id,
-        enable_auto_commit=False,
-        auto_offset_reset=settings.auto_offset_reset,
-        session_timeout_ms=settings.session_timeout_ms,
-        heartbeat_interval_ms=settings.heartbeat_interval_ms,
-        max_poll_interval_ms=settings.max_poll_interval_ms,
-        request_timeout_ms=settings.request_timeout_ms,
-        max_poll_records=settings.max_poll_records,
-        fetch_max_wait_ms=settings.fetch_max_wait_ms,
-    )
-    if settings.assignment == "manual":
-        try:
-            parts = wait_for_partitions(consumer, topic, settings.request_timeout_ms / 1000)
-        except RuntimeError:
-            consumer.close()
-            raise
-        consumer.assign([TopicPartition(topic, p) for p in sorted(parts)])
-    else:
-        consumer.subscribe([topic], listener=listener)
-    return consumer
-
-
-class DeliveryError(RuntimeError):
-    """The broker did not acknowledge a record: the caller must not commit the input offsets."""
-
-
-def confirm_sent(producer: KafkaProducer, futures: Sequence[Any], timeout_s: float = 30.0) -> None:
-    """Flush, then check every send's future; raise :class:`DeliveryError` on the first failure.
-
-    kafka-python's ``flush`` waits for in-flight sends but does not raise for
-    records that failed (a dead broker, a record over ``max_request_size``),
-    so without this check offsets were committed for decisions that never
-    reached the topic.
-    """
-    from kafka.errors import KafkaTimeoutError
-
-    try:
-        producer.flush(timeout=timeout_s)
-    except KafkaTimeoutError as exc:
-        raise DeliveryError(f"flush timed out after {timeout_s:g}s") from exc
-    for future in futures:
-        if not future.is_done:
-            raise DeliveryError("a send was still pending after flush")
-        if future.failed():
-            raise DeliveryError(f"send failed: {future.exception!r}") from future.exception
 
 
 def wait_for_partitions(client: Any, topic: str, timeout_s: float = 10.0) -> set[int]:

@@ -43,18 +43,20 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import pandas as pd
+import torch
 
 from feature_store.cardholder import CardholderState, PreparedBatch, prepare_batch
+from feature_store.events import history_summary
 from feature_store.privacy import PrivateFeaturizer
 from serving.kafka import confirm_sent, json_bytes, json_value, now_us
 from serving.kvstore import KVStore
 from serving.metrics import StageClock
 
 if TYPE_CHECKING:
-    from kafka import KafkaProducer
     from torch_geometric.data import Data
 
     from feature_store.online import OnlineStateClient
+    from serving.kafka_producer import Producer
     from training.fraud.model import FraudModel
     from training.registry import ModelRegistry
     from training.retrain.drift import DriftMonitor
@@ -295,6 +297,10 @@ class AnomalyWork:
         return list(self.states)
 
 
+#: Placeholder of a graph's history summary until :meth:`AnomalyStage._apply` summarises the batch's together.
+_NO_SUMMARY = torch.zeros(1, 0)
+
+
 class AnomalyStage:
     """Ego-graph update + GNN anomaly score of micro-batches (one instance per scorer replica)."""
 
@@ -344,6 +350,12 @@ class AnomalyStage:
         batch, model, states = work.batch, work.model, work.states
         source = self.features  # L'/T' rows by noise key (the featurizer on a miss)
         eps_all = batch.features.epsilon
+        histories: list[np.ndarray] = []  # each graph's history, summarised together below
+
+        def snapshot(ego: Any, eps: float) -> None:
+            work.graphs.append(ego.to_data(source, eps, history=_NO_SUMMARY))
+            histories.append(ego.history.copy())
+
         for i, holder in enumerate(batch.cardholder):
             state = states[holder]
             ego = state.ego
@@ -361,16 +373,20 @@ class AnomalyStage:
                     # the stored q_{t-1} is the champion's; a shadowing challenger needs G_{t-1} itself
                     work.prev_cached[i] = state.q_t
                 else:
-                    work.graphs.append(ego.to_data(source, eps))
+                    snapshot(ego, eps)
                     prev = len(work.graphs) - 1
             applied = state.apply(batch, i, self.cell_deg)
             if applied:
                 work.events[i] = (ego.prior, ego.last_event)  # type: ignore[assignment]
             work.redelivered.append(not applied)
             work.prev_graph.append(prev)
-            work.graphs.append(ego.to_data(source, eps))
+            snapshot(ego, eps)
             work.cur_graph.append(len(work.graphs) - 1)
             work.last_graph[holder] = len(work.graphs) - 1
+        if histories:  # one vectorised call instead of one per graph
+            rows = torch.from_numpy(history_summary(np.stack(histories)))
+            for g, row in zip(work.graphs, rows, strict=True):
+                g._store._mapping["history"] = row.reshape(1, -1)
         return work
 
     def complete(self, work: AnomalyWork, q: np.ndarray) -> ScoredBatch:
@@ -538,7 +554,7 @@ class FraudStage:
         dim: int,
         ring: int,
         top_k: int = 3,
-        producer: KafkaProducer | None = None,
+        producer: Producer | None = None,
         topic: str | None = None,
         scores_topic: str | None = None,
         clock: StageClock | None = None,
@@ -729,7 +745,7 @@ class FraudStage:
 
         At-least-once: the input offsets are committed only after every one of
         these futures is acknowledged (:func:`serving.kafka.confirm_sent`, or the
-        consumer's :class:`serving.acks.AckWindow`; kafka-python's ``flush``
+        consumer's :class:`serving.acks.AckWindow`; a ``flush``
         alone does not report failed sends). Rejected rows (``decision:
         rejected``) are the caller's to dead-letter, not decisions.
         """

@@ -127,9 +127,6 @@ class ServingBenchResult:
 
 def _ceiling(bootstrap: str, n: int, settings: Any) -> float:
     """Raw consume → produce → commit throughput, the same client and settings as the ingress."""
-    from kafka import TopicPartition
-    from kafka.structs import OffsetAndMetadata
-
     from serving.broker import create_topics
     from serving.kafka import make_consumer, make_producer
 
@@ -146,16 +143,15 @@ def _ceiling(bootstrap: str, n: int, settings: Any) -> float:
     done, start = 0, None
     deadline = time.monotonic() + 120
     while done < n and time.monotonic() < deadline:
-        polled = consumer.poll(timeout_ms=100, max_records=settings.consumer.max_poll_records)
-        if not polled:
+        msgs = consumer.poll(timeout_ms=100, max_records=settings.consumer.max_poll_records)
+        if not msgs:
             continue
         start = start or time.perf_counter()
-        offsets = {}
-        for tp, msgs in polled.items():
-            for m in msgs:
-                producer.send(dst, key=m.key, value=m.value)
-            offsets[TopicPartition(tp.topic, tp.partition)] = OffsetAndMetadata(msgs[-1].offset + 1, "", -1)
-            done += len(msgs)
+        offsets: dict[tuple[str, int], int] = {}
+        for m in msgs:
+            producer.send(dst, key=m.key, value=m.value)
+            offsets[(m.topic, m.partition)] = max(offsets.get((m.topic, m.partition), 0), m.offset + 1)
+        done += len(msgs)
         producer.flush()
         consumer.commit(offsets)
     elapsed = time.perf_counter() - (start or time.perf_counter())

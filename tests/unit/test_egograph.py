@@ -237,3 +237,25 @@ def test_graph_carries_no_raw_values():
     )
     for key in ("x", "edge_attr", "history"):
         assert not np.isin(pair.current[key].numpy().astype(np.float64), raw).any()
+
+
+@pytest.mark.parametrize("pooling", ["topk", "sag"])
+def test_collate_graphs_matches_pyg_batch(pooling):
+    """The scoring path's direct concatenation builds PyG's batch inputs and the same embeddings, a graph
+    without edges among them (scoring never embeds a 0-node graph; PyG's collate cannot mix one with others)."""
+    from training.anomaly.config import AnomalyConfig
+    from training.anomaly.model import AnomalyModel, collate_graphs
+
+    graphs = []
+    for stream in ([(1, A, 0)], [(1, A, 0), (2, B, 1), (3, A, 2), (4, C, 3)], [(5, D, 0), (6, B, 5)]):
+        state = EgoGraphState(EgoGraphConfig())
+        _apply(state, stream)
+        graphs.append(state.to_data(FEAT, 1.0))
+    ours, pyg = collate_graphs(graphs), Batch.from_data_list(graphs)
+    for key in (*GRAPH_KEYS, "batch"):
+        assert torch.equal(getattr(ours, key), getattr(pyg, key)), key
+    assert ours.num_graphs == pyg.num_graphs == 3
+    torch.manual_seed(0)
+    model = AnomalyModel(AnomalyConfig(pooling=pooling), ENC, EgoGraphConfig().max_nodes).eval()
+    with torch.no_grad():
+        assert torch.allclose(model.embed(ours).q, model.embed(pyg).q, atol=1e-6)

@@ -48,6 +48,8 @@ __all__ = [
     "Discriminator",
     "EncoderOutput",
     "GraphEncoder",
+    "GraphBatch",
+    "collate_graphs",
     "embed_graphs",
     "pick_device",
     "score_embeddings",
@@ -105,7 +107,7 @@ class GraphEncoder(nn.Module):
             nn.init.xavier_uniform_(self.history.weight)
             nn.init.zeros_(self.history.bias)
 
-    def forward(self, batch: Batch | Data) -> EncoderOutput:
+    def forward(self, batch: Batch | Data | GraphBatch) -> EncoderOutput:
         # sparse gradient: a step touches a few hundred of the table's rows (see engine.train_model)
         x = batch.x + F.embedding(batch.merchant, self.merchant.weight, sparse=True)
         x = self.temporal(x, batch.edge_index, batch.edge_attr)
@@ -195,7 +197,7 @@ class AnomalyModel(nn.Module):
             return torch.sigmoid(-self.head(q_prev, ContrastiveHead.features(prior, event, q_prev.device)))
         raise ValueError(f"readout {self.cfg.readout!r} scores graph pairs, not events")
 
-    def embed(self, batch: Batch | Data) -> EncoderOutput:
+    def embed(self, batch: Batch | Data | GraphBatch) -> EncoderOutput:
         """Q for every graph of a batch."""
         return self.encoder(batch)
 
@@ -238,13 +240,55 @@ def eval_mode(model: torch.nn.Module) -> Iterator[None]:
         model.train()
 
 
+@dataclass
+class GraphBatch:
+    """The ego graphs of a batch, concatenated: exactly the attributes :class:`GraphEncoder` reads.
+
+    ``Batch.from_data_list`` is generic (any attribute, any increment rule) and
+    cost ~0.2 ms per micro-batch plus ~20 µs per graph on the scoring path;
+    ego-graph snapshots all have the same five attributes, so this concatenates
+    them directly (``test_collate_graphs_matches_pyg_batch`` checks it builds
+    the same inputs and the same embeddings as PyG's batch).
+    """
+
+    x: Tensor
+    edge_index: Tensor
+    edge_attr: Tensor
+    merchant: Tensor
+    history: Tensor
+    batch: Tensor
+    num_graphs: int
+
+    def to(self, device: torch.device | str) -> GraphBatch:
+        return GraphBatch(self.x.to(device), self.edge_index.to(device), self.edge_attr.to(device),
+                          self.merchant.to(device), self.history.to(device), self.batch.to(device), self.num_graphs)
+
+
+def collate_graphs(graphs: Sequence[Data]) -> GraphBatch:
+    """One :class:`GraphBatch` of ego-graph snapshots (``x``, ``edge_index``, ``edge_attr``, ``merchant``,
+    ``history``).
+    """
+    sizes = [int(g.num_nodes) for g in graphs]
+    offsets = np.cumsum([0, *sizes[:-1]])
+    edges = [g.edge_index + int(o) if o else g.edge_index for g, o in zip(graphs, offsets, strict=True)]
+    return GraphBatch(
+        x=torch.cat([g.x for g in graphs]),
+        edge_index=torch.cat(edges, dim=1),
+        edge_attr=torch.cat([g.edge_attr for g in graphs]),
+        merchant=torch.cat([g.merchant for g in graphs]),
+        history=torch.cat([g.history for g in graphs]),
+        batch=torch.repeat_interleave(torch.arange(len(graphs)), torch.as_tensor(sizes, dtype=torch.long)),
+        num_graphs=len(graphs),
+    )
+
+
 @torch.no_grad()
 def embed_graphs(model: AnomalyModel, graphs: Sequence[Data], batch_size: int = 256) -> Tensor:
     """Q for each graph, ``[len(graphs), q_dim]`` on the model's device; eval mode, batched."""
     device = next(model.parameters()).device
     with eval_mode(model):
         out = [
-            model.embed(Batch.from_data_list(list(graphs[i : i + batch_size])).to(device)).q
+            model.embed(collate_graphs(graphs[i : i + batch_size]).to(device)).q
             for i in range(0, len(graphs), batch_size)
         ]
     if not out:

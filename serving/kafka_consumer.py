@@ -1,0 +1,206 @@
+"""The ingress consumer: librdkafka (``confluent-kafka``) with manual commits and a rebalance listener.
+
+Why librdkafka: kafka-python parses fetched record batches in Python on the
+scoring thread (~0.1 ms per record in ``fedfraud bench serving``) and runs its
+heartbeat thread under the same GIL; librdkafka fetches, decodes and
+heartbeats in C threads, and ``consume`` hands over a ready batch.
+
+Kafka's consumer contract is kept as the scoring loop needs it:
+
+* manual commits only (``enable.auto.commit`` off): the loop commits an offset
+  after the batch's decisions are acknowledged (at-least-once);
+* offsets are committed synchronously (the commit is the at-least-once
+  point, so a failure must be seen);
+* the rebalance listener runs inside :meth:`IngressConsumer.poll`, on the
+  loop's thread, before partitions are given away (``on_revoke``: commit what
+  is scored) and after new ones arrive (eager protocol, librdkafka's
+  ``range`` assignor);
+* ``assignment: manual`` assigns every partition without a group protocol.
+
+Partitions are named ``(topic, partition)`` tuples, so nothing outside this
+module depends on the client library.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from serving.config import ConsumerSettings
+
+__all__ = ["CommitFailed", "IngressConsumer", "Partition", "Record", "make_consumer"]
+
+log = logging.getLogger(__name__)
+
+Partition = tuple[str, int]
+
+
+class CommitFailed(RuntimeError):
+    """The group coordinator refused a commit (partitions lost in a rebalance): the new owner redelivers."""
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """One consumed message (the fields :func:`serving.kafka.decode_messages` reads)."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: list[tuple[str, bytes]] | None
+    timestamp: int  # ms since the epoch (the broker's or the producer's)
+
+
+Listener = Callable[[list[Partition]], None]
+
+
+class IngressConsumer:
+    """A librdkafka consumer behind the few calls the scoring loop makes."""
+
+    def __init__(self, config: dict[str, Any], topic: str, settings: ConsumerSettings,
+                 on_assign: Listener | None = None, on_revoke: Listener | None = None,
+                 on_lost: Listener | None = None) -> None:
+        from confluent_kafka import Consumer
+
+        self.topic = topic
+        self.settings = settings
+        self._rd = Consumer({**config, "logger": logging.getLogger("librdkafka")})
+        self._on_assign, self._on_revoke, self._on_lost = on_assign, on_revoke, on_lost
+        if settings.assignment == "manual":
+            from confluent_kafka import TopicPartition
+
+            parts = self.partitions(settings.request_timeout_ms / 1000)
+            self._rd.assign([TopicPartition(topic, p) for p in sorted(parts)])
+        else:
+            self._rd.subscribe([topic], on_assign=self._assigned, on_revoke=self._revoked, on_lost=self._lost)
+
+    # ------------------------------------------------------------------ rebalance listener (inside poll)
+    def _assigned(self, _c: Any, parts: Sequence[Any]) -> None:
+        if self._on_assign is not None:
+            self._on_assign([(p.topic, p.partition) for p in parts])
+
+    def _revoked(self, _c: Any, parts: Sequence[Any]) -> None:
+        if self._on_revoke is not None:
+            self._on_revoke([(p.topic, p.partition) for p in parts])
+
+    def _lost(self, _c: Any, parts: Sequence[Any]) -> None:
+        if self._on_lost is not None:
+            self._on_lost([(p.topic, p.partition) for p in parts])
+
+    # ------------------------------------------------------------------ the calls of the loop
+    def poll(self, timeout_ms: int, max_records: int) -> list[Record]:
+        """Up to ``max_records`` messages, returning as soon as there is one (waiting at most ``timeout_ms``).
+
+        librdkafka's ``consume(n, timeout)`` waits for all ``n`` until the
+        timeout, which would hold a lone transaction for the whole timeout; so
+        take what is queued, else wait for one message, then take what queued
+        behind it. (The loop's own window, ``max_batch_wait_ms``, decides how
+        long a batch waits to fill.)
+        """
+        rd = self._rd
+        got = rd.consume(num_messages=max_records, timeout=0)
+        if not got and timeout_ms > 0:
+            first = rd.poll(timeout_ms / 1000)
+            if first is not None:
+                got = [first]
+                if max_records > 1:
+                    got += rd.consume(num_messages=max_records - 1, timeout=0)
+        out: list[Record] = []
+        for m in got:
+            err = m.error()
+            if err is not None:  # a fetch error for one partition; librdkafka retries on its own
+                log.warning("consume error on %s[%s]: %s", m.topic(), m.partition(), err)
+                continue
+            out.append(Record(m.topic(), m.partition(), m.offset(), m.key(), m.value(), m.headers(),
+                              m.timestamp()[1]))
+        return out
+
+    def seek(self, partition: Partition, offset: int) -> None:
+        """Read ``partition`` again from ``offset`` on the next poll."""
+        from confluent_kafka import TopicPartition
+
+        self._rd.seek(TopicPartition(partition[0], partition[1], offset))
+
+    def commit(self, offsets: dict[Partition, int]) -> None:
+        """Commit ``offsets`` (next offset to read) synchronously; :class:`CommitFailed` if refused."""
+        from confluent_kafka import KafkaException, TopicPartition
+
+        try:
+            result = self._rd.commit(offsets=[TopicPartition(t, p, o) for (t, p), o in offsets.items()],
+                                     asynchronous=False)
+        except KafkaException as exc:
+            raise CommitFailed(str(exc)) from exc
+        failed = [tp for tp in result or () if tp.error is not None]
+        if failed:
+            raise CommitFailed(f"{failed[0].topic}[{failed[0].partition}]: {failed[0].error}")
+
+    def committed(self, partitions: Sequence[Partition], timeout_s: float = 10.0) -> dict[Partition, int]:
+        """The group's committed offsets (-1: none yet)."""
+        from confluent_kafka import TopicPartition
+
+        got = self._rd.committed([TopicPartition(t, p) for t, p in partitions], timeout=timeout_s)
+        return {(tp.topic, tp.partition): (tp.offset if tp.offset >= 0 else -1) for tp in got}
+
+    def assignment(self) -> list[Partition]:
+        return [(tp.topic, tp.partition) for tp in self._rd.assignment()]
+
+    def lag(self, timeout_s: float = 5.0) -> int:
+        """Messages in the assigned partitions not yet consumed (end offset − position); a broker round trip."""
+        from confluent_kafka import TopicPartition
+
+        parts = self._rd.assignment()
+        if not parts:
+            self._rd.list_topics(self.topic, timeout=timeout_s)  # a round trip all the same: raises if down
+            return 0
+        positions = self._rd.position(parts)
+        total = 0
+        missing = [tp for tp in positions if tp.offset < 0]
+        known = {(tp.topic, tp.partition): tp.offset for tp in positions if tp.offset >= 0}
+        if missing:  # nothing fetched yet: the committed offset is where reading starts
+            known.update({k: v for k, v in self.committed([(tp.topic, tp.partition) for tp in missing],
+                                                          timeout_s).items() if v >= 0})
+        for tp in parts:
+            _low, high = self._rd.get_watermark_offsets(TopicPartition(tp.topic, tp.partition), timeout=timeout_s,
+                                                        cached=False)
+            total += max(high - known.get((tp.topic, tp.partition), 0), 0)
+        return total
+
+    def partitions(self, timeout_s: float = 10.0) -> set[int]:
+        """The topic's partitions, waiting for a fresh client's metadata."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            meta = self._rd.list_topics(self.topic, timeout=max(deadline - time.monotonic(), 0.1))
+            found = meta.topics.get(self.topic)
+            if found is not None and found.error is None and found.partitions:
+                return set(found.partitions)
+            if time.monotonic() >= deadline:
+                raise RuntimeError(f"topic {self.topic!r} has no partitions (does it exist?)")
+            time.sleep(0.05)
+
+    def close(self) -> None:
+        """Leave the group (partitions go to the others at once) and stop the client's threads."""
+        self._rd.close()
+
+
+def make_consumer(bootstrap_servers: str, settings: ConsumerSettings, topic: str, group_id: str | None = None,
+                  on_assign: Listener | None = None, on_revoke: Listener | None = None,
+                  on_lost: Listener | None = None) -> IngressConsumer:
+    """The ingress consumer: manual commits (at-least-once), group or manual partition assignment."""
+    config = {
+        "bootstrap.servers": bootstrap_servers,
+        "group.id": group_id or settings.group_id,
+        "enable.auto.commit": False,
+        "enable.auto.offset.store": False,
+        "auto.offset.reset": settings.auto_offset_reset,
+        "session.timeout.ms": settings.session_timeout_ms,
+        "heartbeat.interval.ms": settings.heartbeat_interval_ms,
+        "max.poll.interval.ms": settings.max_poll_interval_ms,
+        "socket.timeout.ms": settings.request_timeout_ms,
+        "fetch.wait.max.ms": settings.fetch_max_wait_ms,
+        "partition.assignment.strategy": "range",
+    }
+    return IngressConsumer(config, topic, settings, on_assign, on_revoke, on_lost)
