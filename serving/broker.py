@@ -15,7 +15,6 @@ import logging
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -24,6 +23,7 @@ from pathlib import Path
 from types import TracebackType
 
 from fedfraud.errors import UserError
+from fedfraud.net import free_port
 
 __all__ = ["BrokerError", "EmbeddedBroker", "create_topics", "free_port", "tansu_binary", "wait_for_broker"]
 
@@ -32,13 +32,6 @@ log = logging.getLogger(__name__)
 
 class BrokerError(UserError):
     """The embedded broker could not be found, started or reached."""
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago (the OS picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def tansu_binary() -> Path:

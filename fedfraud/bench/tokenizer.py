@@ -19,7 +19,6 @@
 from __future__ import annotations
 
 import logging
-import socket
 import tempfile
 import threading
 import time
@@ -27,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fedfraud.net import free_port
 from training.tokenizer.config import TokenizerConfig
 
 __all__ = ["TokenizerBench", "run_tokenizer_bench"]
@@ -100,12 +100,6 @@ class TokenizerBench:
         return "\n".join(lines)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _next(names: list[str], name: str) -> str:
     """Another institution: each local tokenizer is also scored out of sample."""
     return names[(names.index(name) + 1) % len(names)]
@@ -137,7 +131,7 @@ def _service_throughput(tok: Any, cfg: TokenizerConfig, texts: list[str], second
     concurrency = 4
     with tempfile.TemporaryDirectory() as root:
         publish_tokenizer(Path(root), tok, cfg, metrics={}, privacy={}, card="bench")
-        port = _free_port()
+        port = free_port()
         ray.init(num_cpus=2, include_dashboard=False, ignore_reinit_error=True, logging_level="ERROR")
         try:
             serve.start(http_options={"host": "127.0.0.1", "port": port})

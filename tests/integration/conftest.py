@@ -2,21 +2,15 @@
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+from fedfraud import net
 
 
 @pytest.fixture
 def free_port() -> int:
     """A loopback TCP port that was free a moment ago."""
-    return _free_port()
+    return net.free_port()
 
 
 @pytest.fixture(scope="session")

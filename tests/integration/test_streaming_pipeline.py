@@ -15,6 +15,8 @@ import pandas as pd
 import pytest
 import torch
 
+from fedfraud.net import free_port
+
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 COLUMNS = ["transaction_id", "cardholder_id", "merchant_id", "timestamp", "amount", "lat", "lon", "mcc", "is_fraud",
@@ -58,7 +60,7 @@ def runtime(tmp_path_factory, frame, ray_session, kafka_broker):
                                  "serving.registry_poll_s=0.5", "serving.consumer.max_poll_records=200",
                                  "serving.guards.max_message_bytes=65536", "serving.guards.http_max_body_bytes=65536",
                                  "serving.guards.http_max_batch=50",
-                                 f"serving.http_port={_free_port()}"])
+                                 f"serving.http_port={free_port()}"])
     registry = ModelRegistry(tmp / "registry")
     fcfg = FraudConfig(num_boost_round=20, nthread=1)
     train = frame.head(1000)
@@ -76,12 +78,6 @@ def runtime(tmp_path_factory, frame, ray_session, kafka_broker):
     # Later modules restart Ray (Flower's simulation shuts it down); a Serve client left
     # behind would point at a dead controller, so leave no Serve instance running.
     serve.shutdown()
-
-
-def _free_port() -> int:
-    from serving.broker import free_port
-
-    return free_port()
 
 
 def _slice(frame, start, stop):

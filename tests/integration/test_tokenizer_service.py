@@ -1,11 +1,11 @@
 """The tokenizer deployment on a real Ray Serve, over real HTTP, including hot reload of a new version."""
 
-import socket
 import time
 
 import httpx
 import pytest
 
+from fedfraud.net import free_port
 from training.tokenizer.config import TokenizerConfig
 from training.tokenizer.export import build_tokenizer
 from training.tokenizer.trainer import publish_tokenizer
@@ -14,12 +14,6 @@ pytestmark = pytest.mark.integration
 
 MERGES_V1 = [(b"t", b"h"), (b"th", b"e"), (b" ", b"the")]
 MERGES_V2 = [*MERGES_V1, (b"b", b"a"), (b"ba", b"n"), (b"ban", b"k")]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _publish(root, merges):
@@ -37,7 +31,7 @@ def service(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("registry")
     _publish(root, MERGES_V1)
-    port = _free_port()
+    port = free_port()
     ray.init(num_cpus=2, include_dashboard=False, ignore_reinit_error=True)
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     serve.run(build_tokenizer_app(TokenizerServiceArgs(registry_root=str(root), poll_seconds=0.3)),

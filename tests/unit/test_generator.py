@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 
 from training.data.config import GeneratorConfig
+from feature_store.geo import haversine_km
 from feature_store.layout import TRANSACTIONS_FILE, bank_dir, list_banks, read_bank, read_manifest
 from training.data.synthetic import FRAUD_SCENARIOS, REGIONS, generate_dataset, generate_frame
 from training.data.writer import LABELS_FILE
@@ -17,10 +18,7 @@ CONFIG = GeneratorConfig(banks=4, cardholders=300, days=30, seed=11, fraud_rate=
 
 
 def _km(lat1: pd.Series, lon1: pd.Series, lat2: pd.Series, lon2: pd.Series) -> np.ndarray:
-    p1, p2 = np.radians(lat1.to_numpy()), np.radians(lat2.to_numpy())
-    dlon = np.radians(lon2.to_numpy() - lon1.to_numpy())
-    a = np.sin((p2 - p1) / 2) ** 2 + np.cos(p1) * np.cos(p2) * np.sin(dlon / 2) ** 2
-    return 2 * 6371 * np.arcsin(np.sqrt(a))
+    return haversine_km(lat1.to_numpy(), lon1.to_numpy(), lat2.to_numpy(), lon2.to_numpy())
 
 
 @pytest.fixture(scope="module")

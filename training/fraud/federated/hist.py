@@ -56,6 +56,7 @@ from typing import Any
 
 import numpy as np
 
+from fedfraud.net import free_port
 from training.fraud.config import FraudConfig
 from training.fraud.features import ANOMALY_FEATURE, FraudFeatures
 from training.fraud.model import FraudModel, xgb_params
@@ -133,12 +134,6 @@ def make_tls_files(folder: Path, host: str = "localhost") -> TlsFiles:
     server_key, server_cert = one("server")
     client_key, client_cert = one("client")
     return TlsFiles(server_key, server_cert, client_key, client_cert)
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _wait_for_port(port: int, proc: subprocess.Popen[bytes], timeout: float) -> None:
@@ -236,7 +231,7 @@ def federated_hist_train(
                 arrays[f"col_{key}"] = col
             np.savez(folder / f"rank_{rank}.npz", **arrays)
         files = make_tls_files(folder / "tls") if tls else None
-        port = _free_port() if port is None else port
+        port = free_port() if port is None else port
         params = xgb_params(cfg, 1.0)
         params["nthread"] = 1
         if max_bin is not None:
