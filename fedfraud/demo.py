@@ -335,7 +335,8 @@ def _stage_stream(cfg: FedfraudConfig, args: DemoArgs, ctx: dict[str, Any]) -> S
     runtime = start(cfg, apply_features=False)
     started = time.perf_counter() - t0
     store = OutcomeStore(outcomes)
-    joiner = LabelJoiner(runtime.bootstrap_servers, store, cfg.serving.topics, cfg.serving.producer)
+    joiner = LabelJoiner(runtime.bootstrap_servers, store, cfg.serving.topics, cfg.serving.producer,
+                         security=cfg.serving.kafka_security)
     stop = threading.Event()
     joining = threading.Thread(target=joiner.run, args=(stop,), name="label-joiner", daemon=True)
     joining.start()

@@ -24,6 +24,7 @@ from types import TracebackType
 
 from fedfraud.errors import UserError
 from fedfraud.net import free_port
+from serving.config import KafkaSecurity
 
 __all__ = ["BrokerError", "EmbeddedBroker", "create_topics", "free_port", "tansu_binary", "wait_for_broker"]
 
@@ -79,14 +80,16 @@ def wait_for_broker(bootstrap_servers: str, timeout_s: float = 20.0) -> None:
 
 
 def create_topics(
-    bootstrap_servers: str, partitions: dict[str, int], replication_factor: int = 1, timeout_s: float = 20.0
+    bootstrap_servers: str, partitions: dict[str, int], replication_factor: int = 1, timeout_s: float = 20.0,
+    security: KafkaSecurity | None = None,
 ) -> list[str]:
     """Create the topics that do not exist yet (idempotent); returns the names it created."""
     from kafka import KafkaAdminClient
     from kafka.admin import NewTopic
     from kafka.errors import TopicAlreadyExistsError
 
-    admin = KafkaAdminClient(bootstrap_servers=bootstrap_servers, request_timeout_ms=int(timeout_s * 1000))
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap_servers, request_timeout_ms=int(timeout_s * 1000),
+                             **(security or KafkaSecurity()).kafka_python())
     try:
         existing = set(admin.list_topics())
         todo = [

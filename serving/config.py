@@ -6,9 +6,14 @@ they decide the delivery guarantees (``infra/kafka.md`` has the long version).
 
 from __future__ import annotations
 
+import os
+from typing import Any
+
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-__all__ = ["ConsumerSettings", "GuardSettings", "ProducerSettings", "ServingConfig", "TopicNames"]
+from fedfraud.errors import UserError
+
+__all__ = ["ConsumerSettings", "GuardSettings", "KafkaSecurity", "ProducerSettings", "ServingConfig", "TopicNames"]
 
 
 class _Section(BaseModel):
@@ -107,6 +112,74 @@ class GuardSettings(_Section):
     http_max_batch: int = Field(1000, ge=1, description="most transactions in one POST /score")
 
 
+class KafkaSecurity(_Section):
+    """How every Kafka client of the project authenticates and encrypts (Kafka's ``security.protocol``).
+
+    One section for all clients (scorer, DLQ, label joiner, replay, admin), so
+    no client can be left on plaintext by accident. The SASL password is never
+    in the file: it is read from the environment variable named by
+    ``sasl_password_env`` when a client is made, and a missing one stops the
+    command with a one-line error naming the variable. PLAINTEXT is only for
+    the embedded broker and loopback tests.
+    """
+
+    security_protocol: str = Field("PLAINTEXT", pattern="^(PLAINTEXT|SSL|SASL_PLAINTEXT|SASL_SSL)$")
+    sasl_mechanism: str | None = Field(None, pattern="^(PLAIN|SCRAM-SHA-256|SCRAM-SHA-512)$")
+    sasl_username: str | None = None
+    sasl_password_env: str = Field("FEDFRAUD_KAFKA_PASSWORD", min_length=1)
+    ssl_cafile: str | None = Field(None, description="CA bundle that signed the brokers' certificates")
+    ssl_certfile: str | None = Field(None, description="client certificate (mutual TLS)")
+    ssl_keyfile: str | None = Field(None, description="client private key (mutual TLS)")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> KafkaSecurity:
+        sasl = self.security_protocol.startswith("SASL_")
+        if sasl and (self.sasl_mechanism is None or not self.sasl_username):
+            raise ValueError(f"security_protocol {self.security_protocol} needs sasl_mechanism and sasl_username")
+        if not sasl and (self.sasl_mechanism or self.sasl_username):
+            raise ValueError(f"sasl_* settings need a SASL_ security_protocol, not {self.security_protocol}")
+        if (self.ssl_certfile is None) != (self.ssl_keyfile is None):
+            raise ValueError("ssl_certfile and ssl_keyfile go together (mutual TLS)")
+        return self
+
+    @property
+    def uses_sasl(self) -> bool:
+        return self.security_protocol.startswith("SASL_")
+
+    @property
+    def uses_tls(self) -> bool:
+        return self.security_protocol in ("SSL", "SASL_SSL")
+
+    def _password(self) -> str:
+        password = os.environ.get(self.sasl_password_env)
+        if not password:
+            raise UserError(f"Kafka SASL needs the password in ${self.sasl_password_env}")
+        return password
+
+    def librdkafka(self) -> dict[str, Any]:
+        """The settings as librdkafka properties (``confluent-kafka`` producer and consumer)."""
+        out: dict[str, Any] = {"security.protocol": self.security_protocol.lower()}
+        if self.uses_sasl:
+            out.update({"sasl.mechanism": self.sasl_mechanism, "sasl.username": self.sasl_username,
+                        "sasl.password": self._password()})
+        if self.uses_tls:
+            out.update({k: v for k, v in (("ssl.ca.location", self.ssl_cafile),
+                                          ("ssl.certificate.location", self.ssl_certfile),
+                                          ("ssl.key.location", self.ssl_keyfile)) if v})
+        return out
+
+    def kafka_python(self) -> dict[str, Any]:
+        """The settings as kafka-python keyword arguments (admin client and the topic-reading tools)."""
+        out: dict[str, Any] = {"security_protocol": self.security_protocol}
+        if self.uses_sasl:
+            out.update({"sasl_mechanism": self.sasl_mechanism, "sasl_plain_username": self.sasl_username,
+                        "sasl_plain_password": self._password()})
+        if self.uses_tls:
+            out.update({k: v for k, v in (("ssl_cafile", self.ssl_cafile), ("ssl_certfile", self.ssl_certfile),
+                                          ("ssl_keyfile", self.ssl_keyfile)) if v})
+        return out
+
+
 class ServingConfig(_Section):
     """Streaming scoring: Kafka, micro-batching, Ray Serve and hot-swap knobs."""
 
@@ -114,6 +187,7 @@ class ServingConfig(_Section):
         None, description="Kafka bootstrap servers; None starts the embedded Tansu broker"
     )
     topics: TopicNames = Field(default_factory=TopicNames)
+    kafka_security: KafkaSecurity = Field(default_factory=KafkaSecurity)
     guards: GuardSettings = Field(default_factory=GuardSettings)
     partitions: int = Field(4, ge=1, description="partitions of the topics the embedded broker creates")
     consumer: ConsumerSettings = Field(default_factory=ConsumerSettings)

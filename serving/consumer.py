@@ -179,8 +179,9 @@ class StreamConsumer:
         self._rebalance = r = _Revocations()
         consumer = make_consumer(self.bootstrap_servers, s.consumer, s.topics.transactions,
                                  on_assign=r.on_partitions_assigned, on_revoke=r.on_partitions_revoked,
-                                 on_lost=r.on_partitions_lost)
-        producer = make_producer(self.bootstrap_servers, s.producer, client_id="fedfraud-dlq")
+                                 on_lost=r.on_partitions_lost, security=s.kafka_security)
+        producer = make_producer(self.bootstrap_servers, s.producer, client_id="fedfraud-dlq",
+                                 security=s.kafka_security)
         self._acks = AckWindow(s.consumer.max_unacked_batches, s.consumer.commit_interval_ms,
                                lambda offsets: self._commit(consumer, offsets))
         self._rebalance.before_revoke = self._drain  # give partitions away with their offsets committed

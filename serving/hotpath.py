@@ -56,7 +56,7 @@ class HotPath:
         model, tag = self._load_fraud(s.fraud_version)
         trained = self.registry.get("fraud", tag.rsplit(":v", 1)[-1]).config
         fraud_cfg = fraud_config_for(trained, getattr(cfg, "fraud", None))
-        producer = (make_producer(bootstrap_servers, s.producer, client_id="fedfraud-scorer")
+        producer = (make_producer(bootstrap_servers, s.producer, client_id="fedfraud-scorer", security=s.kafka_security)
                     if bootstrap_servers else None)
         self.fraud = FraudStage(kv, model, tag, fraud_cfg, cfg.encoder.dim, s.decision_ring,
                                 getattr(fraud_cfg, "top_reasons", 3), producer, s.topics.decisions,

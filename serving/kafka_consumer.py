@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from serving.config import ConsumerSettings
+from serving.config import ConsumerSettings, KafkaSecurity
 
 __all__ = ["CommitFailed", "IngressConsumer", "Partition", "Record", "make_consumer"]
 
@@ -188,9 +188,12 @@ class IngressConsumer:
 
 def make_consumer(bootstrap_servers: str, settings: ConsumerSettings, topic: str, group_id: str | None = None,
                   on_assign: Listener | None = None, on_revoke: Listener | None = None,
-                  on_lost: Listener | None = None) -> IngressConsumer:
-    """The ingress consumer: manual commits (at-least-once), group or manual partition assignment."""
+                  on_lost: Listener | None = None, security: KafkaSecurity | None = None) -> IngressConsumer:
+    """The ingress consumer: manual commits (at-least-once), group or manual partition assignment, with the
+    deployment's :class:`~serving.config.KafkaSecurity`.
+    """
     config = {
+        **(security or KafkaSecurity()).librdkafka(),
         "bootstrap.servers": bootstrap_servers,
         "group.id": group_id or settings.group_id,
         "enable.auto.commit": False,

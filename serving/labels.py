@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from feature_store.outcomes import OutcomeStore
-from serving.config import ProducerSettings, TopicNames
+from serving.config import KafkaSecurity, ProducerSettings, TopicNames
 from serving.kafka import DeadLetter, confirm_sent, dlq_headers, dlq_value, json_bytes, make_producer, now_us, \
     parse_json, wait_for_partitions
 
@@ -124,7 +124,8 @@ class LabelJoiner:
     """Reads decisions, shadow scores and labels of one bank into its outcome store, exactly once per id."""
 
     def __init__(self, bootstrap_servers: str, store: OutcomeStore, topics: TopicNames | None = None,
-                 producer: ProducerSettings | None = None, max_message_bytes: int = 1 << 20) -> None:
+                 producer: ProducerSettings | None = None, max_message_bytes: int = 1 << 20,
+                 security: KafkaSecurity | None = None) -> None:
         from kafka import KafkaConsumer, TopicPartition
 
         self.store = store
@@ -135,8 +136,9 @@ class LabelJoiner:
         # earliest: a stored position that fell out of retention must not jump to the end and skip records
         self._consumer = KafkaConsumer(bootstrap_servers=bootstrap_servers, enable_auto_commit=False,
                                        auto_offset_reset="earliest", max_poll_records=2000, fetch_max_wait_ms=50,
-                                       client_id="fedfraud-labels")
-        self._producer = make_producer(bootstrap_servers, producer or ProducerSettings(), client_id="fedfraud-labels")
+                                       client_id="fedfraud-labels", **(security or KafkaSecurity()).kafka_python())
+        self._producer = make_producer(bootstrap_servers, producer or ProducerSettings(), client_id="fedfraud-labels",
+                                       security=security)
         parts = [TopicPartition(topic, p) for topic in self._kind
                  for p in sorted(wait_for_partitions(self._consumer, topic))]
         self._consumer.assign(parts)

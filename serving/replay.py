@@ -22,7 +22,7 @@ from tqdm.auto import tqdm
 
 from fedfraud.errors import UserError
 from feature_store.schema import CANONICAL_COLUMNS
-from serving.config import ProducerSettings
+from serving.config import KafkaSecurity, ProducerSettings
 from serving.kafka import PRODUCED_HEADER, json_bytes, make_producer, now_us, wait_for_partitions
 
 if TYPE_CHECKING:
@@ -115,13 +115,15 @@ def replay(
     progress: bool = True,
     extra: Sequence[tuple[bytes | None, bytes]] = (),
     labels: LabelFeed | None = None,
+    security: KafkaSecurity | None = None,
 ) -> ReplayStats:
     """Produce ``frame`` in its order at ``rate`` messages/s (0: as fast as possible), then flush.
 
     ``extra`` are raw (key, value) messages sent first (e.g. a poison message in tests).
     ``labels`` also sends each labelled row's outcome to the labels topic, late (:class:`LabelFeed`).
     """
-    producer = make_producer(bootstrap_servers, producer_settings or ProducerSettings(), client_id="fedfraud-replay")
+    producer = make_producer(bootstrap_servers, producer_settings or ProducerSettings(), client_id="fedfraud-replay",
+                             security=security)
     records = _records(frame)
     keys = [k.encode() for k in featurizer.pseudonyms(frame["cardholder_id"].astype(str).tolist())]
     payloads = [json_bytes(r) for r in records]
@@ -183,11 +185,12 @@ class _LabelQueue:
         self.next = max(self.next, end)
 
 
-def topic_end_offsets(bootstrap_servers: str, topic: str) -> dict[int, int]:
+def topic_end_offsets(bootstrap_servers: str, topic: str, security: KafkaSecurity | None = None) -> dict[int, int]:
     """Current end offset of every partition (collect from here to see only new records)."""
     from kafka import KafkaConsumer, TopicPartition
 
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap_servers, enable_auto_commit=False)
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap_servers, enable_auto_commit=False,
+                             **(security or KafkaSecurity()).kafka_python())
     try:
         parts = wait_for_partitions(consumer, topic)
         ends = consumer.end_offsets([TopicPartition(topic, p) for p in parts])
@@ -203,6 +206,7 @@ def collect(
     start: dict[int, int] | None = None,
     timeout_s: float = 60.0,
     id_field: str | tuple[str, ...] = "transaction_id",
+    security: KafkaSecurity | None = None,
 ) -> list[dict[str, Any]]:
     """Read JSON records from ``topic`` (from ``start`` offsets, else the beginning) until ``expected``
     distinct ids (a count or the ids themselves) were seen or ``timeout_s`` passed. Duplicates are kept.
@@ -216,7 +220,7 @@ def collect(
     wanted = None if isinstance(expected, int) else set(expected)
     target = expected if isinstance(expected, int) else len(wanted or ())
     consumer = KafkaConsumer(bootstrap_servers=bootstrap_servers, enable_auto_commit=False, max_poll_records=2000,
-                             fetch_max_wait_ms=20)
+                             fetch_max_wait_ms=20, **(security or KafkaSecurity()).kafka_python())
     out: list[dict[str, Any]] = []
     seen: set[str] = set()
     try:
@@ -277,16 +281,18 @@ def replay_and_collect(
     extra: Sequence[tuple[bytes | None, bytes]] = (),
     progress: bool = False,
     labels: LabelFeed | None = None,
+    security: KafkaSecurity | None = None,
 ) -> ReplayResult:
     """Replay ``frame`` and wait until every transaction has a decision (and every ``extra`` a dead letter)."""
     from serving.config import TopicNames
 
     topics = topics or TopicNames()
-    dec_start = topic_end_offsets(bootstrap_servers, topics.decisions)
-    dlq_start = topic_end_offsets(bootstrap_servers, topics.dlq)
+    dec_start = topic_end_offsets(bootstrap_servers, topics.decisions, security)
+    dlq_start = topic_end_offsets(bootstrap_servers, topics.dlq, security)
     stats = replay(frame, bootstrap_servers, topics.transactions, featurizer, rate, progress=progress, extra=extra,
-                   labels=labels)
-    decisions = collect(bootstrap_servers, topics.decisions, stats.transaction_ids, dec_start, timeout_s)
+                   labels=labels, security=security)
+    decisions = collect(bootstrap_servers, topics.decisions, stats.transaction_ids, dec_start, timeout_s,
+                        security=security)
     dead = collect(bootstrap_servers, topics.dlq, len(extra), dlq_start, timeout_s=10 if extra else 0.5,
-                   id_field=("topic", "partition", "offset")) if extra else []
+                   id_field=("topic", "partition", "offset"), security=security) if extra else []
     return ReplayResult(stats, decisions, dead)

@@ -71,7 +71,8 @@ class ServingRuntime:
         from serving.replay import replay_and_collect
 
         return replay_and_collect(frame, self.bootstrap_servers, self.featurizer(), rate, timeout_s,
-                                  self.config.serving.topics, extra, progress, labels)
+                                  self.config.serving.topics, extra, progress, labels,
+                                  self.config.serving.kafka_security)
 
     def counters(self) -> dict[str, Any]:
         """Delivery counters of the gateway (consumed, decided, dead_lettered, inflight, models...)."""
@@ -166,6 +167,7 @@ def start(
     from ray import serve
 
     s = config.serving
+    s.kafka_security.librdkafka()  # a missing SASL password stops here, in one line, not in a replica
     bootstrap = bootstrap_servers or s.bootstrap_servers
     broker: EmbeddedBroker | None = None
     if bootstrap is None:

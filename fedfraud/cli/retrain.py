@@ -132,7 +132,7 @@ def join(
     kafka_reachable(bootstrap)
     with OutcomeStore(outcomes) as store:
         joiner = LabelJoiner(bootstrap, store, cfg.serving.topics, cfg.serving.producer,
-                             cfg.serving.guards.max_message_bytes)
+                             cfg.serving.guards.max_message_bytes, security=cfg.serving.kafka_security)
         try:
             stats = joiner.run(idle_s=idle_s)
         finally:

@@ -48,7 +48,7 @@ def stream_command(
     if labels_delay_days is not None:
         feed = LabelFeed(cfg.serving.topics.labels, labels_delay_days * 86_400.0, flush=not no_label_flush)
     stats = replay(frame, bootstrap, cfg.serving.topics.transactions, featurizer, rate, cfg.serving.producer,
-                   labels=feed)
+                   labels=feed, security=cfg.serving.kafka_security)
     labelled = f", {stats.labels_sent} labels to {feed.topic}" if feed is not None else ""
     typer.echo(f"sent {stats.sent} transactions in {stats.seconds:.1f}s ({stats.rate:.0f}/s) to {bootstrap}{labelled}")
 

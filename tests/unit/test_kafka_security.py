@@ -1,0 +1,81 @@
+"""Kafka security settings reach every client: librdkafka accepts them, kafka-python gets the same meaning.
+
+No broker with TLS or SASL runs here (the embedded Tansu broker is plaintext), so these tests check the
+client configuration itself: librdkafka validates properties and loads the TLS files when a client is
+made, so a producer and a consumer built from the settings prove the settings are well formed and used.
+"""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from fedfraud.errors import UserError
+from serving.config import ConsumerSettings, KafkaSecurity, ProducerSettings
+
+PASSWORD_ENV = "FEDFRAUD_TEST_KAFKA_PASSWORD"
+
+
+@pytest.fixture
+def tls(tmp_path):
+    from training.fraud.federated.hist import make_tls_files
+
+    return make_tls_files(tmp_path)
+
+
+def _sasl_ssl(tls) -> KafkaSecurity:
+    return KafkaSecurity(security_protocol="SASL_SSL", sasl_mechanism="SCRAM-SHA-512", sasl_username="bank-0",
+                         sasl_password_env=PASSWORD_ENV, ssl_cafile=str(tls.server_cert),
+                         ssl_certfile=str(tls.client_cert), ssl_keyfile=str(tls.client_key))
+
+
+def test_plaintext_is_the_default_and_says_so():
+    assert KafkaSecurity().librdkafka() == {"security.protocol": "plaintext"}
+    assert KafkaSecurity().kafka_python() == {"security_protocol": "PLAINTEXT"}
+
+
+def test_sasl_ssl_in_both_clients_vocabularies(tls, monkeypatch):
+    monkeypatch.setenv(PASSWORD_ENV, "s3cret")
+    sec = _sasl_ssl(tls)
+    assert sec.librdkafka() == {
+        "security.protocol": "sasl_ssl", "sasl.mechanism": "SCRAM-SHA-512", "sasl.username": "bank-0",
+        "sasl.password": "s3cret", "ssl.ca.location": str(tls.server_cert),
+        "ssl.certificate.location": str(tls.client_cert), "ssl.key.location": str(tls.client_key)}
+    assert sec.kafka_python() == {
+        "security_protocol": "SASL_SSL", "sasl_mechanism": "SCRAM-SHA-512", "sasl_plain_username": "bank-0",
+        "sasl_plain_password": "s3cret", "ssl_cafile": str(tls.server_cert), "ssl_certfile": str(tls.client_cert),
+        "ssl_keyfile": str(tls.client_key)}
+
+
+def test_the_password_comes_from_the_environment_or_the_command_stops(tls, monkeypatch):
+    monkeypatch.delenv(PASSWORD_ENV, raising=False)
+    with pytest.raises(UserError, match=PASSWORD_ENV):
+        _sasl_ssl(tls).librdkafka()
+    assert [f for f in KafkaSecurity.model_fields if "password" in f] == ["sasl_password_env"]  # names it only
+
+
+@pytest.mark.parametrize("bad", [
+    {"security_protocol": "SASL_SSL"},  # SASL without mechanism and user
+    {"security_protocol": "SSL", "sasl_mechanism": "PLAIN", "sasl_username": "u"},  # SASL settings on SSL
+    {"security_protocol": "SSL", "ssl_certfile": "c.pem"},  # a certificate without its key
+    {"security_protocol": "TLS"},  # not a Kafka protocol name
+])
+def test_inconsistent_settings_are_refused(bad):
+    with pytest.raises(ValidationError):
+        KafkaSecurity(**bad)
+
+
+def test_every_client_factory_hands_the_settings_to_librdkafka(tls, monkeypatch):
+    """The producer and the ingress consumer are built with SASL_SSL and mutual TLS; librdkafka loads the
+    certificate files when it builds a client, so a wrong CA path fails here, proving the settings arrive."""
+    from serving.kafka import make_consumer, make_producer
+
+    monkeypatch.setenv(PASSWORD_ENV, "s3cret")
+    sec = _sasl_ssl(tls)
+    producer = make_producer("127.0.0.1:1", ProducerSettings(), security=sec)
+    producer.close(timeout=0.1)
+    consumer = make_consumer("127.0.0.1:1", ConsumerSettings(), "transactions", security=sec)
+    consumer.close()
+    wrong = sec.model_copy(update={"ssl_cafile": str(tls.server_cert) + ".missing"})
+    with pytest.raises(Exception, match="ssl.ca.location|CA|No such file"):
+        make_producer("127.0.0.1:1", ProducerSettings(), security=wrong)
