@@ -178,14 +178,14 @@ class FraudModel:
     def predict_batch(self, X: np.ndarray, top_k: int = 3) -> list[FraudDecision]:
         """Score, decision and the ``top_k`` reasons of each row.
 
-        One tree walk: the contributions (SHAP values plus the bias column) sum
-        to the margin, and ``binary:logistic``'s score is its sigmoid, so the
-        score is not predicted a second time (``test_predict_reasons_are_shap_contributions``
-        checks it equals ``predict``).
+        The score comes from ``predict``, not from the sigmoid of the SHAP sum:
+        the two differ in the last float bits, and the drift monitor compares
+        live scores with :meth:`scores` on quantile bins whose edges sit on the
+        (discrete) score values, so a last-bit difference moved whole bins.
         """
-        full = np.asarray(self.booster.predict(self._dmatrix(X), pred_contribs=True), dtype=np.float64)
-        score = 1.0 / (1.0 + np.exp(-full.sum(axis=1)))
-        contribs = full[:, :-1]  # drop the bias column
+        dm = self._dmatrix(X)
+        score = np.asarray(self.booster.predict(dm), dtype=np.float64)
+        contribs = np.asarray(self.booster.predict(dm, pred_contribs=True))[:, :-1]  # drop the bias column
         values = np.asarray(X, dtype=np.float32).reshape(len(score), -1)[:, self._idx]
         out = []
         for i, s in enumerate(score.tolist()):
