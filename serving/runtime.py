@@ -50,6 +50,7 @@ class ServingRuntime:
     broker: EmbeddedBroker | None = None
     handle: Any = None
     _stopped: bool = field(default=False, repr=False)
+    _producer: Any = field(default=None, repr=False)  # the replay source's, long-lived like a card switch's
 
     @property
     def embedded(self) -> bool:
@@ -68,11 +69,15 @@ class ServingRuntime:
 
         See :func:`serving.replay.replay_and_collect`.
         """
+        from serving.kafka import make_producer
         from serving.replay import replay_and_collect
 
-        return replay_and_collect(frame, self.bootstrap_servers, self.featurizer(), rate, timeout_s,
-                                  self.config.serving.topics, extra, progress, labels,
-                                  self.config.serving.kafka_security)
+        s = self.config.serving
+        if self._producer is None:
+            self._producer = make_producer(self.bootstrap_servers, s.producer, client_id="fedfraud-replay",
+                                           security=s.kafka_security)
+        return replay_and_collect(frame, self.bootstrap_servers, self.featurizer(), rate, timeout_s, s.topics,
+                                  extra, progress, labels, s.kafka_security, self._producer)
 
     def counters(self) -> dict[str, Any]:
         """Delivery counters of the gateway (consumed, decided, dead_lettered, inflight, models...)."""
@@ -102,6 +107,8 @@ class ServingRuntime:
                 serve.delete(TOKENIZER_APP)
         except Exception:  # already gone (e.g. Ray was shut down under us)
             log.debug("serve.delete failed", exc_info=True)
+        if self._producer is not None:
+            self._producer.close(timeout=5)
         if self.broker is not None:
             self.broker.stop()
         log.info("serving stopped")
