@@ -221,3 +221,8 @@ class ServingConfig(_Section):
         "gc.freeze() after start-up and this threshold the scorer used ~30% less CPU per transaction",
     )
     http_port: int = Field(8000, ge=0, le=65535)
+    ray_host: str = Field(
+        "127.0.0.1", min_length=1,
+        description="address Ray's GCS, raylet and workers listen on when `fedfraud serve` starts Ray itself: "
+        "loopback keeps them off the network (one machine); a node address lets other nodes join, and then Ray "
+        "listens on every interface (docs/security.md). On Kubernetes KubeRay starts Ray, not this")

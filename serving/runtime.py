@@ -7,7 +7,7 @@
     rt.stop()
 
 :func:`start` prepares the Feast online store (render + apply, idempotent),
-initialises Ray if nobody did (2 CPUs, no dashboard), starts Serve's HTTP
+initialises Ray if nobody did (2 CPUs, no dashboard, bound to ``serving.ray_host``), starts Serve's HTTP
 proxy on ``cfg.serving.http_port`` and deploys :func:`serving.app.build_app`.
 """
 
@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from fedfraud.net import LOOPBACK, ray_bind
 from serving.app import APP_NAME, ScoringArgs, build_app
 from serving.broker import EmbeddedBroker
 
@@ -32,12 +33,16 @@ __all__ = ["ServingRuntime", "ensure_ray", "start"]
 log = logging.getLogger(__name__)
 
 
-def ensure_ray(num_cpus: int = 2) -> None:
-    """Initialise Ray unless it already is (tests share one instance; Flower's simulation may have shut it down)."""
+def ensure_ray(num_cpus: int = 2, host: str = LOOPBACK) -> None:
+    """Initialise Ray unless it already is (tests share one instance; Flower's simulation may have shut it down).
+
+    Its GCS, raylet and workers listen on ``host`` (``serving.ray_host``; loopback by default, see
+    :func:`fedfraud.net.ray_bind`), with no dashboard.
+    """
     import ray
 
     if not ray.is_initialized():
-        ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
+        ray.init(num_cpus=num_cpus, log_to_driver=False, logging_level=logging.WARNING, **ray_bind(host))
 
 
 @dataclass
@@ -179,8 +184,8 @@ def start(
             from feature_store.feast_store import apply_repo, open_store
 
             apply_repo(open_store(config.features))
-        ensure_ray(num_cpus)
-        serve.start(http_options={"host": "127.0.0.1", "port": s.http_port})
+        ensure_ray(num_cpus, s.ray_host)
+        serve.start(http_options={"host": LOOPBACK, "port": s.http_port})
         args = ScoringArgs(config=config.model_dump(mode="json"), bootstrap_servers=bootstrap, consume=consume,
                            **({"anomaly_loader": anomaly_loader} if anomaly_loader else {}))
         t0 = time.perf_counter()

@@ -118,6 +118,7 @@ def _service_throughput(tok: Any, cfg: TokenizerConfig, texts: list[str], second
     import ray
     from ray import serve
 
+    from fedfraud.net import ray_bind
     from serving.tokenizer_service import TokenizerServiceArgs, build_tokenizer_app
     from training.tokenizer.trainer import publish_tokenizer
 
@@ -132,7 +133,7 @@ def _service_throughput(tok: Any, cfg: TokenizerConfig, texts: list[str], second
     with tempfile.TemporaryDirectory() as root:
         publish_tokenizer(Path(root), tok, cfg, metrics={}, privacy={}, card="bench")
         port = free_port()
-        ray.init(num_cpus=2, include_dashboard=False, ignore_reinit_error=True, logging_level="ERROR")
+        ray.init(num_cpus=2, ignore_reinit_error=True, logging_level="ERROR", **ray_bind())
         try:
             serve.start(http_options={"host": "127.0.0.1", "port": port})
             serve.run(build_tokenizer_app(TokenizerServiceArgs(registry_root=root)), name="tokenizer-bench",

@@ -126,6 +126,7 @@ def evaluate(
 
 @tokenizer_app.command("serve")
 def serve_cmd(
+    ctx: typer.Context,
     registry: RegistryOption = Path("out/registry"),
     port: Annotated[int, typer.Option("--port")] = 8000,
     host: Annotated[str, typer.Option("--host")] = "127.0.0.1",
@@ -137,10 +138,11 @@ def serve_cmd(
     import ray
     from ray import serve
 
+    from fedfraud.net import ray_bind
     from serving.tokenizer_service import TokenizerServiceArgs, build_tokenizer_app
 
     app = build_tokenizer_app(TokenizerServiceArgs(registry_root=str(registry), version=version))
-    ray.init(include_dashboard=False, ignore_reinit_error=True)
+    ray.init(ignore_reinit_error=True, **ray_bind(config_of(ctx).serving.ray_host))
     serve.start(http_options={"host": host, "port": port})
     serve.run(app, name="tokenizer", route_prefix="/")
     typer.echo(f"tokenizer service on http://{host}:{port} (Ctrl-C to stop)")

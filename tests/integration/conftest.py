@@ -15,7 +15,7 @@ def free_port() -> int:
 
 @pytest.fixture(scope="session")
 def ray_session():
-    """One Ray for the whole session (2 CPUs, no dashboard).
+    """One Ray for the whole session (2 CPUs, no dashboard, listening on loopback only).
 
     ``flwr.simulation.run_simulation`` may shut Ray down when it finishes, so
     tests that need Ray call ``ensure()`` (the fixture value) again instead of
@@ -25,7 +25,7 @@ def ray_session():
 
     def ensure() -> None:
         if not ray.is_initialized():
-            ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+            ray.init(num_cpus=2, log_to_driver=False, **net.ray_bind())
 
     ensure()
     yield ensure

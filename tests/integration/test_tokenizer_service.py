@@ -27,12 +27,13 @@ def service(tmp_path_factory):
     import ray
     from ray import serve
 
+    from fedfraud.net import ray_bind
     from serving.tokenizer_service import TokenizerServiceArgs, build_tokenizer_app
 
     root = tmp_path_factory.mktemp("registry")
     _publish(root, MERGES_V1)
     port = free_port()
-    ray.init(num_cpus=2, include_dashboard=False, ignore_reinit_error=True)
+    ray.init(num_cpus=2, ignore_reinit_error=True, **ray_bind())
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     serve.run(build_tokenizer_app(TokenizerServiceArgs(registry_root=str(root), poll_seconds=0.3)),
               name="tokenizer", route_prefix="/")
