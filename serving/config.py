@@ -13,7 +13,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from fedfraud.errors import UserError
 
-__all__ = ["ConsumerSettings", "GuardSettings", "KafkaSecurity", "ProducerSettings", "ServingConfig", "TopicNames"]
+__all__ = ["AuthSettings", "ConsumerSettings", "GuardSettings", "KafkaSecurity", "ProducerSettings", "ServingConfig",
+           "TopicNames"]
 
 
 class _Section(BaseModel):
@@ -180,6 +181,24 @@ class KafkaSecurity(_Section):
         return out
 
 
+class AuthSettings(_Section):
+    """Bearer-token authentication of ``/score``, ``/tokenize``, ``/detokenize`` and ``/metrics`` (issue 17).
+
+    The token is read by each replica when it starts: from ``token_file`` when
+    one is named (a mounted Kubernetes Secret, so rotating it is a rollout, not
+    a config change), else from ``$FEDFRAUD_API_TOKEN``. It is never in the
+    config, and never in the Serve deployment's arguments, which Ray keeps in
+    its control store and shows on its dashboard. ``/healthz`` and ``/readyz``
+    stay open for the kubelet and the load balancer.
+    """
+
+    token_file: str | None = Field(
+        None, description="file holding the API token (a mounted Secret); None: $FEDFRAUD_API_TOKEN")
+    disabled: bool = Field(
+        False, description="local development only: no authentication at all (`fedfraud serve --insecure-no-auth`); "
+        "every replica logs a warning")
+
+
 class ServingConfig(_Section):
     """Streaming scoring: Kafka, micro-batching, Ray Serve and hot-swap knobs."""
 
@@ -187,6 +206,7 @@ class ServingConfig(_Section):
         None, description="Kafka bootstrap servers; None starts the embedded Tansu broker"
     )
     topics: TopicNames = Field(default_factory=TopicNames)
+    auth: AuthSettings = Field(default_factory=AuthSettings)
     kafka_security: KafkaSecurity = Field(default_factory=KafkaSecurity)
     guards: GuardSettings = Field(default_factory=GuardSettings)
     partitions: int = Field(4, ge=1, description="partitions of the topics the embedded broker creates")

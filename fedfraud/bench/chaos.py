@@ -187,6 +187,7 @@ def run_chaos_bench(n_per_fault: int = 600, rate: float = 150.0, outage_s: float
 
     from fedfraud.bench.serving import COLUMNS, publish_bench_models
     from fedfraud.config import FedfraudConfig
+    from serving.auth import per_run_token
     from serving.broker import EmbeddedBroker, free_port
     from serving.runtime import start
     from training.data.config import GeneratorConfig
@@ -210,6 +211,7 @@ def run_chaos_bench(n_per_fault: int = 600, rate: float = 150.0, outage_s: float
                             advertised_port=broker_proxy.port)
     serving = s.model_copy(update={
         "registry_root": str(reg.root), "bootstrap_servers": None, "http_port": free_port(),
+        "auth": per_run_token(s.auth, tmp),
         "fraud_state_path": f"redis://{redis_proxy.address}/{CHAOS_REDIS_DB}",
         "guards": s.guards.model_copy(update={"max_message_bytes": 256 << 10,
                                               "stall_s": min(s.guards.stall_s, outage_s / 2),
