@@ -230,8 +230,13 @@ class ServingConfig(_Section):
     fraud_state_path: str = Field(
         "data/fraud_state.db",
         description="SQLite file (relative to the feature repo) for the fraud-feature state and recent decisions; "
-        "redis:// URL for production",
+        "redis:// (rediss:// for TLS) URL for production, without credentials",
     )
+    fraud_state_password_env: str = Field(
+        "FEDFRAUD_REDIS_PASSWORD", min_length=1,
+        description="environment variable holding the password of the fraud_state_path Redis (unset: no AUTH)")
+    fraud_state_ca_file: str | None = Field(
+        None, description="CA bundle that signed the fraud_state_path Redis's certificate (rediss:// only)")
     decision_ring: int = Field(16, ge=1, description="recent decisions kept per cardholder to re-emit on redelivery")
     gc_threshold: int = Field(
         50_000,
@@ -246,3 +251,13 @@ class ServingConfig(_Section):
         description="address Ray's GCS, raylet and workers listen on when `fedfraud serve` starts Ray itself: "
         "loopback keeps them off the network (one machine); a node address lets other nodes join, and then Ray "
         "listens on every interface (docs/security.md). On Kubernetes KubeRay starts Ray, not this")
+
+    @model_validator(mode="after")
+    def _no_credentials_in_urls(self) -> ServingConfig:
+        from urllib.parse import urlsplit
+
+        url = self.fraud_state_path
+        if url.startswith(("redis://", "rediss://")) and "@" in urlsplit(url).netloc:
+            raise ValueError(f"no credentials in fraud_state_path: the password is read from "
+                             f"${self.fraud_state_password_env}")
+        return self

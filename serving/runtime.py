@@ -6,8 +6,8 @@
     result = rt.replay(frame, rate=500)   # → ReplayResult: decisions + latencies
     rt.stop()
 
-:func:`start` checks the API token first (one line, before anything
-starts), prepares the Feast online store
+:func:`start` checks the API token and the state stores' credentials first
+(one line each, before anything starts), prepares the Feast online store
 (render + apply, idempotent), initialises Ray if nobody did (2 CPUs, no
 dashboard, bound to ``serving.ray_host``), starts Serve's HTTP proxy on
 ``cfg.serving.http_port`` and deploys :func:`serving.app.build_app`.
@@ -186,6 +186,10 @@ def start(
     s = config.serving
     token = api_token(s.auth)  # no API token (and no --insecure-no-auth): one line, before anything starts
     s.kafka_security.librdkafka()  # a missing SASL password stops here, in one line, not in a replica
+    if s.fraud_state_path.startswith(("redis://", "rediss://")):  # ... and a refused Redis password too
+        from serving.kvstore import open_kv
+
+        open_kv(s.fraud_state_path, None, s.fraud_state_password_env, s.fraud_state_ca_file).close()
     bootstrap = bootstrap_servers or s.bootstrap_servers
     broker: EmbeddedBroker | None = None
     if bootstrap is None:

@@ -286,13 +286,14 @@ def _http_sequential(url: str, rows: Any, headers: dict[str, str]) -> dict[str, 
 
 
 def _bench_redis(serving: Any, features: Any) -> tuple[Any, Any]:
-    """Feast and serving's state on the bench's own Redis database, emptied first."""
-    import redis
-
-    host_port = features.redis.connection_string.split(",")[0]
-    host, _, port = host_port.partition(":")
-    redis.Redis(host=host, port=int(port or 6379), db=BENCH_REDIS_DB).flushdb()
-    profile = features.redis.model_copy(update={"connection_string": f"{host_port},db={BENCH_REDIS_DB}"})
+    """Feast and serving's state on the bench's own Redis database, emptied first (the profile's password/TLS)."""
+    redis_cfg = features.redis
+    redis_cfg.client(db=BENCH_REDIS_DB).flushdb()
+    host, port = redis_cfg.address()
+    profile = redis_cfg.model_copy(update={"connection_string": f"{host}:{port},db={BENCH_REDIS_DB}"})
     features = features.model_copy(update={"redis": profile})
-    serving = serving.model_copy(update={"fraud_state_path": f"redis://{host_port}/{BENCH_REDIS_DB}"})
+    scheme = "rediss" if redis_cfg.ssl else "redis"
+    serving = serving.model_copy(update={"fraud_state_path": f"{scheme}://{host}:{port}/{BENCH_REDIS_DB}",
+                                         "fraud_state_password_env": redis_cfg.password_env,
+                                         "fraud_state_ca_file": redis_cfg.ssl_ca_certs})
     return serving, features
