@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
 import shutil
 from datetime import datetime, timedelta, UTC
 from pathlib import Path
@@ -21,7 +22,7 @@ import pyarrow.parquet as pq
 import yaml
 
 from fedfraud.errors import UserError
-from feature_store.store_config import FeatureStoreConfig
+from feature_store.store_config import FeatureStoreConfig, RedisProfile
 
 if TYPE_CHECKING:
     from feast import FeatureStore
@@ -66,10 +67,15 @@ def repo_yaml(cfg: FeatureStoreConfig, profile: str | None = None) -> dict[str, 
 
 
 def build_repo_config(cfg: FeatureStoreConfig, repo_dir: Path, profile: str | None = None) -> RepoConfig:
-    """A validated Feast ``RepoConfig`` for ``profile`` rooted at ``repo_dir`` (for ``FeatureStore(config=)``)."""
+    """A validated Feast ``RepoConfig`` for ``profile`` rooted at ``repo_dir`` (for ``FeatureStore(config=)``).
+
+    ``${VAR}`` references (the Redis password) are expanded in memory, as Feast
+    does when it loads ``feature_store.yaml``.
+    """
     from feast.repo_config import RepoConfig
 
-    return RepoConfig(**repo_yaml(cfg, profile), repo_path=Path(repo_dir).resolve())
+    mapping = yaml.safe_load(os.path.expandvars(yaml.safe_dump(repo_yaml(cfg, profile))))
+    return RepoConfig(**mapping, repo_path=Path(repo_dir).resolve())
 
 
 def render_repo(cfg: FeatureStoreConfig, repo_dir: Path | None = None, profile: str | None = None) -> Path:
@@ -94,7 +100,20 @@ def open_store(cfg: FeatureStoreConfig, repo_dir: Path | None = None, profile: s
     from feast import FeatureStore
 
     target = render_repo(cfg, repo_dir, profile)
-    return FeatureStore(repo_path=str(target.resolve()))
+    store = FeatureStore(repo_path=str(target.resolve()))
+    chosen = cfg.online_profile(profile)
+    if isinstance(chosen, RedisProfile):
+        _check_redis_store(store.config, chosen)
+    return store
+
+
+def _check_redis_store(config: RepoConfig, profile: RedisProfile) -> None:
+    """Ping through a client built exactly as Feast builds it: a refused password fails here, in one line."""
+    from feast.infra.online_stores.redis import RedisOnlineStore
+
+    from feature_store.redis_check import check_redis
+
+    check_redis(lambda: RedisOnlineStore()._get_client(config.online_store), profile.where(), profile.password_env)
 
 
 def feast_objects() -> list[Any]:

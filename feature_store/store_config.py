@@ -9,10 +9,11 @@ one class plus one entry in :data:`PROFILES`.
 
 from __future__ import annotations
 
+import os
 from abc import ABC, abstractmethod
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from fedfraud.errors import UserError
 
@@ -53,12 +54,30 @@ class SqliteProfile(OnlineProfile):
 
 
 class RedisProfile(OnlineProfile):
-    """Redis online store (Feast's ``redis`` type); optionally a SQL (PostgreSQL) registry."""
+    """Redis online store (Feast's ``redis`` type); optionally a SQL (PostgreSQL) registry.
+
+    The password is never in this section nor in the rendered ``feature_store.yaml``:
+    the file says ``password=${FEDFRAUD_REDIS_PASSWORD}`` and Feast substitutes the
+    variable when it loads the file (its loader expands environment variables), so
+    the plain ``feast`` CLI works in the folder with the variable set.
+    """
 
     type: Literal["redis"] = "redis"
+    redis_type: Literal["redis", "redis_cluster", "redis_sentinel"] = Field(
+        "redis", description="one server; a cluster (list several host:port); or Sentinel (list the sentinels, "
+        "name the master in sentinel_master). Cluster and Sentinel use Feast's own reads and writes")
     connection_string: str = Field(
-        "127.0.0.1:6379,db=0", description="Feast format host:port[,db=N][,password=...][,ssl=true]"
+        "127.0.0.1:6379,db=0",
+        description="Feast format host:port[,host:port...][,db=N][,redis-py option=value...]; no password= or ssl= "
+        "here: see password_env and ssl",
     )
+    sentinel_master: str = Field("mymaster", description="the Sentinel master's name (redis_sentinel only)")
+    password_env: str = Field(
+        "FEDFRAUD_REDIS_PASSWORD", min_length=1, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+        description="environment variable holding the Redis password (AUTH); unset or empty: no AUTH",
+    )
+    ssl: bool = Field(False, description="TLS to Redis (Redis's tls-port)")
+    ssl_ca_certs: str | None = Field(None, description="CA bundle that signed the Redis server's certificate (ssl)")
     key_ttl_seconds: int | None = Field(None, ge=1, description="expire a cardholder's keys after this long")
     skip_dedup: bool = Field(
         True,
@@ -74,15 +93,62 @@ class RedisProfile(OnlineProfile):
         "default: a registry file in the repo's data/ folder",
     )
 
+    @field_validator("connection_string")
+    @classmethod
+    def _no_secret_inline(cls, value: str) -> str:
+        keys = {part.split("=", 1)[0].strip().lower() for part in value.split(",") if "=" in part}
+        if "password" in keys:
+            raise ValueError("no password= in connection_string: put the password in the environment variable "
+                             "named by password_env (default FEDFRAUD_REDIS_PASSWORD)")
+        if keys & {"ssl", "ssl_ca_certs"}:
+            raise ValueError("no ssl= or ssl_ca_certs= in connection_string: use the ssl and ssl_ca_certs settings")
+        return value
+
+    def password(self) -> str | None:
+        """The Redis password from ``$password_env`` (None when unset or empty: no AUTH)."""
+        return os.environ.get(self.password_env) or None
+
+    def where(self) -> str:
+        """The servers and db for messages (no secret is ever in ``connection_string``)."""
+        return f"{self.connection_string} ({self.redis_type}{', TLS' if self.ssl else ''})"
+
     def online_store(self) -> dict[str, Any]:
+        """The ``online_store:`` mapping; the password as a ``${VAR}`` reference Feast expands when it loads it."""
+        connection = self.connection_string
+        if self.password() is not None:
+            connection += f",password=${{{self.password_env}}}"
+        if self.ssl:
+            connection += ",ssl=true" + (f",ssl_ca_certs={self.ssl_ca_certs}" if self.ssl_ca_certs else "")
         out: dict[str, Any] = {
             "type": "redis",
-            "connection_string": self.connection_string,
+            "redis_type": self.redis_type,
+            "connection_string": connection,
             "skip_dedup": self.skip_dedup,
         }
+        if self.redis_type == "redis_sentinel":
+            out["sentinel_master"] = self.sentinel_master
         if self.key_ttl_seconds is not None:
             out["key_ttl_seconds"] = self.key_ttl_seconds
         return out
+
+    def address(self) -> tuple[str, int]:
+        """Host and port of the first server in ``connection_string``."""
+        node = next(p.strip() for p in self.connection_string.split(",") if "=" not in p)
+        host, sep, port = node.rpartition(":")
+        return (host, int(port)) if sep else (node, 6379)
+
+    def client(self, db: int | None = None) -> Any:
+        """A redis-py client of the server with this profile's credentials (``db`` overrides the string's), for
+        tools that flush or probe a database; ``redis_type: redis`` only.
+        """
+        import redis
+
+        if self.redis_type != "redis":
+            raise UserError(f"a direct client needs redis_type: redis, not {self.redis_type}")
+        options = dict(p.split("=", 1) for p in self.connection_string.split(",") if "=" in p)
+        host, port = self.address()
+        return redis.Redis(host=host, port=port, db=int(options.get("db", 0)) if db is None else db,
+                           password=self.password(), ssl=self.ssl, ssl_ca_certs=self.ssl_ca_certs)
 
     def registry(self) -> str | dict[str, Any]:
         if self.registry_path is None:

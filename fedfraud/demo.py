@@ -345,7 +345,7 @@ def _stage_stream(cfg: FedfraudConfig, args: DemoArgs, ctx: dict[str, Any]) -> S
     try:
         # 1. the champion serves; labels flow back a (replayed) day late
         part_a = runtime.replay(first, rate=args.stream_rate, timeout_s=300.0, extra=poison, labels=feed)
-        loop["drift_after_champion"] = _drift(runtime.url)
+        loop["drift_after_champion"] = _drift(runtime.url, runtime.headers)
         # 2. the cron schedule starts a federated retrain cycle (a child process); it registers the challenger
         scheduler.start()
         loop["cron"] = args.retrain_cron
@@ -357,22 +357,24 @@ def _stage_stream(cfg: FedfraudConfig, args: DemoArgs, ctx: dict[str, Any]) -> S
         if "error" in loop["cycle"]:
             raise RuntimeError(f"the scheduled retrain cycle failed: {loop['cycle']['error']}")
         challenger = loop["cycle"]["fraud"]
-        _wait_for(lambda: f'challenger="{challenger}"' in _metrics(runtime.url), 60, "serving to shadow the challenger")
+        _wait_for(lambda: f'challenger="{challenger}"' in _metrics(runtime.url, runtime.headers), 60,
+                  "serving to shadow the challenger")
         # 3. the challenger shadows the second half; its labels all come back
         part_b = runtime.replay(second, rate=args.stream_rate, timeout_s=300.0,
                                 labels=LabelFeed(feed.topic, feed.delay_s, flush=True))
         counters = runtime.wait_idle()
         expected = int(live["is_fraud"].notna().sum()) - _not_yet_due(first, feed.delay_s)
         _wait_for(lambda: store.count("labels") >= expected, 120, "the labels to be joined")
-        loop["shadow_scored"] = _metric_value(_metrics(runtime.url), "fedfraud_shadow_scored_total")
-        loop["drift_after_loop"] = _drift(runtime.url)
+        loop["shadow_scored"] = _metric_value(_metrics(runtime.url, runtime.headers), "fedfraud_shadow_scored_total")
+        loop["drift_after_loop"] = _drift(runtime.url, runtime.headers)
         # 4. the promotion policy on the labelled transactions both models scored
         decision = decide_promotion(ctx["registry"], outcomes, update_section(
             cfg, "retrain", min_frauds=args.policy_min_frauds).retrain, actor="demo")
         loop["policy"] = {"action": decision.action, "reason": decision.reason}
         if decision.action == "promote":
             champion = decision.challenger
-            _wait_for(lambda: f'tag="{champion}"' in _metrics(runtime.url), 60, "the promoted model to serve")
+            _wait_for(lambda: f'tag="{champion}"' in _metrics(runtime.url, runtime.headers), 60,
+                      "the promoted model to serve")
     finally:
         stop.set()
         joining.join(timeout=30)
@@ -438,10 +440,12 @@ def _not_yet_due(frame: pd.DataFrame, delay_s: float) -> int:
     return int((known["timestamp"] + pd.Timedelta(seconds=delay_s) > last).sum())
 
 
-def _metrics(url: str) -> str:
+def _metrics(url: str, headers: dict[str, str]) -> str:
     import httpx
 
-    return httpx.get(f"{url}/metrics", timeout=30).text
+    response = httpx.get(f"{url}/metrics", headers=headers, timeout=30)
+    response.raise_for_status()
+    return response.text
 
 
 def _metric_value(text: str, name: str) -> float:
@@ -450,11 +454,11 @@ def _metric_value(text: str, name: str) -> float:
     return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples if s.name == name)
 
 
-def _drift(url: str) -> dict[str, Any]:
+def _drift(url: str, headers: dict[str, str]) -> dict[str, Any]:
     """The drift gauges of the serving replica: the largest PSI, the window, and the three largest inputs."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    psi = {s.labels["feature"]: s.value for f in text_string_to_metric_families(_metrics(url))
+    psi = {s.labels["feature"]: s.value for f in text_string_to_metric_families(_metrics(url, headers))
            for s in f.samples if s.name == "fedfraud_drift_psi"}
     top = sorted(psi.items(), key=lambda kv: -kv[1])[:3]
     return {"features": len(psi), "max_psi": round(top[0][1], 3) if top else None,
@@ -488,11 +492,16 @@ def run_demo(cfg: FedfraudConfig, args: DemoArgs, progress: Callable[[str], None
     from fedfraud.report import write_html_report
 
     from fedfraud.config import update_section
+    from serving.auth import per_run_token
 
     args.out.mkdir(parents=True, exist_ok=True)
     registry = args.out / "registry"
     cfg = update_section(cfg, "features", repo_dir=str(args.out / "feature_repo"))
-    cfg = update_section(cfg, "serving", registry_root=str(registry))
+    auth = per_run_token(cfg.serving.auth, args.out)  # no token configured: a random one for this run
+    cfg = update_section(cfg, "serving", registry_root=str(registry), auth=auth)
+    if progress and auth.token_file:
+        progress(f"API token (/score, /metrics, /tokenizer/*): in {auth.token_file}; send it as "
+                 f"'Authorization: Bearer <token>'")
     report = DemoReport(out=args.out)
     ctx: dict[str, Any] = {"registry": registry}
     for stage in STAGES:

@@ -1,14 +1,47 @@
-"""Loopback networking helpers shared by every layer (embedded broker, federated XGBoost, tests)."""
+"""Loopback networking helpers shared by every layer (embedded broker, federated XGBoost, Ray, tests)."""
 
 from __future__ import annotations
 
+import os
 import socket
+import sys
+from typing import Any
 
-__all__ = ["free_port"]
+__all__ = ["LOOPBACK", "free_port", "ray_bind"]
+
+#: The address every locally started server binds to unless the config names another.
+LOOPBACK = "127.0.0.1"
+
+#: Ray's switch between "local Ray only" (0) and "nodes may join" (1); read when ``ray`` is imported.
+_RAY_CLUSTER_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 
 
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that was free a moment ago (the OS picks it)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
+        sock.bind((LOOPBACK, 0))
         return int(sock.getsockname()[1])
+
+
+def ray_bind(host: str = LOOPBACK) -> dict[str, Any]:
+    """Make the next local ``ray.init`` bind Ray's servers to ``host``; returns the ``ray.init`` arguments for it.
+
+    Why this is more than ``_node_ip_address``: Ray's GCS, raylet, object
+    manager and worker gRPC servers listen on loopback only when the node's
+    address is exactly ``127.0.0.1``, but ``ray.init`` rewrites a loopback
+    address to the machine's outward address (so other nodes could join) unless
+    Ray runs in "local only" mode, which ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``
+    selects (Ray's own switch; it is read when ``ray`` is imported, so the
+    already-imported value is set too). The variable is exported so the raylet,
+    its workers and child processes (a retrain cycle) agree. With any other
+    ``host`` (a node address, for a multi-node cluster) Ray 2.55 listens on all
+    interfaces and advertises ``host``: restrict those with a firewall or a
+    NetworkPolicy (docs/security.md). ``tests/integration/test_ray_binding.py``
+    checks the sockets, so a Ray upgrade that changes this fails a test.
+    """
+    local_only = host in (LOOPBACK, "localhost")
+    os.environ[_RAY_CLUSTER_ENV] = "0" if local_only else "1"
+    constants = sys.modules.get("ray._private.ray_constants")
+    if constants is not None:
+        constants.ENABLE_RAY_CLUSTER = not local_only
+    return {"_node_ip_address": LOOPBACK if local_only else host, "include_dashboard": False}

@@ -4,7 +4,7 @@ Built by :func:`build_app` from typed :class:`ScoringArgs` (STYLE §7), which
 ``infra/serve_config.yaml`` references by ``import_path`` so ``serve run`` /
 ``serve deploy`` work too::
 
-    StreamScorer replica (FastAPI: /score /healthz /readyz /metrics)
+    StreamScorer replica (FastAPI: /score /healthz /readyz /metrics; bearer token on /score and /metrics)
       ├── StreamConsumer thread  (serving.consumer: one member of the Kafka consumer group)
       └── HotPath                (serving.hotpath: anomaly + fraud stages in this process, no actor hops)
 
@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from ray import serve
 from ray.serve import Application
 
+from serving.auth import BearerAuth, api_token, require_bearer
 from serving.kafka import decode_messages, json_bytes, now_us
 from serving.metrics import CONTENT_TYPE, DurableCounters, MetricsBoard, PipelineMetrics
 
@@ -149,6 +150,7 @@ class StreamScorer:
 
         self.args = ScoringArgs.model_validate(args)
         cfg = _config(self.args)
+        self.bearer = BearerAuth.from_settings(cfg.serving.auth)  # before anything else: no token, no replica
         self.serving = cfg.serving
         self.guards = cfg.serving.guards
         self.metrics = PipelineMetrics()
@@ -192,15 +194,17 @@ class StreamScorer:
             self.hot.close()
 
     # ------------------------------------------------------------------ HTTP
-    @api.post("/score")
+    @api.post("/score", dependencies=[Depends(require_bearer)])
     async def score(self, body: bytes = Depends(_capped_body)) -> Response:
         """One transaction (JSON object) or a batch (JSON array) → decision records, synchronously.
 
-        Bad input never yields a 500: a body over ``http_max_body_bytes`` or a
-        batch over ``http_max_batch`` is 413; a body that is not JSON (or uses
-        NaN/Infinity) is 422; a single transaction that fails validation is 422
-        with its reason; in a batch, rejected items are listed with their index
-        and reason next to the decisions of the others.
+        Needs ``Authorization: Bearer <token>`` (401 without, 403 with a wrong
+        one; checked before the body is read). Bad input never yields a 500: a
+        body over ``http_max_body_bytes`` or a batch over ``http_max_batch`` is
+        413; a body that is not JSON (or uses NaN/Infinity) is 422; a single
+        transaction that fails validation is 422 with its reason; in a batch,
+        rejected items are listed with their index and reason next to the
+        decisions of the others.
         """
         from serving.kafka import parse_json
 
@@ -263,9 +267,9 @@ class StreamScorer:
             problems.append("consumer has not joined its group yet (no partitions to read)")
         return _json({"status": "not ready" if problems else "ready", "problems": problems}, 503 if problems else 200)
 
-    @api.get("/metrics")
+    @api.get("/metrics", dependencies=[Depends(require_bearer)])
     async def metrics_text(self) -> Response:
-        """Prometheus text format."""
+        """Prometheus text format; behind the bearer token (model tags, drift and volumes are not public)."""
         return Response(await asyncio.to_thread(self.board.render), media_type=CONTENT_TYPE)
 
     def snapshot(self) -> dict[str, Any]:
@@ -300,4 +304,5 @@ def build_app(args: ScoringArgs | dict[str, Any]) -> Application:
     registry = ModelRegistry(s.registry_root)
     registry.get("anomaly", s.anomaly_version)  # fail fast, one line, if nothing is registered
     registry.get("fraud", s.fraud_version)
+    api_token(s.auth)  # ... and if no API token is configured (each replica reads it again, where it runs)
     return StreamScorer.options(num_replicas=s.scorer_replicas).bind(args.model_dump())

@@ -13,7 +13,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from fedfraud.errors import UserError
 
-__all__ = ["ConsumerSettings", "GuardSettings", "KafkaSecurity", "ProducerSettings", "ServingConfig", "TopicNames"]
+__all__ = ["AuthSettings", "ConsumerSettings", "GuardSettings", "KafkaSecurity", "ProducerSettings", "ServingConfig",
+           "TopicNames"]
 
 
 class _Section(BaseModel):
@@ -180,6 +181,24 @@ class KafkaSecurity(_Section):
         return out
 
 
+class AuthSettings(_Section):
+    """Bearer-token authentication of ``/score``, ``/tokenize``, ``/detokenize`` and ``/metrics`` (issue 17).
+
+    The token is read by each replica when it starts: from ``token_file`` when
+    one is named (a mounted Kubernetes Secret, so rotating it is a rollout, not
+    a config change), else from ``$FEDFRAUD_API_TOKEN``. It is never in the
+    config, and never in the Serve deployment's arguments, which Ray keeps in
+    its control store and shows on its dashboard. ``/healthz`` and ``/readyz``
+    stay open for the kubelet and the load balancer.
+    """
+
+    token_file: str | None = Field(
+        None, description="file holding the API token (a mounted Secret); None: $FEDFRAUD_API_TOKEN")
+    disabled: bool = Field(
+        False, description="local development only: no authentication at all (`fedfraud serve --insecure-no-auth`); "
+        "every replica logs a warning")
+
+
 class ServingConfig(_Section):
     """Streaming scoring: Kafka, micro-batching, Ray Serve and hot-swap knobs."""
 
@@ -187,6 +206,7 @@ class ServingConfig(_Section):
         None, description="Kafka bootstrap servers; None starts the embedded Tansu broker"
     )
     topics: TopicNames = Field(default_factory=TopicNames)
+    auth: AuthSettings = Field(default_factory=AuthSettings)
     kafka_security: KafkaSecurity = Field(default_factory=KafkaSecurity)
     guards: GuardSettings = Field(default_factory=GuardSettings)
     partitions: int = Field(4, ge=1, description="partitions of the topics the embedded broker creates")
@@ -210,8 +230,13 @@ class ServingConfig(_Section):
     fraud_state_path: str = Field(
         "data/fraud_state.db",
         description="SQLite file (relative to the feature repo) for the fraud-feature state and recent decisions; "
-        "redis:// URL for production",
+        "redis:// (rediss:// for TLS) URL for production, without credentials",
     )
+    fraud_state_password_env: str = Field(
+        "FEDFRAUD_REDIS_PASSWORD", min_length=1,
+        description="environment variable holding the password of the fraud_state_path Redis (unset: no AUTH)")
+    fraud_state_ca_file: str | None = Field(
+        None, description="CA bundle that signed the fraud_state_path Redis's certificate (rediss:// only)")
     decision_ring: int = Field(16, ge=1, description="recent decisions kept per cardholder to re-emit on redelivery")
     gc_threshold: int = Field(
         50_000,
@@ -221,3 +246,18 @@ class ServingConfig(_Section):
         "gc.freeze() after start-up and this threshold the scorer used ~30% less CPU per transaction",
     )
     http_port: int = Field(8000, ge=0, le=65535)
+    ray_host: str = Field(
+        "127.0.0.1", min_length=1,
+        description="address Ray's GCS, raylet and workers listen on when `fedfraud serve` starts Ray itself: "
+        "loopback keeps them off the network (one machine); a node address lets other nodes join, and then Ray "
+        "listens on every interface (docs/security.md). On Kubernetes KubeRay starts Ray, not this")
+
+    @model_validator(mode="after")
+    def _no_credentials_in_urls(self) -> ServingConfig:
+        from urllib.parse import urlsplit
+
+        url = self.fraud_state_path
+        if url.startswith(("redis://", "rediss://")) and "@" in urlsplit(url).netloc:
+            raise ValueError(f"no credentials in fraud_state_path: the password is read from "
+                             f"${self.fraud_state_password_env}")
+        return self

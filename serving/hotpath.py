@@ -47,7 +47,8 @@ class HotPath:
         self._load_anomaly = lambda v: loader(self.registry, v)
         self._load_fraud = lambda v: load_fraud_model(self.registry, v)
         self.clock = StageClock()
-        kv = open_kv(s.fraud_state_path, Path(cfg.features.repo_dir))
+        kv = open_kv(s.fraud_state_path, Path(cfg.features.repo_dir), s.fraud_state_password_env,
+                     s.fraud_state_ca_file)
         client = OnlineStateClient.open(cfg.features, cfg.egograph)
         featurizer = PrivateFeaturizer.for_bank(cfg.encoder, cfg.privacy, s.bank_id)
         self.anomaly = AnomalyStage(client, featurizer, kv, self._load_anomaly(s.anomaly_version), s.bank_id,

@@ -16,13 +16,20 @@ interface with two backends (``sqlite`` path or ``redis://`` URL, STYLE §6):
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from pathlib import Path
+from urllib.parse import urlsplit
 
-__all__ = ["KVStore", "RedisKV", "SqliteKV", "open_kv"]
+from fedfraud.errors import UserError
+
+__all__ = ["REDIS_PASSWORD_ENV", "KVStore", "RedisKV", "SqliteKV", "open_kv"]
+
+#: Default environment variable of the Redis password (the same server as Feast's online store, db 1).
+REDIS_PASSWORD_ENV = "FEDFRAUD_REDIS_PASSWORD"
 
 TABLES = ("scores", "fraud", "counters", "metrics")
 
@@ -103,14 +110,28 @@ class SqliteKV(KVStore):
 
 
 class RedisKV(KVStore):
-    """Redis (production): one pipelined MGET / MSET per batch, keys ``fedfraud:<table>:<key>``."""
+    """Redis (production): one pipelined MGET / MSET per batch, keys ``fedfraud:<table>:<key>``.
 
-    def __init__(self, url: str, prefix: str = "fedfraud") -> None:
+    ``redis://host:port/db`` or ``rediss://`` for TLS (``ssl_ca_certs``: the CA
+    that signed the server). The password comes from ``$password_env``, never
+    from the URL; a refused password stops the constructor with one line.
+    """
+
+    def __init__(self, url: str, prefix: str = "fedfraud", password_env: str = REDIS_PASSWORD_ENV,
+                 ssl_ca_certs: str | None = None) -> None:
         import redis
 
+        from feature_store.redis_check import check_redis
+
+        parts = urlsplit(url)
+        if parts.password is not None or parts.username is not None:
+            raise UserError(f"no credentials in the Redis URL {parts.scheme}://...@{parts.hostname}: "
+                            f"the password is read from ${password_env}")
         self.url = url
         self.prefix = prefix
-        self._client = redis.Redis.from_url(url)
+        extra = {"ssl_ca_certs": ssl_ca_certs} if ssl_ca_certs and parts.scheme == "rediss" else {}
+        self._client = redis.Redis.from_url(url, password=os.environ.get(password_env) or None, **extra)
+        check_redis(lambda: self._client, url, password_env)
 
     def _key(self, table: str, key: str) -> str:
         return f"{self.prefix}:{_check(table)}:{key}"
@@ -142,10 +163,13 @@ def _glob_escape(text: str) -> str:
     return "".join("\\" + c if c in "*?[]\\" else c for c in text)
 
 
-def open_kv(location: str, base_dir: Path | None = None) -> KVStore:
-    """``redis://...`` → :class:`RedisKV`; anything else is a SQLite path (relative to ``base_dir``)."""
+def open_kv(location: str, base_dir: Path | None = None, password_env: str = REDIS_PASSWORD_ENV,
+            ssl_ca_certs: str | None = None) -> KVStore:
+    """``redis://...`` / ``rediss://...`` → :class:`RedisKV` (password from ``$password_env``); anything else is a
+    SQLite path (relative to ``base_dir``).
+    """
     if location.startswith(("redis://", "rediss://")):
-        return RedisKV(location)
+        return RedisKV(location, password_env=password_env, ssl_ca_certs=ssl_ca_certs)
     path = Path(location)
     if not path.is_absolute() and base_dir is not None:
         path = base_dir / path

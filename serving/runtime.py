@@ -6,9 +6,12 @@
     result = rt.replay(frame, rate=500)   # → ReplayResult: decisions + latencies
     rt.stop()
 
-:func:`start` prepares the Feast online store (render + apply, idempotent),
-initialises Ray if nobody did (2 CPUs, no dashboard), starts Serve's HTTP
-proxy on ``cfg.serving.http_port`` and deploys :func:`serving.app.build_app`.
+:func:`start` checks the API token and the state stores' credentials first
+(one line each, before anything starts), prepares the Feast online store
+(render + apply, idempotent), initialises Ray if nobody did (2 CPUs, no
+dashboard, bound to ``serving.ray_host``), starts Serve's HTTP proxy on
+``cfg.serving.http_port`` and deploys :func:`serving.app.build_app`.
+``rt.headers`` carries the bearer token for in-process clients (bench, demo, tests).
 """
 
 from __future__ import annotations
@@ -18,13 +21,17 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from fedfraud.credentials import bearer_headers
+from fedfraud.net import LOOPBACK, ray_bind
 from serving.app import APP_NAME, ScoringArgs, build_app
+from serving.auth import api_token
 from serving.broker import EmbeddedBroker
 
 if TYPE_CHECKING:
     import pandas as pd
 
     from fedfraud.config import FedfraudConfig
+    from serving.config import AuthSettings
     from serving.replay import ReplayResult
 
 __all__ = ["ServingRuntime", "ensure_ray", "start"]
@@ -32,12 +39,16 @@ __all__ = ["ServingRuntime", "ensure_ray", "start"]
 log = logging.getLogger(__name__)
 
 
-def ensure_ray(num_cpus: int = 2) -> None:
-    """Initialise Ray unless it already is (tests share one instance; Flower's simulation may have shut it down)."""
+def ensure_ray(num_cpus: int = 2, host: str = LOOPBACK) -> None:
+    """Initialise Ray unless it already is (tests share one instance; Flower's simulation may have shut it down).
+
+    Its GCS, raylet and workers listen on ``host`` (``serving.ray_host``; loopback by default, see
+    :func:`fedfraud.net.ray_bind`), with no dashboard.
+    """
     import ray
 
     if not ray.is_initialized():
-        ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
+        ray.init(num_cpus=num_cpus, log_to_driver=False, logging_level=logging.WARNING, **ray_bind(host))
 
 
 @dataclass
@@ -49,8 +60,14 @@ class ServingRuntime:
     url: str
     broker: EmbeddedBroker | None = None
     handle: Any = None
+    token: str | None = field(default=None, repr=False)
     _stopped: bool = field(default=False, repr=False)
     _producer: Any = field(default=None, repr=False)  # the replay source's, long-lived like a card switch's
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """The ``Authorization`` header of this deployment's protected endpoints (empty when auth is disabled)."""
+        return bearer_headers(self.token)
 
     @property
     def embedded(self) -> bool:
@@ -124,7 +141,7 @@ TOKENIZER_APP = "fedfraud-tokenizer"
 TOKENIZER_PREFIX = "/tokenizer"
 
 
-def _mount_tokenizer(registry_root: str) -> bool:
+def _mount_tokenizer(registry_root: str, auth: AuthSettings) -> bool:
     """Deploy :mod:`serving.tokenizer_service` next to the scorer (``/tokenizer/tokenize``) if a tokenizer is
     registered; optional part, so its absence is logged, not raised.
     """
@@ -137,7 +154,7 @@ def _mount_tokenizer(registry_root: str) -> bool:
         return False
     from serving.tokenizer_service import TokenizerServiceArgs, build_tokenizer_app
 
-    serve.run(build_tokenizer_app(TokenizerServiceArgs(registry_root=registry_root)), name=TOKENIZER_APP,
+    serve.run(build_tokenizer_app(TokenizerServiceArgs(registry_root=registry_root, auth=auth)), name=TOKENIZER_APP,
               route_prefix=TOKENIZER_PREFIX)
     return True
 
@@ -174,7 +191,12 @@ def start(
     from ray import serve
 
     s = config.serving
+    token = api_token(s.auth)  # no API token (and no --insecure-no-auth): one line, before anything starts
     s.kafka_security.librdkafka()  # a missing SASL password stops here, in one line, not in a replica
+    if s.fraud_state_path.startswith(("redis://", "rediss://")):  # ... and a refused Redis password too
+        from serving.kvstore import open_kv
+
+        open_kv(s.fraud_state_path, None, s.fraud_state_password_env, s.fraud_state_ca_file).close()
     bootstrap = bootstrap_servers or s.bootstrap_servers
     broker: EmbeddedBroker | None = None
     if bootstrap is None:
@@ -186,18 +208,18 @@ def start(
             from feature_store.feast_store import apply_repo, open_store
 
             apply_repo(open_store(config.features))
-        ensure_ray(num_cpus)
-        serve.start(http_options={"host": "127.0.0.1", "port": s.http_port})
+        ensure_ray(num_cpus, s.ray_host)
+        serve.start(http_options={"host": LOOPBACK, "port": s.http_port})
         args = ScoringArgs(config=config.model_dump(mode="json"), bootstrap_servers=bootstrap, consume=consume,
                            **({"anomaly_loader": anomaly_loader} if anomaly_loader else {}))
         t0 = time.perf_counter()
         handle = serve.run(build_app(args), name=APP_NAME, route_prefix="/")
         if consume:
             _wait_ready(f"http://127.0.0.1:{s.http_port}", timeout_s=120.0)
-        _mount_tokenizer(s.registry_root)
+        _mount_tokenizer(s.registry_root, s.auth)
         log.info("serving up in %.1fs bootstrap=%s", time.perf_counter() - t0, bootstrap)
     except BaseException:
         if broker is not None:
             broker.stop()
         raise
-    return ServingRuntime(config, bootstrap, f"http://127.0.0.1:{s.http_port}", broker, handle)
+    return ServingRuntime(config, bootstrap, f"http://{LOOPBACK}:{s.http_port}", broker, handle, token)

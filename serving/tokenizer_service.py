@@ -1,5 +1,8 @@
 """Ray Serve deployment of the registered tokenizer: ``/tokenize``, ``/detokenize``, ``/tokenizer``.
 
+Every route needs ``Authorization: Bearer <token>`` (:mod:`serving.auth`; ``args.auth`` says where the
+replica reads the token).
+
 (No ``from __future__ import annotations`` here: FastAPI must see the real request types.)
 Self-contained so the main serving app can mount it: build it with
 :func:`build_tokenizer_app` (typed args, FastAPI ingress). Requests from many
@@ -15,12 +18,14 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from fastapi import FastAPI, HTTPException
+from fastapi import Depends, FastAPI, HTTPException
 from pydantic import BaseModel, ConfigDict, Field
 from ray import serve
 from ray.serve import Application
 from tokenizers import Tokenizer
 
+from serving.auth import BearerAuth, api_token, require_bearer
+from serving.config import AuthSettings
 from training.registry import ModelRegistry, ModelVersion
 from training.tokenizer.export import TOKENIZER_FILE
 
@@ -52,6 +57,7 @@ class TokenizerServiceArgs(BaseModel):
         1_000_000, ge=1, description="total characters of one request; a 10 MB text cost 14 s of CPU (issue 14)"
     )
     num_replicas: int = Field(1, ge=1)
+    auth: AuthSettings = Field(default_factory=AuthSettings, description="where replicas read the API token")
 
 
 class TokenizeRequest(BaseModel):
@@ -100,6 +106,7 @@ class TokenizerService:
 
     def __init__(self, args: dict[str, Any]) -> None:
         self.args = TokenizerServiceArgs.model_validate(args)
+        self.bearer = BearerAuth.from_settings(self.args.auth)
         self.registry = ModelRegistry(self.args.registry_root)
         self.current = _load(self.registry, self.args.version)
         self._encode.set_max_batch_size(self.args.max_batch_size)
@@ -138,7 +145,7 @@ class TokenizerService:
             out.append((loaded.version.version, enc.ids, enc.tokens))
         return out
 
-    @api.post("/tokenize")
+    @api.post("/tokenize", dependencies=[Depends(require_bearer)])
     async def tokenize(self, req: TokenizeRequest) -> TokenizeResponse:
         """Batch of texts -> token ids and token strings (byte-level alphabet)."""
         self._ensure_watcher()
@@ -153,7 +160,7 @@ class TokenizerService:
             results=[TokenizedText(ids=ids, tokens=toks) for _, ids, toks in encoded],
         )
 
-    @api.post("/detokenize")
+    @api.post("/detokenize", dependencies=[Depends(require_bearer)])
     async def detokenize(self, req: DetokenizeRequest) -> DetokenizeResponse:
         """Token ids -> text (lossless for ids produced by /tokenize of the same version)."""
         self._ensure_watcher()
@@ -166,7 +173,7 @@ class TokenizerService:
         texts = loaded.tokenizer.decode_batch(req.ids, skip_special_tokens=req.skip_special_tokens)
         return DetokenizeResponse(version=loaded.version.version, texts=texts)
 
-    @api.get("/tokenizer")
+    @api.get("/tokenizer", dependencies=[Depends(require_bearer)])
     async def info(self) -> dict[str, Any]:
         """Version, vocabulary size and the privacy parameters recorded at training time."""
         self._ensure_watcher()
@@ -186,5 +193,6 @@ def build_tokenizer_app(args: TokenizerServiceArgs) -> Application:
     """Typed builder (STYLE §7): the tokenizer deployment bound to its arguments."""
     if isinstance(args, dict):  # ``serve run`` passes the YAML args as a dict
         args = TokenizerServiceArgs.model_validate(args)
-    ModelRegistry(args.registry_root).get(KIND, args.version)  # fail fast, one line, if nothing is registered
+    api_token(args.auth)  # fail fast, one line, if no API token is configured
+    ModelRegistry(args.registry_root).get(KIND, args.version)  # ... and if nothing is registered
     return TokenizerService.options(num_replicas=args.num_replicas).bind(args.model_dump())

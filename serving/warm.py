@@ -46,7 +46,8 @@ def warm_fraud_state(cfg: Any, data: Path, bank: int | None = None) -> int:
     private = PrivateFeaturizer.for_bank(cfg.encoder, cfg.privacy, bank).transform(frame)
     states: dict[str, FraudFeatureState] = {}
     build_features(frame, private, fraud_cfg, None, states=states)
-    kv = open_kv(cfg.serving.fraud_state_path, Path(cfg.features.repo_dir))
+    s = cfg.serving
+    kv = open_kv(s.fraud_state_path, Path(cfg.features.repo_dir), s.fraud_state_password_env, s.fraud_state_ca_file)
     holders = list(states)
     written = 0
     for start in range(0, len(holders), 1000):

@@ -183,10 +183,9 @@ def _kill_replica() -> None:
 def run_chaos_bench(n_per_fault: int = 600, rate: float = 150.0, outage_s: float = 5.0,
                     config: Any = None, faults: tuple[str, ...] | None = None) -> ChaosResult:
     """Start the stack behind proxies, run each fault once while streaming, audit each on the topics."""
-    import redis
-
     from fedfraud.bench.serving import COLUMNS, publish_bench_models
     from fedfraud.config import FedfraudConfig
+    from serving.auth import per_run_token
     from serving.broker import EmbeddedBroker, free_port
     from serving.runtime import start
     from training.data.config import GeneratorConfig
@@ -200,9 +199,9 @@ def run_chaos_bench(n_per_fault: int = 600, rate: float = 150.0, outage_s: float
     reg = ModelRegistry(tmp / "registry")
     publish_bench_models(reg, frame.head(2000), cfg)
 
-    redis_host, _, redis_port = cfg.features.redis.connection_string.split(",")[0].partition(":")
-    redis.Redis(host=redis_host, port=int(redis_port or 6379), db=CHAOS_REDIS_DB).flushdb()
-    redis_proxy = TcpProxy(int(redis_port or 6379), target_host=redis_host).start()
+    redis_host, redis_port = cfg.features.redis.address()
+    cfg.features.redis.client(db=CHAOS_REDIS_DB).flushdb()
+    redis_proxy = TcpProxy(redis_port, target_host=redis_host).start()
     broker_port = free_port()
     broker_proxy = TcpProxy(broker_port).start()
     s = cfg.serving
@@ -210,7 +209,10 @@ def run_chaos_bench(n_per_fault: int = 600, rate: float = 150.0, outage_s: float
                             advertised_port=broker_proxy.port)
     serving = s.model_copy(update={
         "registry_root": str(reg.root), "bootstrap_servers": None, "http_port": free_port(),
-        "fraud_state_path": f"redis://{redis_proxy.address}/{CHAOS_REDIS_DB}",
+        "auth": per_run_token(s.auth, tmp),
+        "fraud_state_path": f"{'rediss' if cfg.features.redis.ssl else 'redis'}://{redis_proxy.address}/{CHAOS_REDIS_DB}",
+        "fraud_state_password_env": cfg.features.redis.password_env,
+        "fraud_state_ca_file": cfg.features.redis.ssl_ca_certs,
         "guards": s.guards.model_copy(update={"max_message_bytes": 256 << 10,
                                               "stall_s": min(s.guards.stall_s, outage_s / 2),
                                               "retry_budget_s": min(s.guards.retry_budget_s, outage_s / 2)}),

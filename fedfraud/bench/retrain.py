@@ -116,7 +116,8 @@ def _cycle(cfg_file: Path, data: Path, registry: Path, trigger: str) -> tuple[di
     return json.loads(proc.stdout.strip().splitlines()[-1]), wall
 
 
-def _set_shadow(registry: Any, challenger: dict[str, str] | None, url: str, timeout_s: float = 60.0) -> None:
+def _set_shadow(registry: Any, challenger: dict[str, str] | None, url: str, headers: dict[str, str],
+                timeout_s: float = 60.0) -> None:
     """Register (or remove) the challenger pair and wait until serving shadows (or stops)."""
     import httpx
 
@@ -126,7 +127,7 @@ def _set_shadow(registry: Any, challenger: dict[str, str] | None, url: str, time
     want = None if challenger is None else f'challenger="{challenger["fraud"]}"'
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        text = httpx.get(f"{url}/metrics", timeout=30).text
+        text = httpx.get(f"{url}/metrics", headers=headers, timeout=30).text
         shadowing = "fedfraud_shadow_scored_total{" in text
         if (want is None and not shadowing) or (want is not None and want in text):
             return
@@ -145,6 +146,7 @@ def run_retrain_bench(config: Any = None, cardholders: int = 800, banks: int = 5
     from fedfraud.bench.serving import load_block
     from feature_store.outcomes import OutcomeStore
     from serving.labels import LabelJoiner
+    from serving.auth import per_run_token
     from serving.runtime import start
     from serving.warm import warm_fraud_state
     from training.data.config import GeneratorConfig
@@ -163,7 +165,8 @@ def run_retrain_bench(config: Any = None, cardholders: int = 800, banks: int = 5
     first_cut = live["timestamp"].iloc[len(live) // 3]
     registry = tmp / "registry"
     cfg = update_section(cfg, "retrain", rounds=rounds)
-    cfg = update_section(cfg, "serving", registry_root=str(registry), bootstrap_servers=None)
+    cfg = update_section(cfg, "serving", registry_root=str(registry), bootstrap_servers=None,
+                         auth=per_run_token(cfg.serving.auth, tmp))
     cfg = update_section(cfg, "features", repo_dir=str(tmp / "repo"))
     cfg_file = tmp / "fedfraud.yaml"
     cfg_file.write_text(yaml.safe_dump(cfg.model_dump(mode="json")), encoding="utf-8")
@@ -198,7 +201,7 @@ def run_retrain_bench(config: Any = None, cardholders: int = 800, banks: int = 5
         shadowed_ids: list[str] = []
         for _ in range(blocks):
             for mode in ("champion only", "with shadow"):
-                _set_shadow(reg, None if mode == "champion only" else challenger, rt.url)
+                _set_shadow(reg, None if mode == "champion only" else challenger, rt.url, rt.headers)
                 chunk = stream.iloc[cursor:cursor + n].reset_index(drop=True)
                 cursor += len(chunk)
                 if chunk.empty:

@@ -169,6 +169,7 @@ def run_serving_bench(
 ) -> ServingBenchResult:
     """Run all three measurements in one process against one embedded broker and one deployment."""
     from fedfraud.config import FedfraudConfig
+    from serving.auth import per_run_token
     from serving.runtime import start
     from training.data.config import GeneratorConfig
     from training.data.synthetic import generate_frame
@@ -183,7 +184,8 @@ def run_serving_bench(
         log.warning("generated %d rows, wanted %d; loads run shorter", len(frame), need)
     reg = ModelRegistry(registry or tmp / "registry")
     publish_bench_models(reg, frame.head(2000), cfg)
-    serving = cfg.serving.model_copy(update={"registry_root": str(reg.root), "bootstrap_servers": None})
+    serving = cfg.serving.model_copy(update={"registry_root": str(reg.root), "bootstrap_servers": None,
+                                             "auth": per_run_token(cfg.serving.auth, tmp)})
     features = cfg.features.model_copy(update={"repo_dir": str(tmp / "repo")})
     store = cfg.features.profile.strip().lower()
     if store == "redis":
@@ -216,7 +218,7 @@ def run_serving_bench(
             row, at_load = load_block(rt, chunk, rate)
             rows.append({**row, "profile": at_load})
             log.info("load=%.0f p50=%.1fms p99=%.1fms", rate, rows[-1]["p50_ms"], rows[-1]["p99_ms"])
-        http = _http_sequential(rt.url, frame.iloc[cursor : cursor + 300].reset_index(drop=True))
+        http = _http_sequential(rt.url, frame.iloc[cursor : cursor + 300].reset_index(drop=True), rt.headers)
         models = rt.counters()["models"]
     finally:
         rt.stop()
@@ -262,14 +264,16 @@ def publish_bench_models(reg: Any, train: Any, cfg: Any) -> None:
                               config={}, metrics={}, privacy={}, card="benchmark")
 
 
-def _http_sequential(url: str, rows: Any) -> dict[str, float]:
-    """Round-trip latency of ``POST /score`` with one transaction per request, one request at a time."""
+def _http_sequential(url: str, rows: Any, headers: dict[str, str]) -> dict[str, float]:
+    """Round-trip latency of ``POST /score`` with one transaction per request, one request at a time (the bearer
+    token in ``headers``, as every client sends it, so its check is in the figure).
+    """
     import httpx
 
     rows = rows.assign(timestamp=rows["timestamp"].map(lambda t: t.isoformat()))
     records = rows.astype(object).where(rows.notna(), None).to_dict("records")
     times: list[float] = []
-    with httpx.Client(timeout=30) as client:
+    with httpx.Client(timeout=30, headers=headers) as client:
         for i, record in enumerate(records):
             t0 = time.perf_counter()
             response = client.post(f"{url}/score", json=record)
@@ -282,13 +286,14 @@ def _http_sequential(url: str, rows: Any) -> dict[str, float]:
 
 
 def _bench_redis(serving: Any, features: Any) -> tuple[Any, Any]:
-    """Feast and serving's state on the bench's own Redis database, emptied first."""
-    import redis
-
-    host_port = features.redis.connection_string.split(",")[0]
-    host, _, port = host_port.partition(":")
-    redis.Redis(host=host, port=int(port or 6379), db=BENCH_REDIS_DB).flushdb()
-    profile = features.redis.model_copy(update={"connection_string": f"{host_port},db={BENCH_REDIS_DB}"})
+    """Feast and serving's state on the bench's own Redis database, emptied first (the profile's password/TLS)."""
+    redis_cfg = features.redis
+    redis_cfg.client(db=BENCH_REDIS_DB).flushdb()
+    host, port = redis_cfg.address()
+    profile = redis_cfg.model_copy(update={"connection_string": f"{host}:{port},db={BENCH_REDIS_DB}"})
     features = features.model_copy(update={"redis": profile})
-    serving = serving.model_copy(update={"fraud_state_path": f"redis://{host_port}/{BENCH_REDIS_DB}"})
+    scheme = "rediss" if redis_cfg.ssl else "redis"
+    serving = serving.model_copy(update={"fraud_state_path": f"{scheme}://{host}:{port}/{BENCH_REDIS_DB}",
+                                         "fraud_state_password_env": redis_cfg.password_env,
+                                         "fraud_state_ca_file": redis_cfg.ssl_ca_certs})
     return serving, features

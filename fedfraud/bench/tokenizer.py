@@ -118,6 +118,9 @@ def _service_throughput(tok: Any, cfg: TokenizerConfig, texts: list[str], second
     import ray
     from ray import serve
 
+    from fedfraud.credentials import bearer_headers, new_token, write_secret_file
+    from fedfraud.net import ray_bind
+    from serving.config import AuthSettings
     from serving.tokenizer_service import TokenizerServiceArgs, build_tokenizer_app
     from training.tokenizer.trainer import publish_tokenizer
 
@@ -132,20 +135,23 @@ def _service_throughput(tok: Any, cfg: TokenizerConfig, texts: list[str], second
     with tempfile.TemporaryDirectory() as root:
         publish_tokenizer(Path(root), tok, cfg, metrics={}, privacy={}, card="bench")
         port = free_port()
-        ray.init(num_cpus=2, include_dashboard=False, ignore_reinit_error=True, logging_level="ERROR")
+        token = new_token()  # the bench's own service: a token for this run, sent like any client sends it
+        auth = AuthSettings(token_file=str(write_secret_file(Path(root) / "api-token", token)))
+        headers = bearer_headers(token)
+        ray.init(num_cpus=2, ignore_reinit_error=True, logging_level="ERROR", **ray_bind())
         try:
             serve.start(http_options={"host": "127.0.0.1", "port": port})
-            serve.run(build_tokenizer_app(TokenizerServiceArgs(registry_root=root)), name="tokenizer-bench",
+            serve.run(build_tokenizer_app(TokenizerServiceArgs(registry_root=root, auth=auth)), name="tokenizer-bench",
                       route_prefix="/tok")
             url = f"http://127.0.0.1:{port}/tok/tokenize"
-            with httpx.Client(timeout=60) as warm:
+            with httpx.Client(timeout=60, headers=headers) as warm:
                 for _ in range(5):
                     warm.post(url, json={"texts": batch}).raise_for_status()
             counts = [0] * concurrency
             stop = time.perf_counter() + seconds
 
             def worker(i: int) -> None:
-                with httpx.Client(timeout=60) as client:
+                with httpx.Client(timeout=60, headers=headers) as client:
                     while time.perf_counter() < stop:
                         client.post(url, json={"texts": batch}).raise_for_status()
                         counts[i] += len(batch)

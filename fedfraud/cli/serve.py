@@ -22,18 +22,28 @@ def serve_command(
         typer.Option("--bootstrap-servers", help="Kafka cluster; omitted: start the embedded Tansu broker"),
     ] = None,
     registry: Annotated[str | None, typer.Option("--registry", help="model registry folder")] = None,
-    port: Annotated[int | None, typer.Option("--port", help="HTTP port of /score, /healthz, /metrics")] = None,
+    port: Annotated[int | None, typer.Option("--port", help="HTTP port of /score, /healthz, /readyz, /metrics")] = None,
     no_consume: Annotated[bool, typer.Option("--no-consume", help="HTTP only, do not read Kafka")] = False,
+    insecure_no_auth: Annotated[bool, typer.Option(
+        "--insecure-no-auth", help="local development only: /score and /metrics without a token")] = False,
 ) -> None:
-    """Score the ``transactions`` topic (and POST /score) with the registry's latest models; Ctrl-C stops."""
+    """Score the ``transactions`` topic (and POST /score) with the registry's latest models; Ctrl-C stops.
+
+    /score and /metrics need ``Authorization: Bearer $FEDFRAUD_API_TOKEN`` (or the token in
+    ``serving.auth.token_file``); without a token configured the command refuses to start.
+    """
     from fedfraud.config import update_section
     from serving.runtime import start
 
-    cfg = update_section(config_of(ctx), "serving", registry_root=registry, http_port=port,
-                         bootstrap_servers=bootstrap_servers)
+    cfg = config_of(ctx)
+    no_auth = cfg.serving.auth.model_copy(update={"disabled": True}) if insecure_no_auth else None
+    cfg = update_section(cfg, "serving", registry_root=registry, http_port=port, bootstrap_servers=bootstrap_servers,
+                         auth=no_auth)
     rt = start(cfg, consume=not no_consume)
     where = f"embedded Tansu broker at {rt.bootstrap_servers}" if rt.embedded else f"Kafka at {rt.bootstrap_servers}"
-    typer.echo(f"serving: {where}; HTTP {rt.url} (/score /healthz /metrics); Ctrl-C to stop", err=True)
+    auth = "NO AUTHENTICATION (--insecure-no-auth)" if rt.token is None else "bearer token on /score and /metrics"
+    typer.echo(f"serving: {where}; HTTP {rt.url} (/score /healthz /readyz /metrics; {auth}); Ctrl-C to stop",
+               err=True)
     try:
         while True:
             time.sleep(10)

@@ -126,24 +126,35 @@ def evaluate(
 
 @tokenizer_app.command("serve")
 def serve_cmd(
+    ctx: typer.Context,
     registry: RegistryOption = Path("out/registry"),
     port: Annotated[int, typer.Option("--port")] = 8000,
     host: Annotated[str, typer.Option("--host")] = "127.0.0.1",
     version: Annotated[str, typer.Option("--version")] = "latest",
+    insecure_no_auth: Annotated[bool, typer.Option(
+        "--insecure-no-auth", help="local development only: no bearer token on the endpoints")] = False,
 ) -> None:
-    """Serve /tokenize, /detokenize and /tokenizer with Ray Serve until interrupted."""
+    """Serve /tokenize, /detokenize and /tokenizer with Ray Serve until interrupted.
+
+    Every endpoint needs ``Authorization: Bearer $FEDFRAUD_API_TOKEN`` (or the token in
+    ``serving.auth.token_file``); without a token configured the command refuses to start.
+    """
     import time
 
     import ray
     from ray import serve
 
+    from fedfraud.net import ray_bind
     from serving.tokenizer_service import TokenizerServiceArgs, build_tokenizer_app
 
-    app = build_tokenizer_app(TokenizerServiceArgs(registry_root=str(registry), version=version))
-    ray.init(include_dashboard=False, ignore_reinit_error=True)
+    serving_cfg = config_of(ctx).serving
+    auth = serving_cfg.auth.model_copy(update={"disabled": True}) if insecure_no_auth else serving_cfg.auth
+    app = build_tokenizer_app(TokenizerServiceArgs(registry_root=str(registry), version=version, auth=auth))
+    ray.init(ignore_reinit_error=True, **ray_bind(serving_cfg.ray_host))
     serve.start(http_options={"host": host, "port": port})
     serve.run(app, name="tokenizer", route_prefix="/")
-    typer.echo(f"tokenizer service on http://{host}:{port} (Ctrl-C to stop)")
+    typer.echo(f"tokenizer service on http://{host}:{port} "
+               f"({'NO AUTHENTICATION' if auth.disabled else 'bearer token required'}; Ctrl-C to stop)")
     try:
         while True:
             time.sleep(3600)

@@ -1,10 +1,30 @@
-"""Shared fixtures of the integration suite: one Ray instance, one embedded Kafka broker, free ports."""
+"""Shared fixtures of the integration suite: one Ray instance, one embedded Kafka broker, free ports, one API token."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
 from fedfraud import net
+from fedfraud.credentials import bearer_headers, new_token, write_secret_file
+
+
+@dataclass(frozen=True)
+class ApiToken:
+    """The session's random API token: the file the services read (``serving.auth.token_file``) and the header
+    the tests send."""
+
+    file: Path
+    headers: dict[str, str]
+
+
+@pytest.fixture(scope="session")
+def api_token(tmp_path_factory: pytest.TempPathFactory) -> ApiToken:
+    """A random per-session API token in a 0600 file (never a fixed secret)."""
+    token = new_token()
+    return ApiToken(write_secret_file(tmp_path_factory.mktemp("secrets") / "api-token", token), bearer_headers(token))
 
 
 @pytest.fixture
@@ -15,7 +35,7 @@ def free_port() -> int:
 
 @pytest.fixture(scope="session")
 def ray_session():
-    """One Ray for the whole session (2 CPUs, no dashboard).
+    """One Ray for the whole session (2 CPUs, no dashboard, listening on loopback only).
 
     ``flwr.simulation.run_simulation`` may shut Ray down when it finishes, so
     tests that need Ray call ``ensure()`` (the fixture value) again instead of
@@ -25,7 +45,7 @@ def ray_session():
 
     def ensure() -> None:
         if not ray.is_initialized():
-            ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+            ray.init(num_cpus=2, log_to_driver=False, **net.ray_bind())
 
     ensure()
     yield ensure

@@ -30,7 +30,7 @@ SMALL = ["anomaly.samples_per_epoch=48", "anomaly.local_epochs=1", "anomaly.max_
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory, ray_session, kafka_broker):
+def world(tmp_path_factory, ray_session, kafka_broker, api_token):
     from fedfraud.config import load_config, update_section
     from feature_store.feast_store import apply_repo, materialize_repo, open_store
     from feature_store.offline import write_offline
@@ -50,7 +50,8 @@ def world(tmp_path_factory, ray_session, kafka_broker):
     split = time_holdout(tmp / "data", tmp / "history", holdout_days=10)
     registry = tmp / "registry"
     cfg = load_config(overrides=[*SMALL, f"features.repo_dir={tmp / 'repo'}", f"serving.registry_root={registry}",
-                                 "serving.registry_poll_s=0.5", f"serving.http_port={free_port()}"])
+                                 "serving.registry_poll_s=0.5", f"serving.http_port={free_port()}",
+                                 f"serving.auth.token_file={api_token.file}"])
     settings = RunSettings.from_config(cfg, split.history, tmp / "champion-run")
     run_federated(RunSettings.from_flat({**settings.to_flat(), "registry-dir": str(registry)}))
     train_and_publish(cfg, split.history, registry, bank=0)
@@ -62,7 +63,9 @@ def world(tmp_path_factory, ray_session, kafka_broker):
     warm_fraud_state(cfg, split.history)  # serving continues each card's fraud features from its history
     ray_session()  # Flower's simulation shut the session's Ray down
     rt = start(cfg, bootstrap_servers=kafka_broker.bootstrap_servers, apply_features=False)
-    cfg = update_section(cfg, "retrain", metrics_url=f"{rt.url}/metrics", drift_check_s=1.0)
+    # the scheduler's drift check reads /metrics with the token, as `fedfraud retrain schedule` does
+    cfg = update_section(cfg, "retrain", metrics_url=f"{rt.url}/metrics", drift_check_s=1.0,
+                         metrics_token_file=str(api_token.file))
     live = split.live[0]
     n = len(live)
     assert n >= 1000, f"the live tail has {n} rows; the tests below need 1,000"
@@ -79,11 +82,11 @@ def world(tmp_path_factory, ray_session, kafka_broker):
     serve.shutdown()
 
 
-def _psi(url: str) -> dict[str, float]:
+def _psi(url: str, headers: dict[str, str]) -> dict[str, float]:
     import httpx
     from prometheus_client.parser import text_string_to_metric_families
 
-    text = httpx.get(url, timeout=30).text
+    text = httpx.get(url, headers=headers, timeout=30).text
     return {s.labels["feature"]: s.value for f in text_string_to_metric_families(text) for s in f.samples
             if s.name == "fedfraud_drift_psi"}
 
@@ -95,7 +98,7 @@ def test_drift_gauges_then_a_drifted_stream_triggers_a_retrain(world):
     cfg, rt = world["cfg"], world["rt"]
     normal = world["parts"][0]
     assert rt.replay(normal, rate=0, timeout_s=180).missing == set()
-    calm = _psi(cfg.retrain.metrics_url)
+    calm = _psi(cfg.retrain.metrics_url, rt.headers)
     assert {"amount", "anomaly_score", "fraud_score"} <= set(calm)
     scheduler = RetrainScheduler(cfg, world["records"], world["registry"], policy=False)
     scheduler.check_drift()
@@ -104,7 +107,7 @@ def test_drift_gauges_then_a_drifted_stream_triggers_a_retrain(world):
     drifted = world["parts"][1].copy()
     drifted["amount"] = drifted["amount"] * 25  # a currency switch nobody told the model about
     assert rt.replay(drifted, rate=0, timeout_s=180).missing == set()
-    moved = _psi(cfg.retrain.metrics_url)
+    moved = _psi(cfg.retrain.metrics_url, rt.headers)
     assert moved["amount"] > cfg.retrain.drift_psi_threshold > calm["amount"]
     scheduler.start()
     try:
@@ -128,7 +131,7 @@ def test_the_challenger_shadows_every_transaction_and_never_decides(world):
 
     rt, cfg = world["rt"], world["cfg"]
     deadline = time.monotonic() + 60
-    while 'challenger="fraud:v2"' not in httpx.get(cfg.retrain.metrics_url, timeout=30).text:
+    while 'challenger="fraud:v2"' not in httpx.get(cfg.retrain.metrics_url, headers=rt.headers, timeout=30).text:
         assert time.monotonic() < deadline, "serving never started shadowing the challenger"
         time.sleep(0.5)
     part = world["parts"][2]

@@ -46,7 +46,7 @@ def frame():
 
 
 @pytest.fixture(scope="module")
-def runtime(tmp_path_factory, frame, ray_session, kafka_broker):
+def runtime(tmp_path_factory, frame, ray_session, kafka_broker, api_token):
     from fedfraud.config import load_config
     from feature_store.privacy import PrivateFeaturizer
     from serving.runtime import start
@@ -59,7 +59,7 @@ def runtime(tmp_path_factory, frame, ray_session, kafka_broker):
     cfg = load_config(overrides=[f"features.repo_dir={tmp / 'repo'}", f"serving.registry_root={tmp / 'registry'}",
                                  "serving.registry_poll_s=0.5", "serving.consumer.max_poll_records=200",
                                  "serving.guards.max_message_bytes=65536", "serving.guards.http_max_body_bytes=65536",
-                                 "serving.guards.http_max_batch=50",
+                                 "serving.guards.http_max_batch=50", f"serving.auth.token_file={api_token.file}",
                                  f"serving.http_port={free_port()}"])
     registry = ModelRegistry(tmp / "registry")
     fcfg = FraudConfig(num_boost_round=20, nthread=1)
@@ -108,7 +108,7 @@ def test_n_produced_n_decided_and_poison_goes_to_dlq(runtime, frame):
 
     import httpx
 
-    metrics = httpx.get(f"{runtime.url}/metrics", timeout=30).text
+    metrics = httpx.get(f"{runtime.url}/metrics", headers=runtime.headers, timeout=30).text
     for name in ("fedfraud_consumed_total", "fedfraud_decided_total", "fedfraud_dead_lettered_total",
                  "fedfraud_end_to_end_latency_seconds_bucket", "fedfraud_consumer_lag", "fedfraud_model_info"):
         assert name in metrics
@@ -120,11 +120,12 @@ def test_http_score_single_and_batch(runtime, frame):
 
     rows = _slice(frame, 1600, 1603).assign(timestamp=lambda f: f["timestamp"].map(pd.Timestamp.isoformat))
     records = rows.astype(object).where(rows.notna(), None).to_dict("records")
-    response = httpx.post(f"{runtime.url}/score", json=records[0], timeout=60)
+    response = httpx.post(f"{runtime.url}/score", json=records[0], headers=runtime.headers, timeout=60)
     assert response.status_code == 200, response.text
     one = response.json()
     assert [d["transaction_id"] for d in one["decisions"]] == [records[0]["transaction_id"]]
-    batch = httpx.post(f"{runtime.url}/score", json=[*records[1:], {"amount": "x"}], timeout=60).json()
+    batch = httpx.post(f"{runtime.url}/score", json=[*records[1:], {"amount": "x"}], headers=runtime.headers,
+                       timeout=60).json()
     assert len(batch["decisions"]) == 2 and batch["rejected"][0]["reason"] == "missing_field"
 
 
@@ -304,23 +305,50 @@ def test_http_bad_input_gets_4xx_never_500(runtime, frame):
     import httpx
 
     url = f"{runtime.url}/score"
+    client = httpx.Client(headers=runtime.headers)  # an authenticated client: this test is about the body
     good = _records_of(_slice(frame, 3552, 3554))
-    big = httpx.post(url, content=b'{"pad":"' + b"x" * 70_000 + b'"}', timeout=30)
+    big = client.post(url, content=b'{"pad":"' + b"x" * 70_000 + b'"}', timeout=30)
     assert big.status_code == 413
-    too_many = httpx.post(url, json=[good[0]] * 51, timeout=30)
+    too_many = client.post(url, json=[good[0]] * 51, timeout=30)
     assert too_many.status_code == 413
     for body in (b'{"amount": Infinity}', b'{"amount": 1e400}', b"[" * 50_000, b"not json", b"\xff\xfe"):
-        assert httpx.post(url, content=body, timeout=30).status_code == 422
+        assert client.post(url, content=body, timeout=30).status_code == 422
     for bad in ({**good[0], "amount": 1e308}, {**good[0], "amount": 10**401}, {**good[0], "amount": True},
                 {**good[0], "cardholder_id": {"a": 1}}, {**good[0], "timestamp": "1900-01-01T00:00:00Z"}):
-        response = httpx.post(url, content=__import__("json").dumps(bad), timeout=30)
+        response = client.post(url, content=__import__("json").dumps(bad), timeout=30)
         assert response.status_code == 422, response.text
-    ok = httpx.post(url, json=good[0], timeout=60)
+    ok = client.post(url, json=good[0], timeout=60)
     assert ok.status_code == 200 and ok.json()["decisions"][0]["redelivered"] is False
-    again = httpx.post(url, json=good[0], timeout=60).json()["decisions"][0]
+    again = client.post(url, json=good[0], timeout=60).json()["decisions"][0]
     assert again["redelivered"] is True and again["score"] == ok.json()["decisions"][0]["score"]
-    conflict = httpx.post(url, json={**good[0], "amount": good[0]["amount"] + 1}, timeout=60)
+    conflict = client.post(url, json={**good[0], "amount": good[0]["amount"] + 1}, timeout=60)
     assert conflict.status_code == 422 and "conflicting_duplicate" in conflict.text
-    assert httpx.get(f"{runtime.url}/healthz", timeout=30).status_code == 200
-    ready = httpx.get(f"{runtime.url}/readyz", timeout=30)
+    assert client.get(f"{runtime.url}/healthz", timeout=30).status_code == 200
+    ready = client.get(f"{runtime.url}/readyz", timeout=30)
     assert ready.status_code == 200, ready.text
+
+
+def test_score_and_metrics_need_the_bearer_token_and_the_probes_do_not(runtime, frame):
+    """Issue 17: 401 with a ``Bearer`` challenge without a usable header, 403 for a wrong token, 200 with the
+    token; ``/healthz`` and ``/readyz`` stay open for the kubelet."""
+    import httpx
+
+    record = {**_records_of(_slice(frame, 3554, 3555))[0], "transaction_id": "auth-probe-1"}
+    for method, path, body in (("POST", "/score", record), ("GET", "/metrics", None)):
+        url = f"{runtime.url}{path}"
+
+        def call(headers: dict[str, str], url: str = url, method: str = method, body: dict | None = body):
+            return httpx.request(method, url, json=body, headers=headers, timeout=60)
+
+        anonymous = call({})
+        assert anonymous.status_code == 401 and anonymous.headers["www-authenticate"] == "Bearer", anonymous.text
+        assert call({"Authorization": "Basic dXNlcjpwYXNz"}).status_code == 401
+        assert call({"Authorization": "Bearer"}).status_code == 401
+        assert call({"Authorization": "Bearer not-the-token"}).status_code == 403
+        authorized = call(runtime.headers)
+        assert authorized.status_code == 200, authorized.text
+    assert "fedfraud_consumed_total" in authorized.text  # the last call of the loop: GET /metrics
+    # the token is checked before the body: an anonymous oversized body is a 401, not a 413
+    assert httpx.post(f"{runtime.url}/score", content=b"x" * 70_000, timeout=30).status_code == 401
+    for probe in ("/healthz", "/readyz"):
+        assert httpx.get(f"{runtime.url}{probe}", timeout=30).status_code == 200

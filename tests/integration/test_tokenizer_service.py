@@ -23,51 +23,71 @@ def _publish(root, merges):
 
 
 @pytest.fixture(scope="module")
-def service(tmp_path_factory):
+def service(tmp_path_factory, api_token):
     import ray
     from ray import serve
 
+    from fedfraud.net import ray_bind
+    from serving.config import AuthSettings
     from serving.tokenizer_service import TokenizerServiceArgs, build_tokenizer_app
 
     root = tmp_path_factory.mktemp("registry")
     _publish(root, MERGES_V1)
     port = free_port()
-    ray.init(num_cpus=2, include_dashboard=False, ignore_reinit_error=True)
+    ray.init(num_cpus=2, ignore_reinit_error=True, **ray_bind())
     serve.start(http_options={"host": "127.0.0.1", "port": port})
-    serve.run(build_tokenizer_app(TokenizerServiceArgs(registry_root=str(root), poll_seconds=0.3)),
+    auth = AuthSettings(token_file=str(api_token.file))
+    serve.run(build_tokenizer_app(TokenizerServiceArgs(registry_root=str(root), poll_seconds=0.3, auth=auth)),
               name="tokenizer", route_prefix="/")
-    yield root, f"http://127.0.0.1:{port}"
+    yield root, f"http://127.0.0.1:{port}", api_token.headers
     serve.shutdown()
     ray.shutdown()
 
 
 def test_endpoints_and_reload(service):
-    root, url = service
-    info = httpx.get(f"{url}/tokenizer", timeout=30).json()
+    root, url, headers = service
+    client = httpx.Client(headers=headers)  # this test is about the endpoints' answers
+    info = client.get(f"{url}/tokenizer", timeout=30).json()
     assert info["version"] == 1 and info["vocab_size"] == 256 + 3 + 1
     assert info["privacy"]["epsilon_prime"] == 0.5
 
     texts = ["the bank", "", "naïve € 123 \n\t end"]
-    out = httpx.post(f"{url}/tokenize", json={"texts": texts}, timeout=30).json()
+    out = client.post(f"{url}/tokenize", json={"texts": texts}, timeout=30).json()
     assert out["version"] == 1 and len(out["results"]) == 3
     assert out["results"][0]["tokens"][0] == "the"
-    back = httpx.post(f"{url}/detokenize", json={"ids": [r["ids"] for r in out["results"]]}, timeout=30).json()
+    back = client.post(f"{url}/detokenize", json={"ids": [r["ids"] for r in out["results"]]}, timeout=30).json()
     assert back["texts"] == texts
 
-    assert httpx.post(f"{url}/tokenize", json={"texts": []}, timeout=30).status_code == 422
-    assert httpx.post(f"{url}/detokenize", json={"ids": [[10**6]]}, timeout=30).status_code == 422
+    assert client.post(f"{url}/tokenize", json={"texts": []}, timeout=30).status_code == 422
+    assert client.post(f"{url}/detokenize", json={"ids": [[10**6]]}, timeout=30).status_code == 422
     # issue 14: one 10 MB text cost 14 s of CPU; it is refused before any encoding now
-    assert httpx.post(f"{url}/tokenize", json={"texts": ["a" * 10_000_000]}, timeout=30).status_code == 413
+    assert client.post(f"{url}/tokenize", json={"texts": ["a" * 10_000_000]}, timeout=30).status_code == 413
 
     _publish(root, MERGES_V2)
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
-        if httpx.get(f"{url}/tokenizer", timeout=30).json()["version"] == 2:
+        if client.get(f"{url}/tokenizer", timeout=30).json()["version"] == 2:
             break
         time.sleep(0.2)
-    info = httpx.get(f"{url}/tokenizer", timeout=30).json()
+    info = client.get(f"{url}/tokenizer", timeout=30).json()
     assert info["version"] == 2 and info["vocab_size"] == 256 + 6 + 1
-    resp = httpx.post(f"{url}/tokenize", json={"texts": ["bank"]}, timeout=30)
+    resp = client.post(f"{url}/tokenize", json={"texts": ["bank"]}, timeout=30)
     assert resp.status_code == 200, resp.text
     out = resp.json()
     assert out["version"] == 2 and out["results"][0]["tokens"] == ["bank"]
+
+
+@pytest.mark.parametrize(("method", "path", "body"), [("POST", "/tokenize", {"texts": ["the bank"]}),
+                                                     ("POST", "/detokenize", {"ids": [[116]]}),
+                                                     ("GET", "/tokenizer", None)])
+def test_every_endpoint_needs_the_bearer_token(service, method, path, body):
+    """Issue 17: 401 with a ``Bearer`` challenge without a usable header, 403 for a wrong token, 200 with it."""
+    _, url, headers = service
+    anonymous = httpx.request(method, f"{url}{path}", json=body, timeout=30)
+    assert anonymous.status_code == 401 and anonymous.headers["www-authenticate"] == "Bearer"
+    assert httpx.request(method, f"{url}{path}", json=body, headers={"Authorization": "Token x"},
+                         timeout=30).status_code == 401
+    assert httpx.request(method, f"{url}{path}", json=body, headers={"Authorization": "Bearer guess"},
+                         timeout=30).status_code == 403
+    authorized = httpx.request(method, f"{url}{path}", json=body, headers=headers, timeout=30)
+    assert authorized.status_code == 200, authorized.text

@@ -35,3 +35,29 @@ def test_activity_late_event_keeps_last_fields() -> None:
     a.update(15_000_000, 100.0, 3.0, 3.0, "c", 0.1)
     assert (a.tx_count, a.last_amount, a.last_mcc, a.last_seen_us, a.amount_max) == (3, 7.0, "b", 20_000_000, 100.0)
     assert Activity.from_features(a.to_features()) == a
+
+
+def test_redis_password_is_a_reference_to_the_environment_never_a_value(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 17: the rendered online store names $FEDFRAUD_REDIS_PASSWORD (Feast expands it when it loads the
+    file); no password, no reference; TLS and the Redis type are rendered as Feast reads them."""
+    monkeypatch.delenv("FEDFRAUD_REDIS_PASSWORD", raising=False)
+    plain = RedisProfile(connection_string="h:1,db=3").online_store()
+    assert plain["connection_string"] == "h:1,db=3" and plain["redis_type"] == "redis"
+    monkeypatch.setenv("FEDFRAUD_REDIS_PASSWORD", "hunter2")
+    secured = RedisProfile(connection_string="s1:26379,s2:26379", redis_type="redis_sentinel", sentinel_master="m1",
+                           ssl=True, ssl_ca_certs="/certs/ca.pem").online_store()
+    assert secured["connection_string"] == ("s1:26379,s2:26379,password=${FEDFRAUD_REDIS_PASSWORD},ssl=true,"
+                                            "ssl_ca_certs=/certs/ca.pem")
+    assert secured["redis_type"] == "redis_sentinel" and secured["sentinel_master"] == "m1"
+    assert "hunter2" not in str(secured)
+
+
+def test_a_password_in_the_config_is_refused() -> None:
+    with pytest.raises(ConfigError, match="no password= in connection_string"):
+        load_config(None, ["features.redis.connection_string=127.0.0.1:6379,password=hunter2"])
+    with pytest.raises(ConfigError, match="no ssl= or ssl_ca_certs= in connection_string"):
+        load_config(None, ["features.redis.connection_string=127.0.0.1:6379,ssl=true"])
+    with pytest.raises(ConfigError, match="no credentials in fraud_state_path"):
+        load_config(None, ["serving.fraud_state_path=redis://:hunter2@127.0.0.1:6379/1"])
+    with pytest.raises(ConfigError):
+        load_config(None, ["features.redis.redis_type=memcached"])

@@ -20,3 +20,7 @@ class FederatedConfig(BaseModel):
         -1.0, ge=-1.0, description="GPUs per simulated bank; -1 = auto: 1/banks of one GPU when CUDA exists, else 0"
     )
     ray_cpus: int = Field(2, ge=1, description="CPUs the local Ray instance may use")
+    ray_host: str = Field(
+        "127.0.0.1", min_length=1,
+        description="address the simulation's Ray (GCS, raylet, workers) listens on; the simulation runs on one "
+        "machine, so loopback (fedfraud.net.ray_bind)")

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from fedfraud.errors import UserError
+from fedfraud.net import ray_bind
 from training.anomaly.data import check_dataset
 from training.anomaly.run import Checkpoint, checkpoint_dir
 from training.federated.server_app import RESULT_FILE, build_server_app
@@ -60,7 +61,9 @@ def prepare(settings: RunSettings, mode: str) -> list[int]:
 
 
 def backend_config(settings: RunSettings, banks: int) -> dict[str, Any]:
-    """Ray backend: per-bank CPU/GPU reservation; GPUs shared 1/banks each when CUDA exists and gpus is auto."""
+    """Ray backend: per-bank CPU/GPU reservation; GPUs shared 1/banks each when CUDA exists and gpus is auto;
+    Ray bound to ``federated.ray_host`` (loopback), no dashboard.
+    """
     fed = settings.federated
     gpus = fed.client_gpus
     if gpus < 0:
@@ -69,7 +72,7 @@ def backend_config(settings: RunSettings, banks: int) -> dict[str, Any]:
         "client_resources": {"num_cpus": fed.client_cpus, "num_gpus": gpus},
         "init_args": {
             "num_cpus": fed.ray_cpus,
-            "include_dashboard": False,
+            **ray_bind(fed.ray_host),
             "logging_level": "ERROR",
             **({"num_gpus": 1} if gpus > 0 else {}),
         },

@@ -63,6 +63,8 @@ def train_federated(
     import xgboost as xgb
     from flwr.simulation import run_simulation
 
+    from fedfraud.net import ray_bind
+
     from training.fraud.federated.client_app import app as client_app
     from training.fraud.federated.server_app import build_server_app
     from training.fraud.federated.task import bank_file, write_index
@@ -94,7 +96,7 @@ def train_federated(
             num_supernodes=len(order),
             backend_config={
                 "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
-                "init_args": {"num_cpus": min(num_cpus, 2), "include_dashboard": False, "logging_level": "ERROR"},
+                "init_args": {"num_cpus": min(num_cpus, 2), "logging_level": "ERROR", **ray_bind()},  # loopback
             },
         )
         wall = time.perf_counter() - started

@@ -41,6 +41,9 @@ class RetrainConfig(BaseModel):
         3600.0, ge=0, description="no second drift-triggered cycle within this long of the last one")
     metrics_url: str | None = Field(
         None, description="serving's /metrics URL the scheduler reads drift from (None: no drift trigger)")
+    metrics_token_file: str | None = Field(
+        None, description="file with serving's API token, sent as a bearer token to metrics_url (a mounted Secret); "
+        "None: $FEDFRAUD_API_TOKEN")
     policy_check_s: float = Field(60.0, gt=0, description="how often the scheduler runs the promotion policy")
 
     @field_validator("schedule")

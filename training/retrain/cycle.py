@@ -146,8 +146,8 @@ def _labels_seen(data: Path) -> int:
 
 def _cycle_id(cfg: FedfraudConfig, data: Path, end: pd.Timestamp) -> str:
     keyed = json.dumps({"data": str(data.resolve()), "labels": _labels_seen(data), "anomaly": cfg.anomaly.model_dump(),
-                        "federated": cfg.federated.model_dump(), "fraud": cfg.fraud.model_dump(),
-                        "retrain": cfg.retrain.model_dump(exclude={"schedule", "metrics_url"})},
+                        "federated": cfg.federated.model_dump(exclude={"ray_host"}), "fraud": cfg.fraud.model_dump(),
+                        "retrain": cfg.retrain.model_dump(exclude={"schedule", "metrics_url", "metrics_token_file"})},
                        sort_keys=True, default=str)
     return f"{end:%Y%m%dT%H%M%S}-{hashlib.sha256(keyed.encode()).hexdigest()[:8]}"
 

@@ -24,6 +24,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -31,6 +32,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import yaml
+
+from fedfraud.credentials import API_TOKEN_ENV, bearer_headers, read_secret
+from fedfraud.errors import UserError
 
 if TYPE_CHECKING:
     from fedfraud.config import FedfraudConfig
@@ -40,13 +44,15 @@ __all__ = ["RetrainScheduler", "SchedulerEvent", "max_drift_psi"]
 log = logging.getLogger(__name__)
 
 
-def max_drift_psi(metrics_url: str, ignore: tuple[str, ...] = (), timeout_s: float = 5.0) -> tuple[float, str | None]:
+def max_drift_psi(metrics_url: str, ignore: tuple[str, ...] = (), timeout_s: float = 5.0,
+                  token: str | None = None) -> tuple[float, str | None]:
     """The largest ``fedfraud_drift_psi`` of a ``/metrics`` scrape and its feature (``(nan, None)`` if none),
-    leaving out the features in ``ignore``.
+    leaving out the features in ``ignore``; ``token`` is serving's API token (``/metrics`` is behind it).
     """
     from prometheus_client.parser import text_string_to_metric_families
 
-    with urllib.request.urlopen(metrics_url, timeout=timeout_s) as resp:  # noqa: S310 - configured URL
+    request = urllib.request.Request(metrics_url, headers=bearer_headers(token))
+    with urllib.request.urlopen(request, timeout=timeout_s) as resp:  # noqa: S310 - configured URL
         text = resp.read().decode("utf-8")
     best, name = float("nan"), None
     for family in text_string_to_metric_families(text):
@@ -136,8 +142,13 @@ class RetrainScheduler:
         r = self.cfg.retrain
         assert r.metrics_url is not None
         try:
-            value, feature = max_drift_psi(r.metrics_url, r.drift_ignore)
-        except OSError as exc:
+            token = read_secret(API_TOKEN_ENV, r.metrics_token_file)
+            value, feature = max_drift_psi(r.metrics_url, r.drift_ignore, token=token)
+        except urllib.error.HTTPError as exc:
+            hint = f" (set ${API_TOKEN_ENV} or retrain.metrics_token_file)" if exc.code in (401, 403) else ""
+            log.warning("drift check could not read %s: HTTP %d%s", r.metrics_url, exc.code, hint)
+            return
+        except (OSError, UserError) as exc:
             log.warning("drift check could not read %s: %s", r.metrics_url, exc)
             return
         if feature is None or not value >= r.drift_psi_threshold:

@@ -81,6 +81,7 @@ def train_federated_flower(
     """FedByteBPE as a Flower app in simulation on the Ray backend (one SuperNode per institution)."""
     from flwr.simulation import run_simulation
 
+    from fedfraud.net import ray_bind
     from training.tokenizer.client_app import app as client_app
     from training.tokenizer.server_app import build_server_app
 
@@ -97,7 +98,7 @@ def train_federated_flower(
             num_supernodes=num_supernodes,
             backend_config={
                 "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
-                "init_args": {"num_cpus": num_cpus, "include_dashboard": False, "logging_level": "ERROR"},
+                "init_args": {"num_cpus": num_cpus, "logging_level": "ERROR", **ray_bind()},  # loopback
             },
         )
         wall = time.perf_counter() - start
