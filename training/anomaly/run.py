@@ -216,7 +216,9 @@ class Checkpoint:
 
 
 def privacy_report(
-    per_bank: Mapping[int, BankPrivacy | Mapping[str, float]], client_dp: Mapping[str, Any]
+    per_bank: Mapping[int, BankPrivacy | Mapping[str, float]],
+    client_dp: Mapping[str, Any],
+    feature_ldp: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Registry privacy section: the client-level DP of what left the banks (``client_dp``, from the federation's
     accountant, or ``dp: off`` said plainly), the feature mechanism inside the banks, and the thesis's μ-GDP figure
@@ -234,15 +236,19 @@ def privacy_report(
     else:
         guarantee = (
             "none: no (epsilon, delta) is claimed for what leaves a bank (client_dp: "
-            f"{dp.get('dp', 'off')}). The feature noise below stays inside the bank and is far below what a "
-            "calibrated Gaussian mechanism would need"
+            f"{dp.get('dp', 'off')}). The feature noise stays inside the bank"
         )
+    features = (
+        str(feature_ldp["mechanism"])
+        if feature_ldp is not None
+        else "personalized LDP private shuffle (thesis Algorithm 3) on L' and T'"
+    )
     return {
         "formal_guarantee": guarantee,
         "client_dp": dp,
-        "mechanism": "personalized LDP private shuffle (thesis Algorithm 3) on L' and T', inside each bank; "
-                     "merchant ids hashed under the federation's key (the server cannot name a bank's merchants "
-                     "from the rows its update changes)",
+        **({"feature_ldp": dict(feature_ldp)} if feature_ldp is not None else {}),
+        "mechanism": f"{features}, inside each bank; merchant ids hashed under the federation's key (the server "
+                     "cannot name a bank's merchants from the rows its update changes)",
         "thesis_heuristic": (
             "mu-GDP, mu = sqrt(2 / (sum_i q_i - max_i q_i)), q_i = (1 - delta_i) / (1 + e^eps_i): the thesis's "
             "shuffle-amplification figure, NOT a guarantee here. Its premises do not hold: there is no shuffler "
@@ -318,10 +324,12 @@ def publish_run(
     history: list[RoundRecord],
     privacy: Mapping[int, BankPrivacy | Mapping[str, float]],
     client_dp: Mapping[str, Any],
+    feature_ldp: Mapping[str, Any] | None = None,
     selected_round: int | None = None,
 ) -> ModelVersion:
     """Publish the selected weights with config, final metrics (mean/std and per bank), history and privacy
-    (``client_dp``: the accountant's card of the run's releases, or a plain ``dp: off``).
+    (``client_dp``: the accountant's card of the run's releases, or a plain ``dp: off``; ``feature_ldp``: the
+    feature mechanism inside the banks, :func:`feature_store.privacy.feature_ldp_card`).
     """
     if not history:
         raise ValueError("nothing to publish: no completed round")
@@ -352,7 +360,7 @@ def publish_run(
         ego_cfg=ego_cfg,
         config=config,
         metrics=metrics,
-        privacy=privacy_report(privacy, client_dp),
+        privacy=privacy_report(privacy, client_dp, feature_ldp),
         card=_card(mode, anomaly_cfg, last.round, last.summary),
     )
     logger.info(

@@ -13,6 +13,7 @@ import time
 
 import torch
 
+from feature_store.privacy import feature_ldp_card
 from training.anomaly.engine import sources_of, train_model
 from training.anomaly.model import pick_device
 from training.anomaly.run import Checkpoint, RoundRecord, checkpoint_dir, log_round, publish_run
@@ -85,6 +86,7 @@ def run_centralized(settings: RunSettings, threads: int = 1) -> RunResult:
                 "centralized run: every bank's data was pooled in one process, so no federated update was "
                 "released and no client-level DP applies"
             ),
+            feature_ldp=feature_ldp_card(settings.privacy),
         ).tag
     return RunResult(
         "centralized",

@@ -18,6 +18,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import Strategy
 
+from feature_store.privacy import feature_ldp_card
 from training.anomaly.run import Checkpoint, checkpoint_dir, publish_run
 from training.federated.accountant import DPRound, dp_card, plan_noise
 from training.federated.strategy import (
@@ -138,6 +139,7 @@ def run_federation(grid: Grid, settings: RunSettings, observer: ReplyObserver | 
             history=checkpoint.history,
             privacy=checkpoint.privacy,
             client_dp=dp_card(checkpoint.dp_ledger, settings.federated.dp.delta, banks),
+            feature_ldp=feature_ldp_card(settings.privacy),
         )
         result["version"] = version.tag
     directory.mkdir(parents=True, exist_ok=True)

@@ -80,6 +80,9 @@ MODEL_KEYS: tuple[str, ...] = (
     "egograph-max-nodes",
     "privacy-epsilon-max",
     "privacy-epsilon-min",
+    "privacy-mechanism",
+    "privacy-geo-epsilon-per-km",
+    "privacy-hour-epsilon",
 )
 
 
