@@ -127,7 +127,9 @@ class AnomalyFedProx(FedProx):
                 continue
             m = reply.content["metrics"]
             per_bank[int(m["partition-id"])] = {
-                k.replace("-", "_"): float(v) for k, v in m.items() if k not in ("num-examples", "partition-id")
+                k.replace("-", "_"): float(v)
+                for k, v in m.items()
+                if k not in ("num-examples", "partition-id", EQUAL_WEIGHT_KEY)
             }
         aggregated = super().aggregate_evaluate(server_round, replies)
         if per_bank and self._arrays is not None:
