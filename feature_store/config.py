@@ -53,8 +53,19 @@ class EncoderConfig(_Section):
 
 
 class PrivacyConfig(_Section):
-    """Personalized local DP (Algorithm 3) parameters."""
+    """Feature-level local DP inside each bank: the thesis's private shuffle (Algorithm 3, not a formal guarantee
+    at these scales) or a calibrated option (planar Laplace on the coordinates, randomized response on the hour).
+    """
 
+    mechanism: Literal["thesis", "calibrated"] = Field(
+        "thesis",
+        description="thesis: Gaussian private shuffle of L'/T' (heuristic); calibrated: planar Laplace on raw "
+        "coordinates + randomized response on the hour, each with a stated epsilon per report",
+    )
+    geo_epsilon_per_km: float = Field(
+        0.1, gt=0, description="calibrated: geo-indistinguishability, epsilon per km of distance, per report"
+    )
+    hour_epsilon: float = Field(1.0, gt=0, description="calibrated: k-ary randomized response on the hour, per report")
     epsilon_min: float = Field(0.01, gt=0)
     epsilon_max: float = Field(10.0, gt=0)
     delta: float = Field(1e-4, ge=0, lt=1)

@@ -111,7 +111,12 @@ def _render_card(meta: dict[str, Any], card: str | None) -> str:
     for title, key in (("Metrics", "metrics"), ("Privacy", "privacy")):
         if meta.get(key):
             lines += [f"## {title}", ""]
-            lines += [f"- **{k}**: {v}" for k, v in meta[key].items()]
+            for k, v in meta[key].items():
+                if isinstance(v, dict) and v and not all(str(x).isdigit() for x in v):
+                    lines.append(f"- **{k}**:")  # a sub-section (e.g. privacy.client_dp) reads as a nested list
+                    lines += [f"  - {k2}: {v2}" for k2, v2 in v.items()]
+                else:
+                    lines.append(f"- **{k}**: {v}")
             lines.append("")
     config = json.dumps(meta.get("config", {}), indent=2, sort_keys=True)
     lines += ["## Configuration", "", "```json", config, "```", ""]

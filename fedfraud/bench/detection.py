@@ -40,7 +40,16 @@ import pandas as pd
 
 from fedfraud.bench.intervals import Interval, bootstrap_by_group, fraud_incidents
 
-__all__ = ["DetectionBench", "evaluate_published", "run_detection_bench"]
+__all__ = [
+    "DETECTION_SETTINGS",
+    "DetectionBench",
+    "evaluate_published",
+    "ingested",
+    "run_detection_bench",
+    "score_split",
+    "split_counts",
+    "train_run",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -158,10 +167,24 @@ class DetectionBench:
         return "\n".join(lines)
 
 
-def _train(data: Path, work: Path, mode: str, flat: dict[str, Any]) -> tuple[Path, float]:
+def ingested(csv: Path, work: Path) -> Path:
+    """The CSV ingested into 5 banks (hash partition by cardholder) under ``work/data``, once."""
+    from training.data.config import IngestConfig
+    from training.data.ingest import ingest_csv
+
+    data = Path(work) / "data"
+    if not (data / "manifest.json").exists():
+        ingest_csv(Path(csv), data, IngestConfig(banks=5, partition="hash"), progress=True)
+    return data
+
+
+def train_run(data: Path, work: Path, mode: str, flat: dict[str, Any], name: str = "") -> tuple[Path, float]:
+    """Train and publish one model into ``work/registry-<name or mode>`` (ego-graph cache shared under ``work``);
+    returns the registry and the wall seconds.
+    """
     from training.federated.task import RunSettings
 
-    out = work / f"registry-{mode}"
+    out = work / f"registry-{name or mode}"
     settings = RunSettings.from_flat(
         {**flat, "data-dir": str(data), "out-dir": str(out), "publish": True, "cache-dir": str(work / "cache")}
     )
@@ -177,10 +200,16 @@ def _train(data: Path, work: Path, mode: str, flat: dict[str, Any]) -> tuple[Pat
     return out, time.perf_counter() - start
 
 
-def _score_split(
-    data: Path, registries: dict[str, Path], privacy_cfg: Any, splits: tuple[str, ...]
+def score_split(
+    data: Path,
+    registries: dict[str, Path],
+    privacy_cfg: Any,
+    splits: tuple[str, ...],
+    privacy_by_model: dict[str, Any] | None = None,
 ) -> tuple[pd.DataFrame, float]:
-    """Every transaction of the cardholders in ``splits``, scored by each model and every baseline."""
+    """Every transaction of the cardholders in ``splits``, scored by each model and every baseline
+    (``privacy_by_model``: the feature-privacy config a model was trained with, where it differs).
+    """
     from feature_store.privacy import PrivateFeaturizer
     from training.anomaly.baselines import causal_baselines, isolation_forest_scores
     from training.anomaly.scorer import AnomalyScorer
@@ -202,7 +231,9 @@ def _score_split(
         train_rows = split.eq("train").to_numpy()
         part["baseline:isolation_forest"] = isolation_forest_scores(base[train_rows], base[wanted], seed=bank)
         for name, scorer in scorers.items():
-            featurizer = PrivateFeaturizer.for_bank(scorer.encoder_cfg, privacy_cfg, bank)
+            featurizer = PrivateFeaturizer.for_bank(
+                scorer.encoder_cfg, (privacy_by_model or {}).get(name, privacy_cfg), bank
+            )
             t0 = time.process_time()
             part[name] = scorer.score_frame(frame[wanted], featurizer)
             cpu += time.process_time() - t0
@@ -222,24 +253,18 @@ def run_detection_bench(
 ) -> DetectionBench:
     """Ingest (or take ``data``, an ingested or generated dataset), train, score and compare under ``work``."""
     from fedfraud.config import FedfraudConfig
-    from training.data.config import IngestConfig
-    from training.data.ingest import ingest_csv
     from training.federated.task import RunSettings
 
     work = Path(work)
-    if data is None:
-        data = work / "data"
-        if not (data / "manifest.json").exists():
-            ingest_csv(Path(str(csv)), data, IngestConfig(banks=5, partition="hash"), progress=True)
-    data = Path(data)
+    data = Path(data) if data is not None else ingested(Path(str(csv)), work)
     flat = {**RunSettings.defaults(), **DETECTION_SETTINGS, **(overrides or {})}
     bench = DetectionBench(source=str(csv or data), settings=flat)
     registries: dict[str, Path] = {}
     for mode in modes:
-        registries[f"GNN {mode}"], seconds = _train(data, work, mode, flat)
+        registries[f"GNN {mode}"], seconds = train_run(data, work, mode, flat)
         bench.timings[f"{mode} training wall s"] = seconds
     t0 = time.perf_counter()
-    rows, ms_per_tx = _score_split(data, registries, FedfraudConfig().privacy, ("val", "test"))
+    rows, ms_per_tx = score_split(data, registries, FedfraudConfig().privacy, ("val", "test"))
     bench.timings["scoring wall s (val + test, all models)"] = time.perf_counter() - t0
     bench.timings["score_ms_per_tx"] = ms_per_tx
     from training.registry import ModelRegistry
@@ -264,19 +289,24 @@ def run_detection_bench(
         )
         setattr(bench, split_name, table)
         if split_name == "test":
-            ts = part["timestamp"].astype("int64").to_numpy() / 1e6
-            scored = np.all(np.isfinite(np.c_[[scores[d] for d in detectors]].T), axis=1)
-            bench.counts = {
-                "test_transactions": int(scored.sum()),
-                "test_cardholders": int(part["cardholder_id"].nunique()),
-                "test_frauds": int(label[scored].sum()),
-                "test_incidents": fraud_incidents(
-                    part["cardholder_id"].astype(str).to_numpy()[scored], ts[scored], label[scored]
-                ),
-            }
+            bench.counts = split_counts(part, detectors)
             if "GNN federated" in registries:
                 bench.scenarios = per_scenario(part, "GNN federated", data)
     return bench
+
+
+def split_counts(part: pd.DataFrame, detectors: list[str]) -> dict[str, int]:
+    """Transactions, cardholders, frauds and fraud incidents of one split's rows that every detector scored."""
+    label = part["is_fraud"].astype(bool).to_numpy()
+    ts = part["timestamp"].astype("int64").to_numpy() / 1e6
+    scored = np.all(np.isfinite(np.c_[[part[d].to_numpy(dtype=np.float64) for d in detectors]].T), axis=1)
+    return {
+        "test_transactions": int(scored.sum()),
+        "test_cardholders": int(part["cardholder_id"].nunique()),
+        "test_frauds": int(label[scored].sum()),
+        "test_incidents": fraud_incidents(part["cardholder_id"].astype(str).to_numpy()[scored], ts[scored],
+                                          label[scored]),
+    }
 
 
 def _auc(label: np.ndarray, score: np.ndarray) -> float:
@@ -297,7 +327,7 @@ def evaluate_published(
     has the generator's ``labels.parquet`` (or ``labels_from`` has, for a
     hold-out copy of a generated dataset).
     """
-    rows, ms_per_tx = _score_split(Path(data), {"GNN": Path(registry)}, privacy_cfg, (split,))
+    rows, ms_per_tx = score_split(Path(data), {"GNN": Path(registry)}, privacy_cfg, (split,))
     label = rows["is_fraud"].fillna(False).astype(bool).to_numpy()
     detectors = ["GNN", *[c for c in rows.columns if c.startswith("baseline:")]]
     table = bootstrap_by_group(

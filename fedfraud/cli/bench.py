@@ -163,6 +163,60 @@ def anomaly(
     emit(result.to_markdown(), out)
 
 
+@bench_app.command("privacy")
+def privacy(
+    ctx: typer.Context,
+    csv: Annotated[
+        Path | None, typer.Option("--csv", help="labelled Sparkov/Kaggle or TabFormer CSV (.csv or .csv.gz)")
+    ] = None,
+    data: Annotated[Path | None, typer.Option("--data", help="or: an ingested/generated dataset dir")] = None,
+    work: Annotated[Path, typer.Option("--work", help="data, registries and caches go here")] = Path(
+        "out/bench-privacy"
+    ),
+    epsilon: Annotated[
+        list[float] | None, typer.Option("--epsilon", help="ε of a row (repeatable; inf = DP off); default 1 3 8 inf")
+    ] = None,
+    rounds: Annotated[int | None, typer.Option("--rounds", min=1, help="federated rounds (default 10)")] = None,
+    local_epochs: Annotated[int | None, typer.Option("--local-epochs", min=1, help="default 10")] = None,
+    samples_per_epoch: Annotated[
+        int | None, typer.Option("--samples-per-epoch", min=1, help="transitions per local epoch (default 1024)")
+    ] = None,
+    clipping_norm: Annotated[
+        float | None, typer.Option("--clipping-norm", min=1e-9, help="L2 clip of a bank's update")
+    ] = None,
+    resamples: Annotated[int, typer.Option("--resamples", min=50, help="bootstrap resamples")] = 500,
+    label: Annotated[str, typer.Option("--label", help="appended to the heading, e.g. ' (small run)'")] = "",
+    ldp: Annotated[
+        bool, typer.Option("--ldp/--no-ldp", help="add a DP-off run with the calibrated feature mechanism")
+    ] = True,
+    out: OutOption = None,
+) -> None:
+    """Client-level DP's utility cost: the anomaly model's fraud ROC-AUC / PR-AUC at ε ∈ {1, 3, 8, ∞}, 95% CIs."""
+    import math
+
+    from fedfraud.bench.privacy import PRIVACY_EPSILONS, run_privacy_bench
+
+    if (csv is None) == (data is None):
+        raise UserError("give exactly one of --csv FILE or --data DIR")
+    if csv is not None:
+        readable_file(csv)
+    epsilons = tuple(epsilon or PRIVACY_EPSILONS)
+    bad = [e for e in epsilons if not e > 0 or math.isnan(e)]
+    if bad:
+        raise UserError(f"--epsilon must be > 0 (inf for DP off), got {bad[0]}")
+    cfg = config_of(ctx)
+    dp = cfg.federated.dp
+    calibrated = cfg.privacy.model_copy(update={"mechanism": "calibrated"}) if ldp else None
+    overrides: dict[str, object] = {"dp-delta": dp.delta, "dp-clipping-norm": clipping_norm or dp.clipping_norm}
+    for key, value in (("rounds", rounds), ("local-epochs", local_epochs), ("samples-per-epoch", samples_per_epoch)):
+        if value is not None:
+            overrides[key] = value
+    result = run_privacy_bench(
+        csv, work, epsilons, overrides=overrides, resamples=resamples, data=data, label=label, calibrated=calibrated
+    )
+    emit(result.to_markdown(), out)
+
+
 @bench_app.command("anomaly-ablation")
 def anomaly_ablation(
     ctx: typer.Context,

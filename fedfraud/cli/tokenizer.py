@@ -56,6 +56,9 @@ def train(
     mode: Annotated[str | None, typer.Option("--mode", help="single or batched")] = None,
     backend: Annotated[str, typer.Option("--backend", help="flower (Ray simulation) or inprocess")] = "flower",
     work: Annotated[Path, typer.Option("--work", help="scratch folder")] = Path("out/tokenizer"),
+    no_privacy: Annotated[
+        bool, typer.Option("--no-privacy", help="release exact counts: no noise, no DP (printed in the card)")
+    ] = False,
 ) -> None:
     """Train FedByteBPE across institutions and publish ``tokenizer.json`` in the registry."""
     cfg = update_section(config_of(ctx), "tokenizer", vocab_size=vocab_size, mode=mode).tokenizer
@@ -67,20 +70,36 @@ def train(
 
     work.mkdir(parents=True, exist_ok=True)
     path, clients = _clients(corpus, cfg, work)
+    documents = sum(len(t) for t in clients.values())
+    if cfg.delta is not None and cfg.delta > 1.0 / documents:
+        raise UserError(f"tokenizer.delta={cfg.delta:g} is above 1/documents ({1.0 / documents:.3g}): no guarantee")
     if backend == "flower":
-        run = train_federated_flower(cfg, path, num_supernodes=len(clients))
+        run = train_federated_flower(cfg, path, num_supernodes=len(clients), privacy=not no_privacy)
     else:
-        run = train_federated_inprocess(cfg, clients)
+        run = train_federated_inprocess(cfg, clients, privacy=not no_privacy)
     pipe = CorpusPipeline()
     masked = {c: pipe.masked_texts(t) for c, t in clients.items()}
     row = compare(masked, [("federated", run.vocab_size, lambda _c: hf_counter(run.tokenizer))])[0]
     metrics = {k: v[0] for k, v in row.mean().items()} | {"rounds": run.rounds, "train_seconds": run.train_seconds}
-    card = (
-        f"FedByteBPE tokenizer ({cfg.mode} mode) trained on {len(clients)} institutions; stopped: {run.stop_reason}. "
-        "Privacy: per-release (eps', delta') from Laplace noise and subsampling (paper §4.3), plus threshold theta."
-    )
+    card = "\n".join([
+        f"FedByteBPE tokenizer ({cfg.mode} mode) trained on {len(clients)} institutions; stopped: {run.stop_reason}.",
+        "",
+        f"**Privacy**: {_privacy_line(run.privacy)}",
+    ])
     version = publish_tokenizer(registry, run.tokenizer, cfg, metrics=metrics, privacy=run.privacy, card=card)
     typer.echo(f"published {version.tag} vocab={run.vocab_size} rounds={run.rounds} stop='{run.stop_reason}'")
+    typer.echo(f"privacy: {_privacy_line(run.privacy)}")
+
+
+def _privacy_line(privacy: dict) -> str:  # type: ignore[type-arg]
+    """One sentence for the card and the terminal: the composed (ε, δ) per document, or that privacy was off."""
+    if privacy.get("privacy") != "on":
+        return str(privacy.get("privacy"))
+    return (
+        f"({privacy['epsilon']:.3g}, {privacy['delta']:.2g})-DP per document over all "
+        f"{privacy['releases_per_client']} releases of a client ({privacy['epsilon_per_release']:g} per release, "
+        f"{privacy['accountant']})"
+    )
 
 
 @tokenizer_app.command("eval")

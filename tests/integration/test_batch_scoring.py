@@ -23,6 +23,7 @@ from training.anomaly.data import load_bank_data
 from training.anomaly.engine import evaluate_task, sources_of, train_model
 from training.anomaly.model import AnomalyModel
 from training.anomaly.run import RoundRecord, publish_run
+from training.federated.accountant import dp_off_card
 from training.data.config import GeneratorConfig
 from feature_store.layout import read_bank
 from training.data.synthetic import generate_dataset
@@ -46,7 +47,8 @@ def published(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
                 batch_size=32, lr=3e-3, seed=0)
     publish_run(ModelRegistry(registry), model.state_dict(), mode="centralized", anomaly_cfg=ANOMALY,
                 encoder_cfg=CFG.encoder, ego_cfg=CFG.egograph, config={}, history=[
-                    RoundRecord(1, 1.0, {0: evaluate_task(model, bank)}, 1.0)], privacy={0: bank.privacy})
+                    RoundRecord(1, 1.0, {0: evaluate_task(model, bank)}, 1.0)], privacy={0: bank.privacy},
+                client_dp=dp_off_card("test model, trained in one process"))
     return data, registry
 
 

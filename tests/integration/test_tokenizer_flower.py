@@ -18,9 +18,9 @@ def test_flower_fedbpe_matches_reference_and_server_sees_no_pii(tmp_path):
     corpus = write_jsonl(tmp_path / "corpus.jsonl", docs)
     audit = tmp_path / "audit.jsonl"
     n_merges = 12
-    cfg = TokenizerConfig(vocab_size=256 + n_merges + 1, mode="single", theta=0, epsilon=None, p=1.0,
-                          k_fraction=1.0, top_n=None)
-    run = train_federated_flower(cfg, corpus, num_supernodes=3, audit_path=audit)
+    cfg = TokenizerConfig(vocab_size=256 + n_merges + 1, mode="single", theta=0, p=1.0, k_fraction=1.0, top_n=None)
+    run = train_federated_flower(cfg, corpus, num_supernodes=3, audit_path=audit, privacy=False)
+    assert run.privacy["privacy"].startswith("OFF (--no-privacy)")
 
     pipe = CorpusPipeline()
     pooled: dict[bytes, int] = {}

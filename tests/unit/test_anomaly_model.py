@@ -24,6 +24,7 @@ from training.anomaly.scorer import AnomalyScorer
 from training.data.config import GeneratorConfig
 from feature_store.layout import read_bank
 from training.data.synthetic import generate_dataset
+from training.federated.accountant import dp_card, gaussian_epsilon
 from training.registry import ModelRegistry
 
 ENC = EncoderConfig(dim=32, merchant_buckets=512)
@@ -122,7 +123,12 @@ def test_registry_round_trip_gives_identical_scores(bank, tmp_path, readout):
         config={"anomaly": CFG.model_dump()},
         history=[record],
         privacy={0: data.privacy},
+        client_dp=dp_card([{"noise_multiplier": 1.0, "clipping_norm": 0.5, "banks": 2}] * 3, 1e-5, 2),
     )
+    dp = version.privacy["client_dp"]
+    assert dp["dp"] == "on" and dp["rounds"] == 3 and dp["noise_multiplier"] == 1.0 and dp["clipping_norm"] == 0.5
+    assert dp["epsilon"] == pytest.approx(gaussian_epsilon(1.0, 3, 1e-5)) and dp["delta"] == 1e-5
+    assert "unit_of_privacy: one bank" in version.model_card and "accountant: dp_accounting RDP" in version.model_card
     assert version.tag == "anomaly:v1"
     assert version.privacy["mu_gdp_per_bank"]["0"] == pytest.approx(data.privacy.mu_gdp)
     assert ("1 - f(q_prev, q_cur)" in version.model_card) == (readout == "thesis")

@@ -43,6 +43,18 @@ def test_settings_round_trip_and_errors():
 
 
 
+def test_dp_section_travels_as_dp_keys():
+    from fedfraud.config import load_config
+
+    cfg = load_config(overrides=["federated.dp.enabled=true", "federated.dp.target_epsilon=3", "federated.rounds=4"])
+    s = RunSettings.from_config(cfg, Path("data"), Path("out"))
+    flat = s.to_flat()
+    assert flat["dp-enabled"] is True and flat["dp-target-epsilon"] == 3 and flat["rounds"] == 4
+    assert RunSettings.from_flat(flat) == s and RunSettings.from_flat(flat).federated.dp == cfg.federated.dp
+    with pytest.raises(ConfigError, match="invalid setting dp-clipping-norm"):
+        RunSettings.from_flat({"dp-clipping-norm": 0})
+
+
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     root = tmp_path_factory.mktemp("tiny")
@@ -82,6 +94,12 @@ def test_cli_missing_data_dir(capsys, monkeypatch, tmp_path):
         capsys, monkeypatch, ["train", "anomaly", "--data", str(tmp_path / "nope"), "--out", str(tmp_path)]
     )
     assert "does not exist" in line
+
+
+def test_cli_dp_on_a_centralized_run(capsys, monkeypatch, tiny, tmp_path):
+    argv = ["--set", "federated.dp.enabled=true", "train", "anomaly", "--data", str(tiny), "--out", str(tmp_path),
+            "--centralized"]
+    assert "client-level DP" in _one_line_error(capsys, monkeypatch, argv)
 
 
 @pytest.mark.parametrize("centralized", [False, True])

@@ -74,6 +74,7 @@ def test_registry_round_trip_gives_identical_predictions(banks, tmp_path):
     registry = ModelRegistry(tmp_path / "artifacts")
     version = model.publish(registry, config={"fraud": CFG.model_dump()}, metrics={"valid_f1": 0.5})
     assert version.kind == "fraud" and "Feature importance" in version.model_card
+    assert version.privacy["client_dp"]["dp"] == "off" and "differential privacy is **off**" in version.model_card
     assert ANOMALY_FEATURE in version.extra["feature_importance"]
     loaded = FraudModel.from_registry(tmp_path / "artifacts", "latest")
     X = np.concatenate([banks[0].X, banks[1].X])

@@ -133,6 +133,7 @@ class Checkpoint:
     settings: dict[str, Any]
     optimizer: dict[str, Any] | None = None
     privacy: dict[int, dict[str, float]] = field(default_factory=dict)
+    dp_ledger: list[dict[str, float]] = field(default_factory=list)  # one entry per released round (accountant)
     best_round: int = 0
     best_val_loss: float = math.inf
     best_state_dict: dict[str, Tensor] | None = None
@@ -171,6 +172,7 @@ class Checkpoint:
             "settings": self.settings,
             "optimizer": self.optimizer,
             "privacy": self.privacy,
+            "dp_ledger": self.dp_ledger,
             "best_round": self.best_round,
             "best_val_loss": self.best_val_loss,
             "best_state_dict": self.best_state_dict,
@@ -196,6 +198,7 @@ class Checkpoint:
             settings=dict(payload["settings"]),
             optimizer=payload.get("optimizer"),
             privacy={int(k): v for k, v in (payload.get("privacy") or {}).items()},
+            dp_ledger=list(payload.get("dp_ledger") or []),
             best_round=int(payload.get("best_round", 0)),
             best_val_loss=float(payload.get("best_val_loss", math.inf)),
             best_state_dict=payload.get("best_state_dict"),
@@ -212,21 +215,40 @@ class Checkpoint:
             )
 
 
-def privacy_report(per_bank: Mapping[int, BankPrivacy | Mapping[str, float]]) -> dict[str, Any]:
-    """Registry privacy section: what leaves a bank, that no formal guarantee is claimed, and the thesis's μ-GDP
-    figure labelled as the heuristic it is (issue 15's review).
+def privacy_report(
+    per_bank: Mapping[int, BankPrivacy | Mapping[str, float]],
+    client_dp: Mapping[str, Any],
+    feature_ldp: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Registry privacy section: the client-level DP of what left the banks (``client_dp``, from the federation's
+    accountant, or ``dp: off`` said plainly), the feature mechanism inside the banks, and the thesis's μ-GDP figure
+    labelled as the heuristic it is (issue 15's review).
     """
     banks = {int(b): (vars(p) if isinstance(p, BankPrivacy) else dict(p)) for b, p in per_bank.items()}
     mus = [float(p["mu_gdp"]) for p in banks.values()]
+    dp = dict(client_dp)
+    if dp.get("dp") == "on":
+        guarantee = (
+            f"({dp['epsilon']:.3g}, {dp['delta']:g})-DP for one bank's whole contribution over all {dp['rounds']} "
+            "rounds, on the released models (client-level DP, see client_dp); the server itself sees clipped "
+            "updates without noise"
+        )
+    else:
+        guarantee = (
+            "none: no (epsilon, delta) is claimed for what leaves a bank (client_dp: "
+            f"{dp.get('dp', 'off')}). The feature noise stays inside the bank"
+        )
+    features = (
+        str(feature_ldp["mechanism"])
+        if feature_ldp is not None
+        else "personalized LDP private shuffle (thesis Algorithm 3) on L' and T'"
+    )
     return {
-        "formal_guarantee": (
-            "none: no (epsilon, delta) is claimed for what leaves a bank. Model updates are sent without "
-            "clipping or noise (client-level DP is open work, issue 15); the feature noise below stays inside "
-            "the bank and is far below what a calibrated Gaussian mechanism would need"
-        ),
-        "mechanism": "personalized LDP private shuffle (thesis Algorithm 3) on L' and T', inside each bank; "
-                     "merchant ids hashed under the federation's key (the server cannot name a bank's merchants "
-                     "from the rows its update changes)",
+        "formal_guarantee": guarantee,
+        "client_dp": dp,
+        **({"feature_ldp": dict(feature_ldp)} if feature_ldp is not None else {}),
+        "mechanism": f"{features}, inside each bank; merchant ids hashed under the federation's key (the server "
+                     "cannot name a bank's merchants from the rows its update changes)",
         "thesis_heuristic": (
             "mu-GDP, mu = sqrt(2 / (sum_i q_i - max_i q_i)), q_i = (1 - delta_i) / (1 + e^eps_i): the thesis's "
             "shuffle-amplification figure, NOT a guarantee here. Its premises do not hold: there is no shuffler "
@@ -236,8 +258,9 @@ def privacy_report(per_bank: Mapping[int, BankPrivacy | Mapping[str, float]]) ->
         "mu_gdp_per_bank": {str(b): p["mu_gdp"] for b, p in sorted(banks.items())},
         "mu_gdp_max": max(mus) if mus else math.inf,
         "per_bank": {str(b): p for b, p in sorted(banks.items())},
-        "leaves_a_bank": "model parameters after local training and scalar metrics (losses, counts, the heuristic "
-                         "above); no features, graphs, ids or coordinates",
+        "leaves_a_bank": "model parameters after local training (each bank's update clipped to L2 <= clipping_norm "
+                         "when client_dp is on) and scalar metrics (losses, counts, the heuristic above); no "
+                         "features, graphs, ids or coordinates",
     }
 
 
@@ -300,9 +323,14 @@ def publish_run(
     config: dict[str, Any],
     history: list[RoundRecord],
     privacy: Mapping[int, BankPrivacy | Mapping[str, float]],
+    client_dp: Mapping[str, Any],
+    feature_ldp: Mapping[str, Any] | None = None,
     selected_round: int | None = None,
 ) -> ModelVersion:
-    """Publish the selected weights with config, final metrics (mean/std and per bank), history and privacy."""
+    """Publish the selected weights with config, final metrics (mean/std and per bank), history and privacy
+    (``client_dp``: the accountant's card of the run's releases, or a plain ``dp: off``; ``feature_ldp``: the
+    feature mechanism inside the banks, :func:`feature_store.privacy.feature_ldp_card`).
+    """
     if not history:
         raise ValueError("nothing to publish: no completed round")
     last = history[-1]
@@ -332,7 +360,7 @@ def publish_run(
         ego_cfg=ego_cfg,
         config=config,
         metrics=metrics,
-        privacy=privacy_report(privacy),
+        privacy=privacy_report(privacy, client_dp, feature_ldp),
         card=_card(mode, anomaly_cfg, last.round, last.summary),
     )
     logger.info(

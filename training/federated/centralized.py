@@ -13,9 +13,11 @@ import time
 
 import torch
 
+from feature_store.privacy import feature_ldp_card
 from training.anomaly.engine import sources_of, train_model
 from training.anomaly.model import pick_device
 from training.anomaly.run import Checkpoint, RoundRecord, checkpoint_dir, log_round, publish_run
+from training.federated.accountant import dp_off_card
 from training.federated.task import RunSettings, bank_data, build_model, local_test, lr_factor
 from training.federated.trainer import RunResult, prepare
 from training.registry import ModelRegistry
@@ -80,6 +82,11 @@ def run_centralized(settings: RunSettings, threads: int = 1) -> RunResult:
             config={**settings.config_dump(), "mode": "centralized"},
             history=checkpoint.history,
             privacy=checkpoint.privacy,
+            client_dp=dp_off_card(
+                "centralized run: every bank's data was pooled in one process, so no federated update was "
+                "released and no client-level DP applies"
+            ),
+            feature_ldp=feature_ldp_card(settings.privacy),
         ).tag
     return RunResult(
         "centralized",

@@ -4,7 +4,9 @@ The bank builds its private features and ego graphs from its own parquet
 inside this process. What leaves it: the model's ``state_dict`` tensors
 (ArrayRecord) and scalar metrics (MetricRecord) — losses, test metrics,
 counts and the bank's μ-GDP. No features, graphs, ids, coordinates or
-timestamps.
+timestamps. Under client-level DP the train reply passes through Flower's
+``fixedclipping_mod`` on its way out: the update (new − received weights)
+is clipped to the clipping norm in L2 before it leaves the bank.
 """
 
 from __future__ import annotations
@@ -15,7 +17,10 @@ import os
 import torch
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
+from flwr.clientapp.mod import fixedclipping_mod
+from flwr.clientapp.typing import ClientAppCallable
 
+from training.federated.strategy import EQUAL_WEIGHT_KEY
 from training.federated.task import RunSettings, bank_data, build_model, device_for_client, local_test, local_train
 
 __all__ = ["app"]
@@ -23,6 +28,24 @@ __all__ = ["app"]
 logger = logging.getLogger(__name__)
 
 app = ClientApp()
+
+#: The train-config key through which Flower's DP wrapper asks for client-side clipping.
+CLIPPING_KEY = "clipping_norm"
+
+
+def dp_clipping_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
+    """Flower's ``fixedclipping_mod`` when the run is under client-level DP, else a pass-through.
+
+    A train message that says ``dp-enabled`` but carries no clipping norm is
+    refused: the bank does not send an unclipped update into a run it was
+    told is private.
+    """
+    config = msg.content["config"]
+    if CLIPPING_KEY in config:
+        return fixedclipping_mod(msg, context, call_next)
+    if bool(config.get("dp-enabled", False)):
+        raise ValueError("dp-enabled but the server sent no clipping norm; refusing to send an unclipped update")
+    return call_next(msg, context)
 
 
 def _setup(msg: Message, context: Context) -> tuple[RunSettings, int, torch.nn.Module, torch.device]:
@@ -36,7 +59,7 @@ def _setup(msg: Message, context: Context) -> tuple[RunSettings, int, torch.nn.M
     return settings, partition, model.to(device), device
 
 
-@app.train()
+@app.train(mods=[dp_clipping_mod])
 def train(msg: Message, context: Context) -> Message:
     """Local FedProx training on this bank's transitions; returns the new weights and train metrics."""
     settings, partition, model, _ = _setup(msg, context)
@@ -48,6 +71,7 @@ def train(msg: Message, context: Context) -> Message:
     metrics = MetricRecord(
         {
             "num-examples": len(bank.train),
+            EQUAL_WEIGHT_KEY: 1,
             "partition-id": partition,
             "train-loss": stats.loss_last,
             "train-loss-first": stats.loss_first,
@@ -74,6 +98,7 @@ def evaluate(msg: Message, context: Context) -> Message:
     record = MetricRecord(
         {
             "num-examples": len(bank.test),
+            EQUAL_WEIGHT_KEY: 1,
             "partition-id": partition,
             **{k.replace("_", "-"): float(v) for k, v in metrics.items()},
         }

@@ -1,10 +1,35 @@
-"""Typed configuration of the federated run (Flower simulation on Ray)."""
+"""Typed configuration of the federated run (Flower simulation on Ray) and of its client-level DP."""
 
 from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["FederatedConfig"]
+__all__ = ["DPConfig", "FederatedConfig"]
+
+
+class DPConfig(BaseModel):
+    """Client-level differential privacy on the anomaly model's federated updates (issue 15).
+
+    Each bank clips its update (new weights − the global weights it received) to
+    ``clipping_norm`` in L2 before it leaves the bank; the server averages the
+    banks' clipped updates with equal weights and adds Gaussian noise of std
+    ``noise_multiplier × clipping_norm / banks per round``. The unit of privacy is
+    one bank's whole contribution; the RDP accountant composes all rounds.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    enabled: bool = Field(False, description="clip and noise the anomaly model's updates (off: no (ε, δ) claimed)")
+    noise_multiplier: float = Field(
+        1.0, gt=0.0, description="σ / clipping_norm of the Gaussian noise on the sum; ignored if target_epsilon > 0"
+    )
+    target_epsilon: float = Field(
+        0.0, ge=0.0, description="> 0: calibrate noise_multiplier so that all rounds together spend this ε at δ"
+    )
+    delta: float = Field(1e-5, gt=0.0, lt=1.0, description="δ of the reported (ε, δ); keep it ≪ 1/number of banks")
+    clipping_norm: float = Field(
+        1.0, gt=0.0, description="L2 bound on one bank's update per round (all parameters together)"
+    )
 
 
 class FederatedConfig(BaseModel):
@@ -24,3 +49,4 @@ class FederatedConfig(BaseModel):
         "127.0.0.1", min_length=1,
         description="address the simulation's Ray (GCS, raylet, workers) listens on; the simulation runs on one "
         "machine, so loopback (fedfraud.net.ray_bind)")
+    dp: DPConfig = Field(default_factory=DPConfig, description="client-level DP on the updates (run keys dp-*)")

@@ -11,13 +11,23 @@ from __future__ import annotations
 import json
 import logging
 import time
+from pathlib import Path
 from typing import Any
 
 from flwr.app import ArrayRecord, ConfigRecord, Context
 from flwr.serverapp import Grid, ServerApp
+from flwr.serverapp.strategy import Strategy
 
+from feature_store.privacy import feature_ldp_card
 from training.anomaly.run import Checkpoint, checkpoint_dir, publish_run
-from training.federated.strategy import AnomalyFedProx, ReplyObserver
+from training.federated.accountant import DPRound, dp_card, plan_noise
+from training.federated.strategy import (
+    EQUAL_WEIGHT_KEY,
+    AnomalyFedProx,
+    BankLevelDP,
+    ReplyObserver,
+    banks_per_round,
+)
 from training.federated.task import MODEL_KEYS, RunSettings, build_model
 from training.registry import ModelRegistry
 
@@ -35,6 +45,44 @@ def _wait_for_nodes(grid: Grid, wanted: int, timeout: float = 120.0) -> int:
         time.sleep(0.2)
         nodes = list(grid.get_node_ids())
     return len(nodes)
+
+
+def _strategy(
+    settings: RunSettings, checkpoint: Checkpoint, directory: Path, banks: int, observer: ReplyObserver | None
+) -> tuple[Strategy, AnomalyFedProx]:
+    """(the strategy to start, its FedProx with the run's bookkeeping): wrapped in client-level DP when
+    ``dp-enabled``, with equal bank weights.
+    """
+    fed, dp = settings.federated, settings.federated.dp
+    per_round = banks_per_round(banks, fed.fraction_train)
+    z = plan_noise(dp, fed.rounds - checkpoint.round, [float(r["noise_multiplier"]) for r in checkpoint.dp_ledger])
+    inner = AnomalyFedProx(
+        checkpoint=checkpoint,
+        directory=directory,
+        total_rounds=fed.rounds,
+        observer=observer,
+        dp_round=DPRound(z, dp.clipping_norm, per_round) if dp.enabled else None,
+        fraction_train=fed.fraction_train,
+        fraction_evaluate=1.0,
+        min_train_nodes=max(1, min(banks, round(fed.fraction_train * banks))),
+        min_evaluate_nodes=banks,
+        min_available_nodes=banks,
+        proximal_mu=fed.proximal_mu,
+        weighted_by_key=EQUAL_WEIGHT_KEY if dp.enabled else "num-examples",
+    )
+    if not dp.enabled:
+        return inner, inner
+    logger.info(
+        "client_dp noise_multiplier=%.4f clipping_norm=%g banks_per_round=%d noise_std=%.6g target_epsilon=%g "
+        "delta=%g",
+        z,
+        dp.clipping_norm,
+        per_round,
+        z * dp.clipping_norm / per_round,
+        dp.target_epsilon,
+        dp.delta,
+    )
+    return BankLevelDP(inner, z, dp.clipping_norm, per_round), inner
 
 
 def run_federation(grid: Grid, settings: RunSettings, observer: ReplyObserver | None = None) -> dict[str, Any]:
@@ -55,18 +103,7 @@ def run_federation(grid: Grid, settings: RunSettings, observer: ReplyObserver | 
     banks = settings.num_banks or available
     start = time.perf_counter()
     if checkpoint.round < rounds:
-        strategy = AnomalyFedProx(
-            checkpoint=checkpoint,
-            directory=directory,
-            total_rounds=rounds,
-            observer=observer,
-            fraction_train=settings.federated.fraction_train,
-            fraction_evaluate=1.0,
-            min_train_nodes=max(1, min(banks, round(settings.federated.fraction_train * banks))),
-            min_evaluate_nodes=banks,
-            min_available_nodes=banks,
-            proximal_mu=settings.federated.proximal_mu,
-        )
+        strategy, bookkeeping = _strategy(settings, checkpoint, directory, banks, observer)
         config = ConfigRecord(flat)
         try:
             strategy.start(
@@ -77,7 +114,7 @@ def run_federation(grid: Grid, settings: RunSettings, observer: ReplyObserver | 
                 evaluate_config=ConfigRecord(flat),
             )
         finally:
-            strategy.close()
+            bookkeeping.close()
     else:
         logger.info("checkpoint already has %d/%d rounds; nothing to train", checkpoint.round, rounds)
     wall = time.perf_counter() - start
@@ -101,6 +138,8 @@ def run_federation(grid: Grid, settings: RunSettings, observer: ReplyObserver | 
             config={**settings.config_dump(), "mode": "federated", "strategy": "FedProx"},
             history=checkpoint.history,
             privacy=checkpoint.privacy,
+            client_dp=dp_card(checkpoint.dp_ledger, settings.federated.dp.delta, banks),
+            feature_ldp=feature_ldp_card(settings.privacy),
         )
         result["version"] = version.tag
     directory.mkdir(parents=True, exist_ok=True)

@@ -1,4 +1,6 @@
-"""FedProx with the anomaly run's bookkeeping: global round numbers, per-bank metrics, checkpoints, progress."""
+"""FedProx with the anomaly run's bookkeeping (global round numbers, per-bank metrics, checkpoints, progress), and
+the client-level DP wrapper around it.
+"""
 
 from __future__ import annotations
 
@@ -10,17 +12,27 @@ from pathlib import Path
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import FedProx
+from flwr.serverapp.strategy import DifferentialPrivacyClientSideFixedClipping, FedProx, Strategy
 from tqdm.auto import tqdm
 
 from training.anomaly.run import Checkpoint, RoundRecord, log_round
+from training.federated.accountant import DPRound
 
-__all__ = ["AnomalyFedProx", "ReplyObserver"]
+__all__ = ["EQUAL_WEIGHT_KEY", "AnomalyFedProx", "BankLevelDP", "ReplyObserver", "banks_per_round"]
 
 logger = logging.getLogger(__name__)
 
 #: Called with ("train" | "evaluate", global round, replies) before aggregation; tests audit what arrives.
 ReplyObserver = Callable[[str, int, list[Message]], None]
+
+#: Metric every bank reports as 1; under DP the average weighs banks by it (equal weights), not by example counts.
+EQUAL_WEIGHT_KEY = "equal-weight"
+
+
+def banks_per_round(banks: int, fraction_train: float) -> int:
+    """How many banks FedAvg samples per round (its own rule, with ``min_train_nodes`` as set by the server)."""
+    min_train = max(1, min(banks, round(fraction_train * banks)))
+    return max(int(banks * fraction_train), min_train)
 
 
 class AnomalyFedProx(FedProx):
@@ -39,9 +51,11 @@ class AnomalyFedProx(FedProx):
         directory: Path,
         total_rounds: int,
         observer: ReplyObserver | None = None,
+        dp_round: DPRound | None = None,
         **kwargs: object,
     ) -> None:
         super().__init__(**kwargs)  # type: ignore[arg-type]
+        self.dp_round = dp_round
         self.checkpoint = checkpoint
         self.directory = directory
         self.total_rounds = total_rounds
@@ -85,12 +99,18 @@ class AnomalyFedProx(FedProx):
             }
         self._train_loss = float(sum(losses) / len(losses)) if losses else math.nan
         arrays, metrics = super().aggregate_train(server_round, replies)
-        self._arrays = arrays
+        if arrays is not None:
+            # one more release for the accountant; written before the (noised) model goes out to the banks
+            ledger = self.dp_round or DPRound(0.0, 0.0, max(1, len(replies)))
+            self.checkpoint.dp_ledger.append(vars(ledger).copy())
+            if self.dp_round is not None:
+                self.checkpoint.save(self.directory)
         return arrays, metrics
 
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
+        self._arrays = arrays  # the global model as released (after the DP wrapper's noise, when there is one)
         config["global-round"] = self.global_round(server_round)
         config["fraud-eval"] = self.global_round(server_round) == self.total_rounds
         return super().configure_evaluate(server_round, arrays, config, grid)
@@ -107,7 +127,9 @@ class AnomalyFedProx(FedProx):
                 continue
             m = reply.content["metrics"]
             per_bank[int(m["partition-id"])] = {
-                k.replace("-", "_"): float(v) for k, v in m.items() if k not in ("num-examples", "partition-id")
+                k.replace("-", "_"): float(v)
+                for k, v in m.items()
+                if k not in ("num-examples", "partition-id", EQUAL_WEIGHT_KEY)
             }
         aggregated = super().aggregate_evaluate(server_round, replies)
         if per_bank and self._arrays is not None:
@@ -122,3 +144,37 @@ class AnomalyFedProx(FedProx):
 
     def close(self) -> None:
         self._bar.close()
+
+
+class BankLevelDP(DifferentialPrivacyClientSideFixedClipping):
+    """Client-level DP around :class:`AnomalyFedProx`: banks clip, the server adds Gaussian noise to the average.
+
+    Why client-side fixed clipping: the L2 bound is applied inside the bank
+    (``fixedclipping_mod`` in the ClientApp), so an unclipped update never
+    leaves it; fixed, not adaptive, because adaptive clipping spends budget on
+    the clipped-count query and the RDP accountant covers the Gaussian release
+    of the fixed-norm sum. With five banks the unit of privacy is a bank's
+    whole update, not a cardholder. The noise, std ``z·C/n`` on the mean of
+    ``n`` equally weighted banks, is added by the server, which therefore sees
+    each clipped update without noise: the (ε, δ) holds for the released
+    models, not against the server. A round with fewer replies than
+    ``num_sampled_clients`` is not released (the noise was sized for ``n``).
+    """
+
+    def __init__(self, strategy: Strategy, noise_multiplier: float, clipping_norm: float, banks: int) -> None:
+        super().__init__(strategy, noise_multiplier, clipping_norm, banks)
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        replies = list(replies)
+        usable = sum(not r.has_error() for r in replies)
+        if usable != self.num_sampled_clients:
+            logger.warning(
+                "round=%d dp: %d usable replies, noise is sized for %d; round not released",
+                server_round,
+                usable,
+                self.num_sampled_clients,
+            )
+            return None, None
+        return super().aggregate_train(server_round, replies)

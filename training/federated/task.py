@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import math
 from collections import OrderedDict
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -61,6 +62,8 @@ _RUN_DEFAULTS: dict[str, Any] = {
     "cache-dir": "",
     "registry-dir": "",
 }
+#: Keys the server adds to train/evaluate messages (not settings): round numbers, FedProx μ, DP clipping norm.
+_MESSAGE_KEYS = ("proximal-mu", "server-round", "fraud-eval", "global-round", "clipping_norm")
 #: Settings a resumed run must share with its checkpoint (they shape the model or its data).
 MODEL_KEYS: tuple[str, ...] = (
     "pooling",
@@ -77,11 +80,28 @@ MODEL_KEYS: tuple[str, ...] = (
     "egograph-max-nodes",
     "privacy-epsilon-max",
     "privacy-epsilon-min",
+    "privacy-mechanism",
+    "privacy-geo-epsilon-per-km",
+    "privacy-hour-epsilon",
 )
 
 
 def _kebab(name: str) -> str:
     return name.replace("_", "-")
+
+
+def _leaves(
+    model: type[BaseModel], prefix: str, path: tuple[str, ...] = ()
+) -> Iterator[tuple[str, tuple[str, ...], Any]]:
+    """(flat key, attribute path, field info) of every scalar setting; a nested section's name prefixes its keys
+    (``federated.dp.clipping_norm`` → ``dp-clipping-norm``).
+    """
+    for name, info in model.model_fields.items():
+        kind = info.annotation
+        if isinstance(kind, type) and issubclass(kind, BaseModel):
+            yield from _leaves(kind, f"{prefix}{_kebab(name)}-", (*path, name))
+        else:
+            yield prefix + _kebab(name), (*path, name), info
 
 
 @dataclass(frozen=True)
@@ -120,8 +140,8 @@ class RunSettings:
         """Every key with its default value (the pydantic defaults; pyproject's app config must agree)."""
         flat: dict[str, Any] = {}
         for prefix, model in _SECTIONS.values():
-            for name, info in model.model_fields.items():
-                flat[prefix + _kebab(name)] = info.get_default(call_default_factory=True)
+            for key, _, info in _leaves(model, prefix):
+                flat[key] = info.get_default(call_default_factory=True)
         return {**flat, **_RUN_DEFAULTS}
 
     @classmethod
@@ -129,21 +149,22 @@ class RunSettings:
         """Parse a flat kebab-case dict (missing keys take defaults); unknown keys or bad values → ConfigError."""
         merged = {**cls.defaults(), **dict(flat)}
         known = set(cls.defaults())
-        extra = sorted(
-            k
-            for k in merged
-            if k not in known and k not in ("proximal-mu", "server-round", "fraud-eval", "global-round")
-        )
+        extra = sorted(k for k in merged if k not in known and k not in _MESSAGE_KEYS)
         if extra:
             raise ConfigError(f"unknown anomaly run setting {extra[0]!r}")
         sections: dict[str, BaseModel] = {}
         for section, (prefix, model) in _SECTIONS.items():
-            values = {name: merged[prefix + _kebab(name)] for name in model.model_fields}
+            values: dict[str, Any] = {}
+            for key, path, _ in _leaves(model, prefix):
+                node = values
+                for part in path[:-1]:
+                    node = node.setdefault(part, {})
+                node[path[-1]] = merged[key]
             try:
                 sections[section] = model.model_validate(values)
             except ValidationError as err:
                 first = err.errors()[0]
-                where = prefix + _kebab(str(first["loc"][0])) if first["loc"] else section
+                where = prefix + "-".join(_kebab(str(p)) for p in first["loc"]) if first["loc"] else section
                 raise ConfigError(f"invalid setting {where}: {first['msg']}") from None
         return cls(
             data_dir=Path(str(merged["data-dir"])),
@@ -159,9 +180,13 @@ class RunSettings:
     def to_flat(self) -> dict[str, Any]:
         """The flat kebab-case dict (values are ConfigRecord-compatible scalars)."""
         flat: dict[str, Any] = {}
-        for section, (prefix, _) in _SECTIONS.items():
-            for name, value in getattr(self, section).model_dump().items():
-                flat[prefix + _kebab(name)] = value
+        for section, (prefix, model) in _SECTIONS.items():
+            dumped = getattr(self, section).model_dump()
+            for key, path, _ in _leaves(model, prefix):
+                value = dumped
+                for part in path:
+                    value = value[part]
+                flat[key] = value
         flat.update(
             {
                 "data-dir": str(self.data_dir),

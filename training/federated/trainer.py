@@ -18,6 +18,7 @@ from fedfraud.errors import UserError
 from fedfraud.net import ray_bind
 from training.anomaly.data import check_dataset
 from training.anomaly.run import Checkpoint, checkpoint_dir
+from training.federated.accountant import plan_noise
 from training.federated.server_app import RESULT_FILE, build_server_app
 from training.federated.strategy import ReplyObserver
 from training.federated.task import MODEL_KEYS, RunSettings
@@ -53,10 +54,20 @@ def prepare(settings: RunSettings, mode: str) -> list[int]:
         raise UserError(f"a federation needs at least 2 banks; {settings.data_dir} holds {len(banks)}")
     if banks != list(range(len(banks))):
         raise UserError(f"banks must be numbered 0..{len(banks) - 1} (partition ids); found {banks}")
-    if settings.resume:
-        ckpt = Checkpoint.load(checkpoint_dir(settings.out_dir, mode))
-        if ckpt is not None:
-            ckpt.check_compatible(settings.to_flat(), MODEL_KEYS)
+    ckpt = Checkpoint.load(checkpoint_dir(settings.out_dir, mode)) if settings.resume else None
+    if ckpt is not None:
+        ckpt.check_compatible(settings.to_flat(), MODEL_KEYS)
+    dp = settings.federated.dp
+    if dp.enabled and mode != "federated":
+        raise UserError("client-level DP (dp-enabled) protects federated updates; a centralized run has none")
+    if dp.enabled:
+        done = ckpt.round if ckpt is not None else 0
+        spent = [float(r["noise_multiplier"]) for r in ckpt.dp_ledger] if ckpt is not None else []
+        try:
+            if done < settings.federated.rounds:
+                plan_noise(dp, settings.federated.rounds - done, spent)
+        except ValueError as exc:
+            raise UserError(f"client-level DP: {exc}") from None
     return banks
 
 

@@ -25,6 +25,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from training.federated.accountant import dp_off_card
 from training.fraud.config import FraudConfig
 from training.fraud.features import ANOMALY_FEATURE, FraudFeatures
 from training.fraud.metrics import best_f1_threshold
@@ -242,10 +243,22 @@ class FraudModel:
             "cardholders (held out of training by a hash of the cardholder).",
             "Inputs: the full feature row of `training.fraud.features.feature_names` (private features only).",
             "",
+            "**Privacy**: differential privacy is **off** for this model: no (ε, δ). XGBoost trees and the "
+            "federated histograms and sketches are not noised (see the Privacy section and docs/privacy.md).",
+            "",
             "## Feature importance (share of total gain)",
             "",
             *[f"- {name}: {share:.3f}" for name, share in importance.items()],
         ])
+        # no mechanism noises trees, histograms or sketches: every fraud model says so in its card
+        privacy = {
+            **(privacy or {}),
+            "formal_guarantee": "none: no (epsilon, delta) is claimed for the fraud model or what its training sent",
+            "client_dp": dp_off_card(
+                f"{self.variant} XGBoost: trees, split values, quantile sketches and gradient/hessian histograms "
+                "are not clipped or noised (only the anomaly model's federated updates have client-level DP)"
+            ),
+        }
         with registry.publish(KIND, config=config, metrics=metrics, privacy=privacy,
                               extra={"variant": self.variant, "used": list(self.used), "threshold": self.threshold,
                                      "feature_importance": importance, **self.meta},

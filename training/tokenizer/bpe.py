@@ -19,7 +19,6 @@ them at once and none changes another's count.
 from __future__ import annotations
 
 import logging
-import math
 import random
 import time
 from collections import Counter, defaultdict
@@ -41,7 +40,6 @@ __all__ = [
     "FedBPEResult",
     "aggregate",
     "select_merges",
-    "amplified_privacy",
     "sample_clients",
     "reference_bpe",
     "train_in_process",
@@ -66,11 +64,21 @@ class Merge:
 
 @dataclass(frozen=True)
 class ReleaseParams:
-    """What a client does before releasing counts: subsample (p), add Laplace(delta/epsilon), keep top_n."""
+    """What a client does before releasing counts: subsample (p), add Laplace(sensitivity/epsilon), keep top_n.
+
+    With noise (``epsilon`` set) the release is *dense over a public domain*:
+    every current token id (single phase) or every pair of the server's
+    allowed tokens (pair phase) gets a noisy count, zero or not, so which keys
+    a client holds is not revealed by which keys it sends. ``sensitivity`` is
+    the L1 bound of one document's contribution to a release's counts (the
+    corpus pipeline's ``max_doc_bytes``), so each release is ε-DP per document.
+    Without noise the client sends its exact non-zero counts (the paper's
+    algorithm, for tests and ``--no-privacy``).
+    """
 
     p: float = 1.0
     epsilon: float | None = None
-    delta: float = 1.0
+    sensitivity: float = 1.0
     top_n: int | None = None
 
     def __post_init__(self) -> None:
@@ -78,6 +86,13 @@ class ReleaseParams:
             raise ValueError(f"p must be in (0, 1], got {self.p}")
         if self.epsilon is not None and self.epsilon <= 0:
             raise ValueError(f"epsilon must be > 0 or None, got {self.epsilon}")
+        if self.sensitivity <= 0:
+            raise ValueError(f"sensitivity must be > 0, got {self.sensitivity}")
+
+    @property
+    def noise_scale(self) -> float:
+        """Laplace scale b = sensitivity / ε (0 without noise)."""
+        return 0.0 if self.epsilon is None else self.sensitivity / self.epsilon
 
 
 _SHIFT = 32  # a pair (a, b) is packed as the int64 code a << 32 | b
@@ -177,6 +192,7 @@ class ClientState:
         self.freqs = np.array([c for _, c in items], dtype=np.int64)
         self._freqs: list[int] = self.freqs.tolist()  # Python ints for the per-word loops
         self.applied = 0  # number of global merges applied so far
+        self.vocab_size = 256  # ids 0..vocab_size-1 exist (bytes + merges seen): the public single-phase domain
         self.unigrams: Counter[int] = Counter()
         self.pairs: Counter[int] = Counter()  # keyed by pair_code
         self.where: dict[int, set[int]] = defaultdict(set)
@@ -202,6 +218,7 @@ class ClientState:
             return
         for m in merges:
             left, right, new = m.left, m.right, m.new_id
+            self.vocab_size = max(self.vocab_size, new + 1)
             # ``where`` keeps indices of words that once held the pair; a merge cannot re-create its own pair
             # (the new token differs from both parts), so the entry is dropped and stale indices are skipped.
             for i in self.where.pop(pair_code(left, right), ()):
@@ -244,14 +261,20 @@ class ClientState:
         self, phase: Literal["single", "pair"], params: ReleaseParams, rng: np.random.Generator,
         allowed_left: Iterable[int] | None = None,
     ) -> Release:
-        """ClientSendTuples: subsample, count, add Laplace noise, sort, keep the top ``top_n``."""
-        if self.empty:
+        """ClientSendTuples: subsample, count, add Laplace noise, sort, keep the top ``top_n``.
+
+        With noise even a client without documents sends a dense noisy release, so that removing its last
+        document does not change the shape of what it sends.
+        """
+        if self.empty and params.epsilon is None:
             return Release.nothing()
         if params.p < 1.0:
             uni, pairs = self._subsampled(rng, params.p)
         else:
             uni, pairs = self.unigrams, self.pairs
         counts = uni if phase == "single" else pairs
+        if params.epsilon is not None:
+            return self._dense_release(phase, counts, params, rng, allowed_left)
         keys = np.fromiter(counts.keys(), dtype=np.int64, count=len(counts))
         values = np.fromiter(counts.values(), dtype=np.float64, count=len(counts))
         if phase == "pair":
@@ -260,8 +283,26 @@ class ClientState:
             keys, values = keys[mask], values[mask]
         if not len(keys):
             return Release.nothing()
-        if params.epsilon is not None:
-            values = values + rng.laplace(0.0, params.delta / params.epsilon, size=len(keys))
+        return self._top(phase, keys, values, params)
+
+    def _dense_release(
+        self, phase: str, counts: Counter[int], params: ReleaseParams, rng: np.random.Generator,
+        allowed: Iterable[int] | None,
+    ) -> Release:
+        """Noisy counts of every key of the public domain: all token ids, or all pairs of allowed tokens."""
+        if phase == "single":
+            keys = np.arange(self.vocab_size, dtype=np.int64)
+        else:
+            tokens = np.unique(np.fromiter(() if allowed is None else allowed, dtype=np.int64))
+            if not len(tokens):
+                return Release.nothing(nvl=False)
+            keys = ((tokens[:, None] << _SHIFT) | tokens[None, :]).ravel()
+        values = np.fromiter((counts.get(int(k), 0) for k in keys), dtype=np.float64, count=len(keys))
+        values += rng.laplace(0.0, params.noise_scale, size=len(keys))
+        return self._top(phase, keys, values, params)
+
+    @staticmethod
+    def _top(phase: str, keys: np.ndarray, values: np.ndarray, params: ReleaseParams) -> Release:
         order = np.argsort(-values, kind="stable")
         if params.top_n is not None:
             order = order[: params.top_n]
@@ -310,19 +351,6 @@ def select_merges(
     return chosen
 
 
-def amplified_privacy(epsilon: float | None, delta: float, p: float) -> dict[str, float | None]:
-    """Paper §4.3 (Balle et al. Thm 9): eps' = ln(1 + p(e^eps - 1)), delta' = p * delta, per release."""
-    if epsilon is None:
-        return {"epsilon": None, "delta": delta, "p": p, "epsilon_prime": None, "delta_prime": None}
-    return {
-        "epsilon": epsilon,
-        "delta": delta,
-        "p": p,
-        "epsilon_prime": math.log1p(p * math.expm1(epsilon)),
-        "delta_prime": p * delta,
-    }
-
-
 def sample_clients(ids: Sequence[str | int], fraction: float, rng: random.Random) -> list:
     """RandomSampler(C, K): ``max(1, round(K*N))`` clients uniformly without replacement."""
     n = max(1, round(fraction * len(ids)))
@@ -355,6 +383,7 @@ class FedBPEServer:
         merges_growth: float = 0.0,
         k_fraction: float = 1.0,
         release: ReleaseParams | None = None,
+        pair_tokens: int = 128,
         seed: int = 0,
     ) -> None:
         if target_tokens < 256:
@@ -366,6 +395,7 @@ class FedBPEServer:
         self.merges_growth = merges_growth if mode == "batched" else 0.0
         self.k_fraction = k_fraction
         self.release = release or ReleaseParams()
+        self.pair_tokens = pair_tokens
         self.vocab = Vocabulary()
         self.rng = random.Random(seed)
         self.rounds = 0
@@ -392,8 +422,12 @@ class FedBPEServer:
         return picked
 
     def single_phase(self, releases: Iterable[Release]) -> list[int]:
-        """Token ids U whose aggregated noisy unigram count is > theta."""
+        """Token ids U whose aggregated noisy unigram count is > theta; with noise, only the ``pair_tokens`` largest
+        (the pair phase's public domain is U × U, released densely by every client).
+        """
         kept = aggregate(releases, self.theta)
+        if self.release.epsilon is not None and len(kept) > self.pair_tokens:
+            kept = dict(sorted(kept.items(), key=lambda kv: -kv[1])[: self.pair_tokens])
         return sorted(int(k) for k in kept)  # type: ignore[arg-type]
 
     def pair_phase(self, releases: Iterable[Release]) -> list[Merge]:
@@ -413,12 +447,17 @@ class FedBPEServer:
         return merges
 
     def privacy(self) -> dict[str, object]:
-        """Per-release (eps', delta') from the paper plus how many releases each client made."""
-        out: dict[str, object] = dict(amplified_privacy(self.release.epsilon, self.release.delta, self.release.p))
-        out["theta"] = self.theta
-        out["k_fraction"] = self.k_fraction
-        out["max_releases_per_client"] = max(self.releases_per_client.values(), default=0)
-        return out
+        """What the accountant needs: the per-release mechanism and how many releases each client made."""
+        return {
+            "epsilon_per_release": self.release.epsilon,
+            "sensitivity": self.release.sensitivity,
+            "noise_scale": self.release.noise_scale,
+            "p": self.release.p,
+            "theta": self.theta,
+            "k_fraction": self.k_fraction,
+            "pair_tokens": self.pair_tokens,
+            "max_releases_per_client": max(self.releases_per_client.values(), default=0),
+        }
 
     def stop_at_round_limit(self) -> None:
         """Record why a loop that ran out of rounds stopped (otherwise the result would claim the target)."""

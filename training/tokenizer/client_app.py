@@ -1,7 +1,9 @@
 """FedByteBPE ClientApp: answers the server's single-token and pair queries (ClientSendTuples).
 
 Only counts leave the client: token ids (of merges the server broadcast) with
-Laplace-noised frequencies, never words or text. They travel as int/float
+Laplace-noised frequencies, never words or text. With noise, each document
+counts only up to ``max-doc-bytes`` bytes and the release is dense over a
+public domain (``training.tokenizer.privacy`` has the account). They travel as int/float
 arrays in an ``ArrayRecord`` (compact, and no per-element validation as in a
 ``ConfigRecord`` list).
 """
@@ -29,7 +31,11 @@ def query(msg: Message, context: Context) -> Message:
     """Apply the broadcast merges, then release noisy counts for the requested phase."""
     cfg = msg.content["config"]
     partition = int(context.node_config.get("partition-id", 0))
-    state, report = client_state(str(cfg["corpus-path"]), partition, bool(cfg.get("ner", False)), context.state)
+    eps = float(cfg["epsilon"])
+    bound = int(cfg["max-doc-bytes"]) if eps > 0 else None  # the sensitivity bound is part of the mechanism
+    state, report = client_state(
+        str(cfg["corpus-path"]), partition, bool(cfg.get("ner", False)), context.state, max_doc_bytes=bound
+    )
     base = int(cfg["merge-base"])
     reply = ConfigRecord({"applied": state.applied})
     if state.applied < base:  # this process never saw earlier merges: ask the server to re-send them
@@ -39,11 +45,10 @@ def query(msg: Message, context: Context) -> Message:
     if "merges" in sent:
         rows = sent["merges"].numpy().tolist()  # (n, 3): left, right, new id
         state.apply([Merge(a, b, c) for a, b, c in rows[state.applied - base :]])
-    eps = float(cfg["epsilon"])
     params = ReleaseParams(
         p=float(cfg["p"]),
         epsilon=eps if eps > 0 else None,
-        delta=float(cfg["delta"]),
+        sensitivity=float(bound or 1),
         top_n=int(cfg["top-n"]) or None,
     )
     rng = np.random.default_rng([int(cfg["seed"]), partition, int(cfg["round"]), 0 if cfg["phase"] == "single" else 1])

@@ -28,8 +28,19 @@ class TokenizerConfig(BaseModel):
         "exceeds merges_per_round (0: fixed batch)",
     )
     theta: float = Field(8.0, ge=0.0, description="server threshold: keep keys whose aggregated count is > theta")
-    epsilon: float | None = Field(1.0, gt=0.0, description="Laplace budget per release; None switches noise off")
-    delta: float = Field(1.0, gt=0.0, description="sensitivity of a count (Laplace scale is delta/epsilon)")
+    epsilon: float = Field(
+        1.0, gt=0.0, description="Laplace ε of one release for one document (noise off only with --no-privacy)"
+    )
+    delta: float | None = Field(
+        None, gt=0.0, lt=1.0, description="δ of the composed (ε, δ) in the card; None: 1 / (10 × documents)"
+    )
+    max_doc_bytes: int = Field(
+        1024, ge=1, description="a document contributes at most its first max_doc_bytes bytes of words: the L1 "
+        "sensitivity of a release (Laplace scale = max_doc_bytes / epsilon)",
+    )
+    pair_tokens: int = Field(
+        128, ge=2, description="with noise, the pair phase's public domain is all pairs of the top pair_tokens tokens",
+    )
     p: float = Field(1.0, gt=0.0, le=1.0, description="fraction of local words each client samples per phase")
     k_fraction: float = Field(1.0, gt=0.0, le=1.0, description="fraction K of clients sampled per phase")
     top_n: int | None = Field(

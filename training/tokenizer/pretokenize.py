@@ -139,14 +139,32 @@ class CorpusPipeline:
         report = report if report is not None else CorpusReport()
         return [t for t in (self.clean(d, report) for d in docs) if t is not None]
 
-    def count_words(self, docs: Iterable[str | bytes]) -> tuple[Counter[str], CorpusReport]:
-        """Per-client word frequencies over wiped, pre-tokenized, byte-level text."""
+    def count_words(
+        self, docs: Iterable[str | bytes], max_doc_bytes: int | None = None
+    ) -> tuple[Counter[str], CorpusReport]:
+        """Per-client word frequencies over wiped, pre-tokenized, byte-level text; with ``max_doc_bytes`` each
+        document contributes only its first words up to that many bytes (the bound the privacy account needs).
+        """
         report = CorpusReport()
         counts: Counter[str] = Counter()
         for text in self.masked_texts(docs, report):
             words = self.pretokenizer(text)
+            if max_doc_bytes is not None:
+                words = _first_bytes(words, max_doc_bytes)
             report.words += len(words)
             counts.update(words)
         if report.skipped:
             log.info("corpus skipped %s of %d documents", report.skipped, report.documents)
         return counts, report
+
+
+def _first_bytes(words: list[str], budget: int) -> list[str]:
+    """The leading words whose byte-level lengths (one character per byte) sum to at most ``budget``."""
+    out: list[str] = []
+    used = 0
+    for word in words:
+        used += len(word)
+        if used > budget:
+            break
+        out.append(word)
+    return out

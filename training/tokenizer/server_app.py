@@ -30,8 +30,9 @@ DEFAULTS: dict[str, Any] = {
     "vocab-size": 8000,
     "special-tokens": 1,
     "theta": 8.0,
-    "epsilon": 1.0,  # <= 0 switches noise off
-    "delta": 1.0,
+    "epsilon": 1.0,  # <= 0 switches noise off (the CLI's --no-privacy)
+    "max-doc-bytes": 1024,  # per-document contribution bound = L1 sensitivity of a release
+    "pair-tokens": 128,  # with noise: the pair phase's public domain is all pairs of the top pair-tokens tokens
     "p": 1.0,
     "k-fraction": 1.0,
     "top-n": 4096,  # 0: send all keys
@@ -107,7 +108,7 @@ def _exchange(
                     "corpus-path": str(settings["corpus-path"]),
                     "p": float(settings["p"]),
                     "epsilon": float(settings["epsilon"] or 0.0),
-                    "delta": float(settings["delta"]),
+                    "max-doc-bytes": int(settings["max-doc-bytes"]),
                     "top-n": int(settings["top-n"] or 0),
                     "seed": int(settings["seed"]),
                     "ner": bool(settings["ner"]),
@@ -158,9 +159,10 @@ def run_fedbpe(grid: Grid, settings: dict[str, Any]) -> dict[str, Any]:
         merges_growth=float(settings["merges-growth"]),
         k_fraction=float(settings["k-fraction"]),
         release=ReleaseParams(
-            p=float(settings["p"]), epsilon=eps if eps > 0 else None, delta=float(settings["delta"]),
-            top_n=int(settings["top-n"] or 0) or None,
+            p=float(settings["p"]), epsilon=eps if eps > 0 else None,
+            sensitivity=float(settings["max-doc-bytes"]) if eps > 0 else 1.0, top_n=int(settings["top-n"] or 0) or None,
         ),
+        pair_tokens=int(settings["pair-tokens"]),
         seed=int(settings["seed"]),
     )
     nodes = _wait_for_nodes(grid, int(settings["num-supernodes"]))

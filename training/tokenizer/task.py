@@ -40,10 +40,12 @@ _LOCK = threading.Lock()
 _WORDS, _META = "fedbpe-words", "fedbpe-corpus"
 
 
-def corpus_key(corpus_path: str | Path, ner: bool = False) -> str:
-    """Identity of a corpus file's content and pipeline (path, size, mtime, NER on/off) for cache keys."""
+def corpus_key(corpus_path: str | Path, ner: bool = False, max_doc_bytes: int | None = None) -> str:
+    """Identity of a corpus file's content and pipeline (path, size, mtime, NER on/off, per-document bound) for
+    cache keys.
+    """
     st = Path(corpus_path).stat()
-    return f"{Path(corpus_path).resolve()}:{st.st_size}:{st.st_mtime_ns}:ner={int(ner)}"
+    return f"{Path(corpus_path).resolve()}:{st.st_size}:{st.st_mtime_ns}:ner={int(ner)}:bound={max_doc_bytes or 0}"
 
 
 def _by_client(corpus_path: Path) -> dict[str, list[str]]:
@@ -102,14 +104,16 @@ def _restore(store: RecordDict, key: str) -> tuple[dict[bytes, int], CorpusRepor
 
 
 def client_state(
-    corpus_path: str, partition_id: int, ner: bool = False, store: RecordDict | None = None
+    corpus_path: str, partition_id: int, ner: bool = False, store: RecordDict | None = None,
+    max_doc_bytes: int | None = None,
 ) -> tuple[ClientState, CorpusReport]:
-    """The (cached) counting state of one client after PII wiping and pre-tokenization.
+    """The (cached) counting state of one client after PII wiping and pre-tokenization (each document bounded to
+    its first ``max_doc_bytes`` bytes of words when given).
 
     ``store`` is the node's ``Context.state``: the counted corpus is kept there so another process can rebuild
     the state without running the pipeline again.
     """
-    key = corpus_key(corpus_path, ner)
+    key = corpus_key(corpus_path, ner, max_doc_bytes)
     with _LOCK:
         cached = _STATES.get((key, partition_id))
         if cached is not None:
@@ -125,7 +129,9 @@ def client_state(
                 from training.tokenizer.pii import PIIDetector, default_recognizers, resolve_recognizer
 
                 masker = PIIDetector([*default_recognizers(), resolve_recognizer("ner")])
-            counts, report = CorpusPipeline(masker).count_words(load_partition(Path(corpus_path), partition_id))
+            counts, report = CorpusPipeline(masker).count_words(
+                load_partition(Path(corpus_path), partition_id), max_doc_bytes
+            )
             words = words_to_bytes(counts)
             if store is not None:
                 _store(store, key, words, report)

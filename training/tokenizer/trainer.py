@@ -21,6 +21,7 @@ from training.tokenizer.bpe import ClientState, FedBPEServer, ReleaseParams, tra
 from training.tokenizer.config import TokenizerConfig
 from training.tokenizer.export import build_tokenizer, save_tokenizer
 from training.tokenizer.pretokenize import CorpusPipeline, build_decoder, build_pre_tokenizer, bytes_to_unicode
+from training.tokenizer.privacy import tokenizer_privacy
 
 __all__ = [
     "FederatedRun",
@@ -52,14 +53,15 @@ class FederatedRun:
         return self.tokenizer.get_vocab_size()
 
 
-def server_settings(cfg: TokenizerConfig, corpus_path: Path, **extra: Any) -> dict[str, Any]:
-    """The ServerApp's kebab-case settings for a config."""
+def server_settings(cfg: TokenizerConfig, corpus_path: Path, privacy: bool = True, **extra: Any) -> dict[str, Any]:
+    """The ServerApp's kebab-case settings for a config (``privacy=False``: exact counts, ``epsilon`` 0)."""
     return {
         "vocab-size": cfg.vocab_size,
         "special-tokens": len(cfg.special_tokens),
         "theta": cfg.theta,
-        "epsilon": cfg.epsilon or 0.0,
-        "delta": cfg.delta,
+        "epsilon": cfg.epsilon if privacy else 0.0,
+        "max-doc-bytes": cfg.max_doc_bytes,
+        "pair-tokens": cfg.pair_tokens,
         "p": cfg.p,
         "k-fraction": cfg.k_fraction,
         "top-n": cfg.top_n or 0,
@@ -76,9 +78,11 @@ def server_settings(cfg: TokenizerConfig, corpus_path: Path, **extra: Any) -> di
 
 def train_federated_flower(
     cfg: TokenizerConfig, corpus_path: Path, *, num_supernodes: int, audit_path: Path | None = None,
-    num_cpus: int = 2,
+    num_cpus: int = 2, privacy: bool = True,
 ) -> FederatedRun:
-    """FedByteBPE as a Flower app in simulation on the Ray backend (one SuperNode per institution)."""
+    """FedByteBPE as a Flower app in simulation on the Ray backend (one SuperNode per institution);
+    ``privacy=False`` (the CLI's ``--no-privacy``) releases exact counts and says so in the privacy section.
+    """
     from flwr.simulation import run_simulation
 
     from fedfraud.net import ray_bind
@@ -88,7 +92,7 @@ def train_federated_flower(
     with tempfile.TemporaryDirectory(prefix="fedbpe-") as tmp:
         result_path = Path(tmp) / "result.json"
         settings = server_settings(
-            cfg, corpus_path, **{"result-path": str(result_path), "audit-path": str(audit_path or ""),
+            cfg, corpus_path, privacy, **{"result-path": str(result_path), "audit-path": str(audit_path or ""),
                                  "num-supernodes": num_supernodes}
         )
         start = time.perf_counter()
@@ -111,18 +115,28 @@ def train_federated_flower(
         merges=merges,
         rounds=out["rounds"],
         stop_reason=out["stop_reason"],
-        privacy=out["privacy"],
+        privacy=tokenizer_privacy(out["privacy"], documents=_documents(corpus_path), delta=cfg.delta, noise=privacy,
+                                  max_doc_bytes=cfg.max_doc_bytes),
         wall_seconds=wall,
         train_seconds=out["train_seconds"],
         history=[(int(v), float(t)) for v, t in out["history"]],
     )
 
 
-def train_federated_inprocess(cfg: TokenizerConfig, clients: dict[str, Sequence[str]]) -> FederatedRun:
+def _documents(corpus_path: Path) -> int:
+    from training.tokenizer.corpus import read_jsonl
+
+    return sum(1 for _ in read_jsonl(corpus_path))
+
+
+def train_federated_inprocess(
+    cfg: TokenizerConfig, clients: dict[str, Sequence[str]], privacy: bool = True
+) -> FederatedRun:
     """The same algorithm with direct calls (no messages): for tests and quick comparisons."""
     start = time.perf_counter()
     pipe = CorpusPipeline()
-    states = {name: ClientState(words_to_bytes(pipe.count_words(docs)[0])) for name, docs in clients.items()}
+    bound = cfg.max_doc_bytes if privacy else None
+    states = {name: ClientState(words_to_bytes(pipe.count_words(docs, bound)[0])) for name, docs in clients.items()}
     server = FedBPEServer(
         cfg.vocab_size - len(cfg.special_tokens),
         theta=cfg.theta,
@@ -130,7 +144,10 @@ def train_federated_inprocess(cfg: TokenizerConfig, clients: dict[str, Sequence[
         merges_per_round=cfg.merges_per_round,
         merges_growth=cfg.merges_growth,
         k_fraction=cfg.k_fraction,
-        release=ReleaseParams(p=cfg.p, epsilon=cfg.epsilon, delta=cfg.delta, top_n=cfg.top_n),
+        release=ReleaseParams(
+            p=cfg.p, epsilon=cfg.epsilon if privacy else None, sensitivity=float(bound or 1), top_n=cfg.top_n
+        ),
+        pair_tokens=cfg.pair_tokens,
         seed=cfg.seed,
     )
     t0 = time.perf_counter()
@@ -141,7 +158,8 @@ def train_federated_inprocess(cfg: TokenizerConfig, clients: dict[str, Sequence[
         merges=result.merges,
         rounds=result.rounds,
         stop_reason=result.stop_reason,
-        privacy=result.privacy,
+        privacy=tokenizer_privacy(result.privacy, documents=sum(len(d) for d in clients.values()), delta=cfg.delta,
+                                  noise=privacy, max_doc_bytes=cfg.max_doc_bytes),
         wall_seconds=time.perf_counter() - start,
         train_seconds=train,
     )

@@ -1,0 +1,50 @@
+"""`fedfraud bench privacy`: the default-ε rule (validation only), the table, and one-line CLI errors."""
+
+import math
+
+import pytest
+
+from fedfraud.bench.intervals import Interval
+from fedfraud.bench.privacy import PrivacyBench, PrivacyRun
+from fedfraud.cli.app import main
+
+
+def _bench(val_aucs: dict[float, tuple[float, float, float]], baseline: float) -> PrivacyBench:
+    runs, val = [], {}
+    for eps, (v, lo, hi) in val_aucs.items():
+        card = {"dp": "off"} if math.isinf(eps) else {
+            "dp": "on", "epsilon": eps, "noise_multiplier": 1.0, "noise_std": [0.2]}
+        run = PrivacyRun(eps, card, 60.0, None)  # type: ignore[arg-type]
+        runs.append(run)
+        val[run.name] = {"roc_auc": Interval(v, lo, hi), "pr_auc": Interval(0.1, 0.05, 0.2)}
+    val["baseline:spend_24h_surprise"] = {"roc_auc": Interval(baseline, baseline - 0.01, baseline + 0.01),
+                                          "pr_auc": Interval(0.3, 0.2, 0.4)}
+    settings = {"rounds": 10, "local-epochs": 10, "samples-per-epoch": 1024, "batch-size": 128,
+                "dp-clipping-norm": 1.0, "dp-delta": 1e-5, "readout": "next-event", "pooling": "topk"}
+    return PrivacyBench("data.csv", settings, runs, test=dict(val), val=val)
+
+
+def test_default_is_the_smallest_epsilon_clearly_above_the_best_baseline():
+    bench = _bench({1.0: (0.6, 0.5, 0.7), 3.0: (0.93, 0.915, 0.95), 8.0: (0.95, 0.94, 0.96),
+                    math.inf: (0.98, 0.97, 0.99)}, baseline=0.91)
+    eps, why = bench.choose_default()
+    assert eps == 3.0 and "smallest ε" in why
+    md = bench.to_markdown()
+    assert "**Demo default: ε=3**" in md and "| ε=8 | 1.000 | 0.2000 | 8.000 |" in md
+
+
+def test_default_stays_dp_off_when_no_finite_epsilon_beats_the_baseline():
+    bench = _bench({1.0: (0.5, 0.45, 0.55), 8.0: (0.9, 0.88, 0.92), math.inf: (0.98, 0.97, 0.99)}, baseline=0.91)
+    eps, why = bench.choose_default()
+    assert math.isinf(eps) and "no finite ε" in why and "DP off reaches 0.980" in why
+    assert "**Demo default: ε=∞ (DP off)**" in bench.to_markdown()
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--epsilon", "0"], "--epsilon must be > 0"),
+    ([], "give exactly one of --csv FILE or --data DIR"),
+])
+def test_bad_arguments_give_one_line(tmp_path, capsys, args, message):
+    assert main(["bench", "privacy", *args, *(["--data", str(tmp_path)] if args else [])]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("error: ") and message in err[-1]
