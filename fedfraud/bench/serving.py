@@ -1,7 +1,7 @@
 """``fedfraud bench serving``: end-to-end streaming latency and throughput on the embedded broker.
 
 Within one run: (1) the *ceiling*, raw consume → produce → commit with the same
-kafka-python client settings on the same broker and no scoring; (2) the maximum
+librdkafka client settings on the same broker and no scoring; (2) the maximum
 sustained throughput of the full pipeline (a backlog replayed as fast as
 possible, first produce → last decision); (3) p50/p99 of produce → decision at
 fixed offered loads. Latency uses the ``produced-us`` header stamped by the
@@ -60,7 +60,7 @@ class ServingBenchResult:
         lines = [
             "### Streaming scoring (`fedfraud bench serving`)",
             "",
-            f"Embedded Tansu broker, kafka-python, Ray Serve ({self.cpus} CPUs, load average {self.load_avg:.1f} "
+            f"Embedded Tansu broker, librdkafka clients, Ray Serve ({self.cpus} CPUs, load average {self.load_avg:.1f} "
             f"at start), online store {self.store}, {self.replicas} replica(s) on {self.partitions} partition(s), "
             f"models {self.models.get('anomaly', '?')} + {self.models.get('fraud', '?')}.",
             "",
