@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
 import sys
+import time
 from typing import Any
 
-__all__ = ["LOOPBACK", "free_port", "ray_bind"]
+__all__ = ["LOOPBACK", "free_port", "ray_bind", "wait_for_port"]
 
 #: The address every locally started server binds to unless the config names another.
 LOOPBACK = "127.0.0.1"
@@ -21,6 +23,23 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((LOOPBACK, 0))
         return int(sock.getsockname()[1])
+
+
+def wait_for_port(port: int, proc: subprocess.Popen[bytes], what: str, timeout_s: float = 10.0) -> None:
+    """Return once ``proc`` (a server we started) accepts connections on the loopback ``port``.
+
+    Raises RuntimeError if it exits first, TimeoutError if it never listens.
+    """
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with status {proc.returncode} before listening")
+        try:
+            with socket.create_connection((LOOPBACK, port), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise TimeoutError(f"{what} did not listen on port {port} within {timeout_s:.0f} s")
 
 
 def ray_bind(host: str = LOOPBACK) -> dict[str, Any]:

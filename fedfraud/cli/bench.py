@@ -152,15 +152,20 @@ def anomaly(
     """Label-free anomaly score vs label-free baselines on third-party data, split by cardholder, with 95% CIs."""
     from fedfraud.bench.detection import run_detection_bench
 
-    if (csv is None) == (data is None):
-        raise UserError("give exactly one of --csv FILE or --data DIR")
-    if csv is not None:
-        readable_file(csv)
+    _one_source(csv, data)
     config_of(ctx)
     overrides = {"rounds": rounds} if rounds else {}
     modes = ("federated",) if federated_only else ("federated", "centralized")
     result = run_detection_bench(csv, work, overrides=overrides, modes=modes, resamples=resamples, data=data)
     emit(result.to_markdown(), out)
+
+
+def _one_source(csv: Path | None, data: Path | None) -> None:
+    """Exactly one of ``--csv`` (a readable file) or ``--data`` (a dataset dir), or a one-line error."""
+    if (csv is None) == (data is None):
+        raise UserError("give exactly one of --csv FILE or --data DIR")
+    if csv is not None:
+        readable_file(csv)
 
 
 @bench_app.command("privacy")
@@ -196,10 +201,7 @@ def privacy(
 
     from fedfraud.bench.privacy import PRIVACY_EPSILONS, run_privacy_bench
 
-    if (csv is None) == (data is None):
-        raise UserError("give exactly one of --csv FILE or --data DIR")
-    if csv is not None:
-        readable_file(csv)
+    _one_source(csv, data)
     epsilons = tuple(epsilon or PRIVACY_EPSILONS)
     bad = [e for e in epsilons if not e > 0 or math.isnan(e)]
     if bad:

@@ -206,7 +206,8 @@ def test_server_refuses_a_bank_with_an_untrusted_certificate(tmp_path, free_port
     import subprocess
     import sys
 
-    from training.fraud.federated.hist import _child_env, _wait_for_port, make_tls_files
+    from fedfraud.net import wait_for_port
+    from training.fraud.federated.hist import _child_env, make_tls_files
     from training.fraud.model import xgb_params
 
     good, bad = make_tls_files(tmp_path / "a"), make_tls_files(tmp_path / "b")
@@ -219,7 +220,7 @@ def test_server_refuses_a_bank_with_an_untrusted_certificate(tmp_path, free_port
          "--client-cert", str(good.client_cert)], env=_child_env(), stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL)
     try:
-        _wait_for_port(free_port, server, 30)
+        wait_for_port(free_port, server, "federated XGBoost server", timeout_s=30)
         spec = {"rank": 0, "world": 1, "address": f"localhost:{free_port}", "data": str(tmp_path / "rank_0.npz"),
                 "out": str(tmp_path), "params": {**xgb_params(FraudConfig(), 1.0), "nthread": 1}, "rounds": 2,
                 "cap": 200.0, "bins": 10, "jobs": [{"name": "m", "as_key": None, "seed": 1, "drop": []}],

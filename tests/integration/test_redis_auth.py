@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import secrets
 import shutil
-import socket
 import subprocess
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +19,7 @@ import pytest
 
 from fedfraud.config import FedfraudConfig
 from fedfraud.errors import UserError
-from fedfraud.net import free_port
+from fedfraud.net import free_port, wait_for_port
 
 pytestmark = [
     pytest.mark.integration,
@@ -40,18 +38,6 @@ class SecuredRedis:
     @property
     def scheme(self) -> str:
         return "rediss" if self.ca_file else "redis"
-
-
-def _wait_for_port(port: int, proc: subprocess.Popen[bytes], timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, f"redis-server exited with status {proc.returncode}"
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                return
-        except OSError:
-            time.sleep(0.05)
-    raise TimeoutError(f"redis-server did not listen on {port}")
 
 
 @pytest.fixture(scope="module", params=["password", "password+tls"])
@@ -73,7 +59,7 @@ def secured(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
         args += ["--port", str(port)]
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        _wait_for_port(port, proc)
+        wait_for_port(port, proc, "redis-server")
         yield SecuredRedis(port, password, ca_file)
     finally:
         proc.terminate()

@@ -44,7 +44,6 @@ import argparse
 import json
 import logging
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -56,7 +55,7 @@ from typing import Any
 
 import numpy as np
 
-from fedfraud.net import free_port
+from fedfraud.net import free_port, wait_for_port
 from training.fraud.config import FraudConfig
 from training.fraud.features import ANOMALY_FEATURE, FraudFeatures
 from training.fraud.model import FraudModel, xgb_params
@@ -134,19 +133,6 @@ def make_tls_files(folder: Path, host: str = "localhost") -> TlsFiles:
     server_key, server_cert = one("server")
     client_key, client_cert = one("client")
     return TlsFiles(server_key, server_cert, client_key, client_cert)
-
-
-def _wait_for_port(port: int, proc: subprocess.Popen[bytes], timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"federated XGBoost server exited with status {proc.returncode} before listening")
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                return
-        except OSError:
-            time.sleep(0.1)
-    raise TimeoutError(f"federated XGBoost server did not listen on port {port} within {timeout:.0f} s")
 
 
 def _child_env() -> dict[str, str]:
@@ -250,7 +236,7 @@ def federated_hist_train(
                 server = subprocess.Popen(server_cmd, stdout=fh, stderr=subprocess.STDOUT, env=_child_env(),
                                           cwd=str(_REPO_ROOT))
             procs.append(server)
-            _wait_for_port(port, server, timeout=min(60.0, timeout_s))
+            wait_for_port(port, server, "federated XGBoost server", timeout_s=min(60.0, timeout_s))
             for rank in range(len(order)):
                 spec = {
                     "rank": rank, "world": len(order),
