@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 PIP    := $(PY) -m pip install --disable-pip-version-check -q
 
-.PHONY: install demo test lint bench clean
+.PHONY: install demo test test-long lint bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,7 +22,12 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -m "not long" tests
+
+# The minutes-long integration tests (~15 min: federated trainings across SuperLink/SuperNode processes, one
+# malicious bank under every aggregation rule, SecAgg+, a two-node Ray cluster). CI runs them after `make test`.
+test-long: $(STAMP)
+	$(PY) -m pytest -q -m long tests
 
 bench: $(STAMP)
 	$(VENV)/bin/fedfraud bench features

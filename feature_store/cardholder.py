@@ -23,7 +23,7 @@ from feature_store.encoders import timestamps_us
 from feature_store.privacy import PrivateFeatures, PrivateFeaturizer
 from feature_store.schema import event_order
 
-__all__ = ["CardholderState", "PreparedBatch", "prepare_batch"]
+__all__ = ["CardholderState", "PreparedBatch", "merchant_key", "prepare_batch"]
 
 _COLUMNS = ("transaction_id", "cardholder_id", "merchant_id", "timestamp", "amount", "lat", "lon", "mcc")
 
@@ -34,7 +34,6 @@ class PreparedBatch:
 
     features: PrivateFeatures
     cardholder: list[str]
-    merchant_id: list[str]
     merchant_hash: list[int]
     key: list[int]
     ts_us: list[int]
@@ -45,12 +44,25 @@ class PreparedBatch:
 
     def __post_init__(self) -> None:
         n = len(self.features)
-        for name in ("cardholder", "merchant_id", "merchant_hash", "key", "ts_us", "lat", "lon", "amount", "mcc"):
+        for name in ("cardholder", "merchant_hash", "key", "ts_us", "lat", "lon", "amount", "mcc"):
             if len(getattr(self, name)) != n:
                 raise ValueError(f"PreparedBatch.{name} has {len(getattr(self, name))} rows, expected {n}")
 
     def __len__(self) -> int:
         return len(self.features)
+
+    def merchant_key(self, i: int) -> str:
+        """Row ``i``'s merchant as the online and offline stores key it: its keyed hash (hex), never its name."""
+        return merchant_key(self.merchant_hash[i])
+
+
+def merchant_key(merchant_hash: int) -> str:
+    """The store key of a merchant: its 64-bit hash under the federation's key, as 16 hex digits.
+
+    Why: merchant names are the bank's customers' shopping history once joined with time; the keyed hash
+    identifies the merchant inside the federation and means nothing outside it.
+    """
+    return f"{merchant_hash:016x}"
 
 
 def prepare_batch(frame: pd.DataFrame, featurizer: PrivateFeaturizer) -> PreparedBatch:
@@ -64,7 +76,6 @@ def prepare_batch(frame: pd.DataFrame, featurizer: PrivateFeaturizer) -> Prepare
     return PreparedBatch(
         features=feats,
         cardholder=[str(p) for p in feats.cardholder],
-        merchant_id=data["merchant_id"].astype(str).tolist(),
         merchant_hash=featurizer.merchant_hash(data["merchant_id"]).tolist(),
         key=feats.keys.tolist(),
         ts_us=timestamps_us(data["timestamp"]).tolist(),

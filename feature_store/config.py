@@ -69,12 +69,14 @@ class PrivacyConfig(_Section):
     epsilon_min: float = Field(0.01, gt=0)
     epsilon_max: float = Field(10.0, gt=0)
     delta: float = Field(1e-4, ge=0, lt=1)
-    shuffle_seed: int = Field(1234, description="fixed permutation seed shared by all clients")
-    secret_seed: str = Field(
-        "fedfraud-demo",
+    secret_seed: str | None = Field(
+        None,
+        repr=False,
+        exclude=True,  # never dumped: not into a Flower message, a model card, a cache key or a log
         description=(
-            "simulation only: each bank's secret is derived from this and the bank id. "
-            "In production set FEDFRAUD_BANK_SECRET in each bank's process instead."
+            "simulation secret (several banks in one process): each bank's secret, the federation key and the "
+            "shuffle permutation derive from it. No default: set it here, in $FEDFRAUD_SIMULATION_SECRET, or "
+            "(production, one bank per process) set $FEDFRAUD_BANK_SECRET and $FEDFRAUD_FEDERATION_KEY."
         ),
     )
 

@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 import yaml
 
 from fedfraud.errors import UserError
-from feature_store.store_config import FeatureStoreConfig, RedisProfile
+from feature_store.store_config import FeatureStoreConfig, RedisProfile, RegistryConfig
 
 if TYPE_CHECKING:
     from feast import FeatureStore
@@ -58,7 +58,7 @@ def repo_yaml(cfg: FeatureStoreConfig, profile: str | None = None) -> dict[str, 
     return {
         "project": cfg.project,
         "provider": "local",
-        "registry": chosen.registry(),
+        "registry": cfg.registry.render(),
         "online_store": chosen.online_store(),
         "offline_store": {"type": "file"},
         "entity_key_serialization_version": 3,
@@ -100,6 +100,8 @@ def open_store(cfg: FeatureStoreConfig, repo_dir: Path | None = None, profile: s
     from feast import FeatureStore
 
     target = render_repo(cfg, repo_dir, profile)
+    if cfg.registry.type == "sql":  # Feast connects (and creates its tables) as the store opens
+        _check_sql_registry(build_repo_config(cfg, target, profile), cfg.registry)
     store = FeatureStore(repo_path=str(target.resolve()))
     chosen = cfg.online_profile(profile)
     if isinstance(chosen, RedisProfile):
@@ -114,6 +116,26 @@ def _check_redis_store(config: RepoConfig, profile: RedisProfile) -> None:
     from feature_store.redis_check import check_redis
 
     check_redis(lambda: RedisOnlineStore()._get_client(config.online_store), profile.where(), profile.password_env)
+
+
+def _check_sql_registry(config: RepoConfig, registry: RegistryConfig) -> None:
+    """Connect once to the SQL registry: a wrong password or an unreachable server fails here, in one line."""
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.exc import SQLAlchemyError
+
+    try:
+        engine = create_engine(config.registry.path)
+    except (SQLAlchemyError, ImportError) as exc:  # unknown dialect or missing driver
+        raise UserError(f"Feast {registry.where()}: {exc}") from None
+    try:
+        with engine.connect() as conn:
+            conn.execute(text("SELECT 1"))
+    except SQLAlchemyError as exc:
+        reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
+        raise UserError(f"Feast {registry.where()} cannot be reached ({reason}); password from "
+                        f"${registry.password_env}") from None
+    finally:
+        engine.dispose()
 
 
 def feast_objects() -> list[Any]:

@@ -127,7 +127,7 @@ def bank_tables(
     merchant = pa.table(
         {
             "bank": pa.array(np.full(n, bank, dtype=np.int64)),
-            "merchant": pa.array([batch.merchant_id[i] for i in applied], type=pa.string()),
+            "merchant": pa.array([batch.merchant_key(i) for i in applied], type=pa.string()),
             "event_timestamp": pa.array(ts, type=_TS),
             "created": pa.array(created, type=_TS),
             "location_embedding": embedding_column(batch.features.location[idx].reshape(n, -1)),
@@ -186,7 +186,7 @@ def write_offline(
                 writers[k].write_table(table)  # type: ignore[union-attr]
             rows += tables.cardholder.num_rows
             holders += len(tables.states)
-            merchants.update((bank, m) for m in set(batch.merchant_id))
+            merchants.update((bank, batch.merchant_key(i)) for i in range(len(batch)))
             logger.info(
                 "offline_bank bank=%d rows=%d cardholders=%d", bank, tables.cardholder.num_rows, len(tables.states)
             )

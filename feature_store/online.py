@@ -76,7 +76,8 @@ def _python(value: Value) -> Any:
     return getattr(value, kind)
 
 
-#: A Feast entity of this module: a cardholder pseudonym, or (bank, merchant id) of ``merchant_location``.
+#: A Feast entity of this module: a card token, or (bank, merchant key) of ``merchant_location`` (a keyed hash,
+#: :func:`feature_store.cardholder.merchant_key`).
 Entity = str | tuple[int, str]
 #: Rows of one view: (entity, feature values, event time, created time).
 ViewRows = list[tuple[Entity, dict[str, "Value"], datetime, datetime]]
@@ -273,7 +274,7 @@ class OnlineStateClient:
 
         latest: dict[str, int] = {}
         for i in rows:  # the last one wins, like materialisation
-            latest[batch.merchant_id[i]] = i
+            latest[batch.merchant_key(i)] = i
         now = datetime.now(UTC)
         return [
             (
@@ -304,7 +305,10 @@ class OnlineStateClient:
             self._io.write(views)
 
     def read_merchants(self, bank: int, merchants: Sequence[str]) -> list[dict[str, Any] | None]:
-        """``merchant_location`` features of many merchants of ``bank`` in one read (None when unknown)."""
+        """``merchant_location`` features of many merchants of ``bank`` in one read (None when unknown).
+
+        ``merchants`` are store keys (:func:`feature_store.cardholder.merchant_key`), never names.
+        """
         from feast.protos.feast.types.EntityKey_pb2 import EntityKey
         from feast.protos.feast.types.Value_pb2 import Value
 

@@ -58,11 +58,15 @@ import math
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass, fields
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from fedfraud.credentials import new_token, write_secret_file
+from fedfraud.errors import UserError
 from feature_store.config import EncoderConfig, PrivacyConfig
+from feature_store.schema import CARD_TOKEN_PREFIX, is_card_token
 from feature_store.encoders import encode_location, encode_time, epoch_seconds, merchant_bucket, merchant_hash
 
 __all__ = [
@@ -72,13 +76,18 @@ __all__ = [
     "CHANNEL_TIME",
     "FEDERATION_KEY_ENV",
     "SECRET_ENV",
+    "SIMULATION_SECRET_ENV",
     "PrivateFeatures",
     "PrivateFeaturizer",
     "bank_secret",
+    "federation_key",
+    "require_secret",
+    "shuffle_seed",
     "cardholder_epsilon",
     "gaussian_noise",
     "mu_gdp",
     "noise_keys",
+    "per_run_secret",
     "feature_ldp_card",
     "planar_laplace",
     "private_shuffle",
@@ -91,6 +100,9 @@ logger = logging.getLogger(__name__)
 
 #: Environment variable holding this bank process's secret (production).
 SECRET_ENV = "FEDFRAUD_BANK_SECRET"
+#: A simulation's one secret (several banks in one process): every bank's secret and the federation key derive
+#: from it. ``fedfraud demo`` and the benches draw a random one per run when none is set.
+SIMULATION_SECRET_ENV = "FEDFRAUD_SIMULATION_SECRET"
 #: The key the banks of one federation share, and the server never holds: it places merchants in table rows.
 FEDERATION_KEY_ENV = "FEDFRAUD_FEDERATION_KEY"
 #: Noise channels: different channels give independent noise for the same transaction.
@@ -283,33 +295,83 @@ def _mac_key(secret: bytes) -> bytes:
     return secret if len(secret) <= 64 else hashlib.blake2b(secret, digest_size=64).digest()
 
 
-def bank_secret(cfg: PrivacyConfig, bank_id: int) -> bytes:
-    """This bank's 32-byte secret: ``$FEDFRAUD_BANK_SECRET`` if set (production, one bank per process),
-    else derived from ``cfg.secret_seed`` and ``bank_id`` (simulation; public, so not secret).
+def _simulation_secret(cfg: PrivacyConfig) -> str | None:
+    """The simulation secret: ``$FEDFRAUD_SIMULATION_SECRET``, else ``privacy.secret_seed``; None if neither."""
+    return os.environ.get(SIMULATION_SECRET_ENV, "").strip() or cfg.secret_seed or None
+
+
+def require_secret(cfg: PrivacyConfig) -> None:
+    """Fail with one line unless this process has a bank secret (production) or a simulation secret.
+
+    Why: pseudonyms, noise keys and the shuffle permutation are keyed with it; a default secret anyone
+    can read would let them recompute a card's pseudonym from its number.
     """
-    env = os.environ.get(SECRET_ENV)
+    if os.environ.get(SECRET_ENV, "").strip() or _simulation_secret(cfg):
+        return
+    raise UserError(f"no bank secret: set {SECRET_ENV} (one bank per process, with {FEDERATION_KEY_ENV}) or "
+                    f"{SIMULATION_SECRET_ENV} (every simulated bank's secret derives from it)")
+
+
+def per_run_secret(cfg: PrivacyConfig, out_dir: Path | None = None) -> Path | None:
+    """Give a self-contained run (``fedfraud demo``, ``fedfraud bench``) a random simulation secret when
+    none is set, and announce it (a warning).
+
+    The secret goes into ``$FEDFRAUD_SIMULATION_SECRET``, so Ray workers and child processes started
+    afterwards derive the same bank secrets, and, when ``out_dir`` is given, into a 0600 file there so the
+    run's stores can be read again (``FEDFRAUD_SIMULATION_SECRET=$(cat FILE) fedfraud features show ...``).
+    Returns that file, or None when a secret was already set (nothing is changed then).
+    """
+    if os.environ.get(SECRET_ENV, "").strip() or _simulation_secret(cfg):
+        return None
+    secret = new_token()
+    os.environ[SIMULATION_SECRET_ENV] = secret
+    path = write_secret_file(Path(out_dir) / "simulation-secret", secret) if out_dir is not None else None
+    where = f", saved (0600) in {path}" if path is not None else ""
+    logger.warning("no bank secret set: this run uses a random simulation secret%s; its pseudonyms match no "
+                   "other run (set %s to keep them)", where, SIMULATION_SECRET_ENV)
+    return path
+
+
+def bank_secret(cfg: PrivacyConfig, bank_id: int) -> bytes:
+    """This bank's 32-byte secret.
+
+    ``$FEDFRAUD_BANK_SECRET`` if set (production, one bank per process); else derived from the simulation
+    secret (``$FEDFRAUD_SIMULATION_SECRET`` or ``privacy.secret_seed``) and ``bank_id``, so the banks of one
+    simulation have different secrets. Neither set: a one-line :class:`UserError` (there is no default).
+    """
+    env = os.environ.get(SECRET_ENV, "").strip()
     if env:
         return hashlib.blake2b(env.encode(), digest_size=32, person=b"fedfraud-bank").digest()
-    return hashlib.blake2b(f"{cfg.secret_seed}:{bank_id}".encode(), digest_size=32, person=b"fedfraud-sim").digest()
+    require_secret(cfg)
+    sim = _simulation_secret(cfg)
+    return hashlib.blake2b(f"{sim}:{bank_id}".encode(), digest_size=32, person=b"fedfraud-sim").digest()
 
 
 def federation_key(cfg: PrivacyConfig) -> bytes:
-    """The merchant-row key every bank of the federation shares and the server does not have:
-    ``$FEDFRAUD_FEDERATION_KEY`` if set (production), else derived from ``cfg.secret_seed`` (simulation; public).
+    """The key every bank of the federation shares and the server does not have:
+    ``$FEDFRAUD_FEDERATION_KEY`` if set (production), else derived from the simulation secret.
 
     Why: the merchant table is trained with sparse updates, so a bank's update changes only the rows its
     batches touched. With the public unkeyed hash the server could map those rows back to merchant ids and
-    learn which merchants each bank's customers used; with a key it sees row numbers it cannot invert.
+    learn which merchants each bank's customers used; with a key it sees row numbers it cannot invert. The
+    shuffle permutation derives from it too (:func:`shuffle_seed`): the banks must agree on it, the server
+    must not know it.
     """
-    env = os.environ.get(FEDERATION_KEY_ENV)
+    env = os.environ.get(FEDERATION_KEY_ENV, "").strip()
     if env:
         return hashlib.blake2b(env.encode(), digest_size=32, person=b"fedfraud-fedkey").digest()
-    if os.environ.get(SECRET_ENV):  # a production bank (it has its own secret) must not fall back to a public key
-        from fedfraud.errors import UserError
-
+    if os.environ.get(SECRET_ENV, "").strip():  # a production bank must not fall back to a simulation key
         raise UserError(f"{SECRET_ENV} is set but {FEDERATION_KEY_ENV} is not: set the key the federation's banks "
-                        "share (the server must not have it), or unset both for a simulation")
-    return hashlib.blake2b(f"{cfg.secret_seed}:federation".encode(), digest_size=32, person=b"fedfraud-sim").digest()
+                        f"share (the server must not have it), or unset both and set {SIMULATION_SECRET_ENV}")
+    require_secret(cfg)
+    sim = _simulation_secret(cfg)
+    return hashlib.blake2b(f"{sim}:federation".encode(), digest_size=32, person=b"fedfraud-sim").digest()
+
+
+def shuffle_seed(cfg: PrivacyConfig) -> int:
+    """The private shuffle's permutation seed: shared by the federation's banks, derived from its key."""
+    digest = hashlib.blake2b(federation_key(cfg), digest_size=8, person=b"fedfraud-perm").digest()
+    return int.from_bytes(digest, "little") >> 1
 
 
 def _keyed_u64(values: Iterable[object], secret: bytes, person: bytes) -> np.ndarray:
@@ -336,11 +398,16 @@ def cardholder_epsilon(cardholder_ids: Iterable[str], secret: bytes, cfg: Privac
 
 
 def pseudonymize(cardholder_ids: Iterable[str], secret: bytes) -> list[str]:
-    """Keyed 128-bit pseudonyms (hex) so raw card numbers are never stored downstream."""
+    """The bank's card tokens (``ct_`` + keyed 128-bit hash, hex), so no card number is stored or streamed.
+
+    A value that already is a card token passes through unchanged: the stream carries tokens (the bank's
+    producer tokenizes), the bank's raw files carry card numbers, and both must give the same token.
+    """
     key = _mac_key(secret)
     return [
-        hashlib.blake2b(str(c).encode(), key=key, digest_size=16, person=b"pseudonym").hexdigest()
-        for c in cardholder_ids
+        c if is_card_token(c) else CARD_TOKEN_PREFIX
+        + hashlib.blake2b(str(c).encode(), key=key, digest_size=16, person=b"pseudonym").hexdigest()
+        for c in map(str, cardholder_ids)
     ]
 
 
@@ -424,12 +491,19 @@ class PrivateFeaturizer:
         self.privacy_cfg = privacy_cfg
         self._secret = bytes(secret)
         self._merchant_key = federation_key(privacy_cfg)
-        self.permutation = shuffle_permutation(privacy_cfg.shuffle_seed, encoder_cfg.dim)
+        self.permutation = shuffle_permutation(shuffle_seed(privacy_cfg), encoder_cfg.dim)
 
     @classmethod
     def for_bank(cls, encoder_cfg: EncoderConfig, privacy_cfg: PrivacyConfig, bank_id: int) -> PrivateFeaturizer:
         """Featurizer with :func:`bank_secret` of ``bank_id``."""
         return cls(encoder_cfg, privacy_cfg, bank_secret(privacy_cfg, bank_id))
+
+    @property
+    def fingerprint(self) -> str:
+        """A one-way digest of this featurizer's keys: part of a cache key, so features cached under one secret
+        are never reused under another (the secret itself is in no cache key, file name or log).
+        """
+        return hashlib.blake2b(self._secret + self._merchant_key, digest_size=8, person=b"fedfraud-cache").hexdigest()
 
     def __repr__(self) -> str:  # never show the secret
         return f"{self.__class__.__name__}(dim={self.encoder_cfg.dim}, delta={self.privacy_cfg.delta})"
@@ -442,7 +516,8 @@ class PrivateFeaturizer:
         return noise_keys(transaction_ids, self._secret)
 
     def epsilon(self, cardholder_ids: Iterable[str]) -> np.ndarray:
-        return cardholder_epsilon(cardholder_ids, self._secret, self.privacy_cfg)
+        """Each cardholder's budget, keyed on the card token (so a card number and its token get the same)."""
+        return cardholder_epsilon(self.pseudonyms(cardholder_ids), self._secret, self.privacy_cfg)
 
     def pseudonyms(self, cardholder_ids: Iterable[str]) -> list[str]:
         return pseudonymize(cardholder_ids, self._secret)
@@ -493,8 +568,9 @@ class PrivateFeaturizer:
         keys = self.noise_keys(frame["transaction_id"])
         holders = frame["cardholder_id"].to_numpy()
         unique, inverse = np.unique(holders.astype(str), return_inverse=True)
-        eps = self.epsilon(unique)[inverse]
-        pseudo = np.asarray(self.pseudonyms(unique), dtype=object)[inverse]
+        tokens = self.pseudonyms(unique)
+        eps = cardholder_epsilon(tokens, self._secret, self.privacy_cfg)[inverse]
+        pseudo = np.asarray(tokens, dtype=object)[inverse]
         lat = frame["lat"].to_numpy(dtype=np.float64)
         lon = frame["lon"].to_numpy(dtype=np.float64)
         return PrivateFeatures(

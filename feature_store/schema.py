@@ -27,6 +27,8 @@ import pyarrow as pa
 
 __all__ = [
     "CANONICAL_COLUMNS",
+    "CARD_TOKEN_PREFIX",
+    "COORDINATE_DECIMALS",
     "MAX_AMOUNT",
     "MAX_TEXT_LEN",
     "REQUIRED_COLUMNS",
@@ -36,7 +38,12 @@ __all__ = [
     "Transaction",
     "ValidationResult",
     "Validator",
+    "card_number_spans",
     "event_order",
+    "is_card_token",
+    "luhn_ok",
+    "mask_card_numbers",
+    "mask_card_numbers_bytes",
     "frame_to_transactions",
     "transactions_to_frame",
 ]
@@ -52,6 +59,76 @@ MAX_AMOUNT = 1e9
 #: Accepted timestamps on every path (ingest and stream): POSIX 1970 .. 2100.
 #: The stream can narrow this relative to the wall clock (``Validator(max_future_s=...)``).
 MIN_EPOCH_S, MAX_EPOCH_S = 0, 4102444800
+
+#: Decimal places of every coordinate on every path (ingest and stream): 0.01° is about 1.1 km. The validator
+#: rounds to it, so no exact location is stored, streamed or featurized, and training and serving agree.
+COORDINATE_DECIMALS = 2
+
+#: The bank's keyed token of a card (:func:`feature_store.privacy.pseudonymize`): what the ingress schema
+#: carries in ``cardholder_id`` instead of the card number.
+CARD_TOKEN_PREFIX = "ct_"
+_CARD_TOKEN = re.compile(r"ct_[0-9a-f]{32}")
+#: A run of 13–19 digits, optionally grouped by single spaces or dashes, not glued to letters or digits (so not
+#: a stretch of a hex id or of a card token) and not a decimal fraction; :func:`card_number_spans` keeps those
+#: passing the Luhn check.
+_DIGIT_RUN = re.compile(r"(?<![0-9A-Za-z.])[0-9](?:[ -]?[0-9]){12,18}(?![0-9A-Za-z])")
+
+
+def is_card_token(value: object) -> bool:
+    """True for a card token (``ct_`` + 32 hex digits), the only card identifier the stream accepts."""
+    return isinstance(value, str) and _CARD_TOKEN.fullmatch(value) is not None
+
+
+def luhn_ok(digits: str) -> bool:
+    """Luhn checksum of a card number (digits only, 12–19 of them); filters random digit runs."""
+    if not digits.isdigit() or not 12 <= len(digits) <= 19:
+        return False
+    total = 0
+    for i, ch in enumerate(reversed(digits)):
+        d = int(ch)
+        if i % 2 == 1:
+            d *= 2
+            if d > 9:
+                d -= 9
+        total += d
+    return total % 10 == 0
+
+
+def card_number_spans(text: str) -> list[tuple[int, int]]:
+    """(start, end) of every card-number-looking run in ``text``: 13–19 digits passing Luhn."""
+    spans = []
+    for m in _DIGIT_RUN.finditer(text):
+        digits = re.sub(r"[ -]", "", m.group())
+        if 13 <= len(digits) <= 19 and luhn_ok(digits):
+            spans.append(m.span())
+    return spans
+
+
+def mask_card_numbers(text: str) -> str:
+    """``text`` with every card-number-looking run masked but its last 4 digits (PCI DSS display rule)."""
+    spans = card_number_spans(text)
+    if not spans:
+        return text
+    out, last = [], 0
+    for start, end in spans:
+        run = text[start:end]
+        digits = [i for i, ch in enumerate(run) if ch.isdigit()]
+        keep = set(digits[-4:])
+        out.append(text[last:start])
+        out.append("".join(ch if (i in keep or not ch.isdigit()) else "*" for i, ch in enumerate(run)))
+        last = end
+    out.append(text[last:])
+    return "".join(out)
+
+
+def mask_card_numbers_bytes(raw: bytes) -> bytes:
+    """:func:`mask_card_numbers` on bytes (digits are ASCII in any encoding we accept; other bytes are kept)."""
+    if len(raw) < 13:
+        return raw
+    text = raw.decode("latin-1")  # one byte per character, so spans map back exactly
+    masked = mask_card_numbers(text)
+    return raw if masked == text else masked.encode("latin-1")
+
 
 TEXT_COLUMNS: tuple[str, ...] = ("transaction_id", "cardholder_id", "merchant_id", "mcc")
 REQUIRED_COLUMNS: tuple[str, ...] = (
@@ -101,6 +178,8 @@ class RejectReason(StrEnum):
     OVERSIZED = "oversized"  # a message larger than the configured cap, not parsed
     CONFLICTING_DUPLICATE = "conflicting_duplicate"  # a transaction_id reused with different content
     PROCESSING_ERROR = "processing_error"  # scoring raised for this record alone, after bounded retries
+    CARD_NUMBER = "card_number_in_clear"  # a text field holds a card number (13–19 digits passing Luhn)
+    UNTOKENIZED_CARD = "untokenized_card"  # the stream's cardholder_id must be the bank's card token
 
 
 @dataclass(frozen=True, slots=True)
@@ -288,6 +367,9 @@ class Validator:
             (a live stream; None for historical files).
         max_age_days: reject timestamps more than this many days before ``clock()``.
         clock: wall-clock seconds (injectable for tests).
+        card_tokens: the stream's ingress rules: ``cardholder_id`` must be a card token
+            (:func:`is_card_token`), and a text field holding a card number is rejected
+            (``card_number_in_clear``; the DLQ masks it). Ingest of the bank's own raw files leaves it off.
     """
 
     def __init__(
@@ -296,8 +378,10 @@ class Validator:
         max_future_s: float | None = None,
         max_age_days: float | None = None,
         clock: Callable[[], float] = time.time,
+        card_tokens: bool = False,
     ) -> None:
         self.dedupe = dedupe
+        self.card_tokens = card_tokens
         self.max_future_s = max_future_s
         self.max_age_days = max_age_days
         self.clock = clock
@@ -345,6 +429,9 @@ class Validator:
             text[col] = _as_text(frame[col])
             too_long = text[col].str.len().astype("float64") > MAX_TEXT_LEN  # None → NaN → False
             flag(too_long, RejectReason.TEXT_TOO_LONG, f"{col} longer than {MAX_TEXT_LEN}")
+            if self.card_tokens:
+                clear = text[col].map(lambda v: isinstance(v, str) and bool(card_number_spans(v)))
+                flag(clear.to_numpy(dtype=bool), RejectReason.CARD_NUMBER, f"{col} holds a card number in clear")
 
         ts = _parse_timestamp(frame["timestamp"]) if "timestamp" in frame else None
         if ts is not None:
@@ -380,6 +467,12 @@ class Validator:
         else:
             labels = pd.Series(pd.NA, index=frame.index, dtype="boolean")
 
+        # last: a record with a more specific defect gets that reason (a card number in clear is caught first)
+        if self.card_tokens and "cardholder_id" in text:
+            untokenized = ~text["cardholder_id"].map(is_card_token).to_numpy(dtype=bool)
+            flag(untokenized, RejectReason.UNTOKENIZED_CARD,
+                 f"cardholder_id must be the bank's card token ({CARD_TOKEN_PREFIX} + 32 hex digits)")
+
         if self.dedupe and "transaction_id" in text:
             # An id is unique per card, not globally: card networks and generators (Sparkov with a fixed seed
             # reuses trans_num across cards) repeat ids across cardholders, and every state keyed by id
@@ -407,8 +500,8 @@ class Validator:
                 "merchant_id": text.get("merchant_id", pd.Series(dtype=object))[ok],
                 "timestamp": ts[ok] if ts is not None else pd.Series(dtype="datetime64[us, UTC]"),
                 "amount": amount[ok].round(2),
-                "lat": lat[ok],
-                "lon": lon[ok],
+                "lat": lat[ok].round(COORDINATE_DECIMALS),
+                "lon": lon[ok].round(COORDINATE_DECIMALS),
                 "mcc": text.get("mcc", pd.Series(dtype=object))[ok],
                 "is_fraud": labels[ok],
                 "geo_source": geo[ok].fillna("exact").astype(str),
@@ -436,7 +529,7 @@ class Validator:
         arithmetic can overflow on it.
         """
         if not self.dedupe and 0 < len(records) <= FAST_PATH_MAX_ROWS:
-            clean = _clean_records(records, self._window())
+            clean = _clean_records(records, self._window(), self.card_tokens)
             if clean is not None:  # every record clean and of the common JSON types: no rule can reject one
                 return ValidationResult(accepted=clean, rejects=_no_rejects())
         typed: list[Mapping[str, Any]] = []
@@ -519,7 +612,9 @@ def _clean_timestamp_us(value: Any, lo: float, hi: float) -> int | None:
 _LABELS = {None: None, True: True, False: False}  # 1 == True and 0 == False: the ints map alike
 
 
-def _clean_records(records: Sequence[Any], window: tuple[float, float]) -> pd.DataFrame | None:
+def _clean_records(
+    records: Sequence[Any], window: tuple[float, float], card_tokens: bool = False
+) -> pd.DataFrame | None:
     """The accepted frame of ``records`` when every one is clean, else None (then the frame path judges them).
 
     Clean means a JSON object whose fields are of the common types, with no
@@ -543,6 +638,8 @@ def _clean_records(records: Sequence[Any], window: tuple[float, float]) -> pd.Da
                 or type(label) not in (type(None), bool, int) or label not in _LABELS
                 or not (geo is None or isinstance(geo, str))):
             return None
+        if card_tokens and (not is_card_token(texts[1]) or any(card_number_spans(t) for t in texts)):
+            return None
         for c, text in zip(TEXT_COLUMNS, texts, strict=True):
             cols[c].append(text)
         stamps.append(stamp)
@@ -553,8 +650,8 @@ def _clean_records(records: Sequence[Any], window: tuple[float, float]) -> pd.Da
         cols["geo_source"].append("exact" if geo is None else geo)
     cols["timestamp"] = pd.DatetimeIndex(np.asarray(stamps, dtype="datetime64[us]")).tz_localize("UTC")
     cols["amount"] = np.round(np.asarray(cols["amount"], dtype=np.float64), 2)  # numpy's rounding, as Series.round
-    cols["lat"] = np.asarray(cols["lat"], dtype=np.float64)
-    cols["lon"] = np.asarray(cols["lon"], dtype=np.float64)
+    cols["lat"] = np.round(np.asarray(cols["lat"], dtype=np.float64), COORDINATE_DECIMALS)
+    cols["lon"] = np.round(np.asarray(cols["lon"], dtype=np.float64), COORDINATE_DECIMALS)
     cols["is_fraud"] = pd.array(cols["is_fraud"], dtype="boolean")
     frame = pd.DataFrame(cols)  # one construction: column-by-column assignment cost ~1.5 ms more per batch
     return frame

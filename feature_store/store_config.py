@@ -1,10 +1,12 @@
 """Typed configuration of the Feast feature store: online-store profiles behind a ``type:`` key.
 
 Composed into :class:`fedfraud.config.FedfraudConfig` as the ``features:``
-section. A *profile* picks the online store (and the registry that goes with
-it); each profile is a small pydantic model with ``extra="forbid"`` and one
-method that renders its part of ``feature_store.yaml``, so adding a backend is
-one class plus one entry in :data:`PROFILES`.
+section. A *profile* picks the online store; each profile is a small pydantic
+model with ``extra="forbid"`` and one method that renders its part of
+``feature_store.yaml``, so adding a backend is one class plus one entry in
+:data:`PROFILES`. The registry (``features.registry``) is chosen apart from the
+online store: a file next to the repo, or a SQL database (PostgreSQL) shared by
+every replica and every bank's tools.
 """
 
 from __future__ import annotations
@@ -12,9 +14,11 @@ from __future__ import annotations
 import os
 from abc import ABC, abstractmethod
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from fedfraud.credentials import read_secret
 from fedfraud.errors import UserError
 
 __all__ = [
@@ -22,13 +26,14 @@ __all__ = [
     "FeatureStoreConfig",
     "OnlineProfile",
     "RedisProfile",
+    "RegistryConfig",
     "SqliteProfile",
     "resolve_profile",
 ]
 
 
 class OnlineProfile(BaseModel, ABC):
-    """One online-store backend; renders the ``online_store`` and ``registry`` entries of ``feature_store.yaml``."""
+    """One online-store backend; renders the ``online_store`` entry of ``feature_store.yaml``."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -38,9 +43,81 @@ class OnlineProfile(BaseModel, ABC):
     def online_store(self) -> dict[str, Any]:
         """The ``online_store:`` mapping of ``feature_store.yaml``."""
 
-    def registry(self) -> str | dict[str, Any]:
-        """The ``registry:`` entry; a file next to the repo unless the profile says otherwise."""
-        return "data/registry.db"
+
+_ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
+
+
+class RegistryConfig(BaseModel):
+    """Where Feast keeps its registry (the applied entities, views and services).
+
+    ``file`` is a file in the repo folder: fine on one machine, but each replica
+    of a cluster would need its own copy baked in or mounted. ``sql`` puts it in
+    a database that every replica and tool reads, so a ``feast apply`` is seen
+    by all of them within ``cache_ttl_seconds``. The URL carries no password:
+    the rendered ``feature_store.yaml`` says ``user:${VAR}@host`` and Feast
+    expands the variable when it loads the file, as for the Redis password.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    type: Literal["file", "sql"] = Field("file", description="file (next to the repo) | sql (a shared database)")
+    path: str = Field(
+        "data/registry.db",
+        min_length=1,
+        description="file: path relative to the repo folder; sql: SQLAlchemy URL without a password, e.g. "
+        "postgresql+psycopg://feast@db.example:5432/feast (driver: psycopg, installed with fedfraud)",
+    )
+    password_env: str = Field(
+        "FEDFRAUD_FEAST_REGISTRY_PASSWORD", min_length=1, pattern=_ENV_NAME,
+        description="sql: environment variable holding the database password (URL-safe characters, or "
+        "percent-encoded); unset or empty: none (trust or peer authentication)",
+    )
+    cache_ttl_seconds: int = Field(
+        60, ge=0, description="how long a replica serves its cached copy of the registry before re-reading it")
+
+    @model_validator(mode="after")
+    def _sql_url_without_secret(self) -> RegistryConfig:
+        if self.type == "file":
+            if "://" in self.path:
+                raise ValueError("registry.type file takes a file path; a database URL needs registry.type: sql")
+            return self
+        parts = urlsplit(self.path)
+        if "+" not in parts.scheme and parts.scheme not in {"sqlite", "postgresql", "mysql"}:
+            raise ValueError(f"registry.path {self.path!r} is not a SQLAlchemy database URL")
+        if parts.password is not None:
+            raise ValueError("no password in registry.path: put it in the environment variable named by "
+                             "registry.password_env (default FEDFRAUD_FEAST_REGISTRY_PASSWORD)")
+        return self
+
+    def password(self) -> str | None:
+        """The database password from ``$password_env`` (None when unset or empty)."""
+        return read_secret(self.password_env)
+
+    def where(self) -> str:
+        """The registry's location for messages (never a password)."""
+        return f"{self.type} registry at {self.path}"
+
+    def url_template(self) -> str:
+        """The SQL URL as written to ``feature_store.yaml``: ``${password_env}`` in place of the password."""
+        if self.type != "sql" or self.password() is None:
+            return self.path
+        parts = urlsplit(self.path)
+        if not parts.username:
+            raise UserError(f"${self.password_env} is set but registry.path names no user ({self.path})")
+        netloc = f"{parts.username}:${{{self.password_env}}}@{parts.netloc.rpartition('@')[2]}"
+        return parts._replace(netloc=netloc).geturl()
+
+    def render(self) -> str | dict[str, Any]:
+        """The ``registry:`` entry of ``feature_store.yaml``."""
+        if self.type == "file":
+            return self.path
+        return {
+            "registry_type": "sql",
+            "path": self.url_template(),
+            "cache_ttl_seconds": self.cache_ttl_seconds,
+            # a replica's pooled connection may have been closed by the server or a proxy since its last read
+            "sqlalchemy_config_kwargs": {"echo": False, "pool_pre_ping": True},
+        }
 
 
 class SqliteProfile(OnlineProfile):
@@ -87,12 +164,6 @@ class RedisProfile(OnlineProfile):
             "single writer per cardholder (Kafka partitions by key), so dedup buys nothing and costs a round trip"
         ),
     )
-    registry_path: str | None = Field(
-        None,
-        description="SQL registry URL, e.g. postgresql+psycopg://postgres@127.0.0.1:5432/test (needs psycopg); "
-        "default: a registry file in the repo's data/ folder",
-    )
-
     @field_validator("connection_string")
     @classmethod
     def _no_secret_inline(cls, value: str) -> str:
@@ -150,11 +221,6 @@ class RedisProfile(OnlineProfile):
         return redis.Redis(host=host, port=port, db=int(options.get("db", 0)) if db is None else db,
                            password=self.password(), ssl=self.ssl, ssl_ca_certs=self.ssl_ca_certs)
 
-    def registry(self) -> str | dict[str, Any]:
-        if self.registry_path is None:
-            return super().registry()
-        return {"registry_type": "sql", "path": self.registry_path, "cache_ttl_seconds": 60}
-
 
 #: Profile name → model; the single place a ``profile:`` / ``--store`` name is resolved.
 PROFILES: dict[str, type[OnlineProfile]] = {"sqlite": SqliteProfile, "redis": RedisProfile}
@@ -169,7 +235,7 @@ def resolve_profile(name: str) -> type[OnlineProfile]:
 
 
 class FeatureStoreConfig(BaseModel):
-    """Where the Feast repo is rendered, which online store it uses, and the activity-feature knobs."""
+    """Where the Feast repo is rendered, which online store and registry it uses, and the activity-feature knobs."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -181,6 +247,7 @@ class FeatureStoreConfig(BaseModel):
     )
     sqlite: SqliteProfile = Field(default_factory=SqliteProfile)
     redis: RedisProfile = Field(default_factory=RedisProfile)
+    registry: RegistryConfig = Field(default_factory=RegistryConfig)
     location_cell_deg: float = Field(
         0.1, gt=0, le=10, description="activity's last_location_cell is the lat/lon grid cell of this size (degrees)"
     )

@@ -492,12 +492,16 @@ def run_demo(cfg: FedfraudConfig, args: DemoArgs, progress: Callable[[str], None
     from fedfraud.report import write_html_report
 
     from fedfraud.config import update_section
+    from feature_store.privacy import per_run_secret
     from serving.auth import per_run_token
 
     args.out.mkdir(parents=True, exist_ok=True)
     registry = args.out / "registry"
     cfg = update_section(cfg, "features", repo_dir=str(args.out / "feature_repo"))
     auth = per_run_token(cfg.serving.auth, args.out)  # no token configured: a random one for this run
+    secret_file = per_run_secret(cfg.privacy, args.out)  # no bank secret set: a random one for this run
+    if progress and secret_file:
+        progress(f"no bank secret set: this run's random simulation secret is in {secret_file}")
     cfg = update_section(cfg, "serving", registry_root=str(registry), auth=auth)
     if progress and auth.token_file:
         progress(f"API token (/score, /metrics, /tokenizer/*): in {auth.token_file}; send it as "

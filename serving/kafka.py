@@ -33,8 +33,9 @@ import numpy as np
 import orjson
 import pandas as pd
 
-from feature_store.schema import MAX_EPOCH_S, RejectReason, Validator, event_order
+from feature_store.schema import MAX_EPOCH_S, RejectReason, Validator, event_order, mask_card_numbers_bytes
 
+from serving.config import GuardSettings
 from serving.kafka_consumer import IngressConsumer, Record, make_consumer
 from serving.kafka_producer import Delivery, DeliveryError, Producer, confirm_sent, make_producer
 
@@ -45,6 +46,7 @@ __all__ = [
     "DeadLetter",
     "DecodedBatch",
     "decode_messages",
+    "ingress_validator",
     "Delivery",
     "IngressConsumer",
     "DeliveryError",
@@ -229,6 +231,14 @@ def parse_json(raw: bytes) -> Any:
     return json.loads(raw, parse_constant=no_constant)
 
 
+def ingress_validator(guards: GuardSettings) -> Validator:
+    """The one validator of the ``transactions`` topic and ``/score``: card tokens only, no card number in
+    clear, timestamps within the guards' window; a redelivery is handled downstream, so no dedupe here.
+    """
+    return Validator(dedupe=False, max_future_s=guards.max_future_s, max_age_days=guards.max_age_days,
+                     card_tokens=True)
+
+
 def decode_messages(messages: Iterable[Any], validator: Validator, max_message_bytes: int = 1 << 20) -> DecodedBatch:
     """Decode JSON values and validate them with :mod:`feature_store.schema` (the only place rows are judged).
 
@@ -344,18 +354,23 @@ def _collapse(frame: pd.DataFrame, produced: np.ndarray, content: list[str], msg
     return frame, produced[keep], [content[i] for i in keep], copies, [msgs[i] for i in keep]
 
 
-#: Longest message key copied into a dead letter; a longer key is replaced by its hash (keys are pseudonyms,
-#: 32 hex characters, so only a hostile producer gets here).
+#: Longest message key copied into a dead letter; a longer key is replaced by its hash (keys are card tokens,
+#: 35 characters, so only a hostile producer gets here).
 MAX_DLQ_KEY_BYTES = 1024
 
 
 def _dead(msg: Any, raw: bytes, reason: str, detail: str) -> DeadLetter:
+    """A dead letter of ``msg``: its bytes and key kept for a replay, with any card number masked (the DLQ
+    keeps records for weeks; a producer that sent a card number in clear must not leave it there).
+    """
     key = msg.key if isinstance(msg.key, bytes) or msg.key is None else bytes(msg.key)
     if key is not None and len(key) > MAX_DLQ_KEY_BYTES:
         import hashlib
 
         key = b"blake2b:" + hashlib.blake2b(key, digest_size=16).hexdigest().encode()
+    raw = raw if isinstance(raw, bytes) else bytes(raw or b"")
     return DeadLetter(
-        key=key, raw=raw if isinstance(raw, bytes) else bytes(raw or b""), reason=reason, detail=detail,
+        key=None if key is None else mask_card_numbers_bytes(key), raw=mask_card_numbers_bytes(raw),
+        reason=reason, detail=detail,
         topic=msg.topic, partition=msg.partition, offset=msg.offset,
     )

@@ -21,7 +21,7 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from fedfraud.errors import UserError
-from feature_store.schema import CANONICAL_COLUMNS
+from feature_store.schema import CANONICAL_COLUMNS, COORDINATE_DECIMALS
 from serving.config import KafkaSecurity, ProducerSettings
 from serving.kafka import PRODUCED_HEADER, Producer, json_bytes, make_producer, now_us, wait_for_partitions
 
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from feature_store.privacy import PrivateFeaturizer
 
 __all__ = ["LabelFeed", "ReplayResult", "ReplayStats", "collect", "load_source", "replay", "replay_and_collect",
-           "topic_end_offsets"]
+           "topic_end_offsets", "wire_records"]
 
 log = logging.getLogger(__name__)
 
@@ -57,9 +57,19 @@ def load_source(path: Path, bank: int | None = None) -> pd.DataFrame:
     return frame.sort_values(["timestamp", "transaction_id"], kind="stable").reset_index(drop=True)
 
 
-def _records(frame: pd.DataFrame) -> list[dict[str, Any]]:
-    """Wire records (``Transaction.to_record`` layout); rows are sent as they are, the scorer validates."""
+def wire_records(frame: pd.DataFrame, featurizer: PrivateFeaturizer) -> list[dict[str, Any]]:
+    """The ``transactions`` topic's records of a bank's rows: what the bank's producer must send.
+
+    ``Transaction.to_record`` layout, with the card number replaced by the bank's card token and the
+    coordinates rounded to the schema's precision (``COORDINATE_DECIMALS``), so neither a card number nor an
+    exact location is ever on the topic. Everything else is sent as it is; the scorer validates.
+    """
     out = frame[[c for c in CANONICAL_COLUMNS if c in frame]].copy()
+    if "cardholder_id" in out:
+        out["cardholder_id"] = featurizer.pseudonyms(out["cardholder_id"].astype(str).tolist())
+    for col in ("lat", "lon"):
+        if col in out:
+            out[col] = pd.to_numeric(out[col], errors="coerce").round(COORDINATE_DECIMALS)
     if "timestamp" in out and pd.api.types.is_datetime64_any_dtype(out["timestamp"]):
         out["timestamp"] = out["timestamp"].map(lambda t: None if pd.isna(t) else t.isoformat())
     if "is_fraud" in out:
@@ -130,8 +140,8 @@ def replay(
     if producer is None:
         producer = make_producer(bootstrap_servers, producer_settings or ProducerSettings(),
                                  client_id="fedfraud-replay", security=security)
-    records = _records(frame)
-    keys = [k.encode() for k in featurizer.pseudonyms(frame["cardholder_id"].astype(str).tolist())]
+    records = wire_records(frame, featurizer)
+    keys = [str(r["cardholder_id"]).encode() for r in records]
     payloads = [json_bytes(r) for r in records]
     feed = _LabelQueue(frame, labels) if labels is not None else None
     start = time.perf_counter()

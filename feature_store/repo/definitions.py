@@ -20,11 +20,14 @@ cardholder = Entity(
     name="cardholder",
     join_keys=["cardholder"],
     value_type=ValueType.STRING,
-    description="keyed pseudonym of the card (128-bit blake2b with the bank's secret, hex)",
+    description="the card token: ct_ + 128-bit blake2b of the card number keyed with the bank secret, hex",
 )
 bank = Entity(name="bank", join_keys=["bank"], value_type=ValueType.INT64, description="bank id")
 merchant = Entity(
-    name="merchant", join_keys=["merchant"], value_type=ValueType.STRING, description="merchant id (not personal)"
+    name="merchant",
+    join_keys=["merchant"],
+    value_type=ValueType.STRING,
+    description="keyed hash of the merchant id (federation key, 16 hex digits), never its name",
 )
 
 # ---------------------------------------------------------------- sources

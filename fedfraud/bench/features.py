@@ -64,6 +64,7 @@ from feature_store.privacy import (
     PrivateFeaturizer,
     private_shuffle,
     shuffle_permutation,
+    shuffle_seed,
 )
 
 __all__ = [
@@ -210,7 +211,7 @@ def encoder_fidelity(
     ``noise="variance"`` gives exactly the production features (``PrivateFeaturizer``).
     """
     rng = np.random.default_rng(seed)
-    perm = shuffle_permutation(privacy_cfg.shuffle_seed, encoder_cfg.dim)
+    perm = shuffle_permutation(shuffle_seed(privacy_cfg), encoder_cfg.dim)
     variant = encoder_cfg.variant
 
     def noised(v: np.ndarray, channel: int) -> np.ndarray:

@@ -218,7 +218,7 @@ def run_serving_bench(
             row, at_load = load_block(rt, chunk, rate)
             rows.append({**row, "profile": at_load})
             log.info("load=%.0f p50=%.1fms p99=%.1fms", rate, rows[-1]["p50_ms"], rows[-1]["p99_ms"])
-        http = _http_sequential(rt.url, frame.iloc[cursor : cursor + 300].reset_index(drop=True), rt.headers)
+        http = _http_sequential(rt, frame.iloc[cursor : cursor + 300].reset_index(drop=True))
         models = rt.counters()["models"]
     finally:
         rt.stop()
@@ -264,19 +264,20 @@ def publish_bench_models(reg: Any, train: Any, cfg: Any) -> None:
                               config={}, metrics={}, privacy={}, card="benchmark")
 
 
-def _http_sequential(url: str, rows: Any, headers: dict[str, str]) -> dict[str, float]:
-    """Round-trip latency of ``POST /score`` with one transaction per request, one request at a time (the bearer
-    token in ``headers``, as every client sends it, so its check is in the figure).
+def _http_sequential(rt: Any, rows: Any) -> dict[str, float]:
+    """Round-trip latency of ``POST /score`` with one transaction per request, one request at a time (tokenized
+    as the bank's producer sends them, with the bearer token every client sends, so its check is in the figure).
     """
     import httpx
 
-    rows = rows.assign(timestamp=rows["timestamp"].map(lambda t: t.isoformat()))
-    records = rows.astype(object).where(rows.notna(), None).to_dict("records")
+    from serving.replay import wire_records
+
+    records = wire_records(rows, rt.featurizer())
     times: list[float] = []
-    with httpx.Client(timeout=30, headers=headers) as client:
+    with httpx.Client(timeout=30, headers=rt.headers) as client:
         for i, record in enumerate(records):
             t0 = time.perf_counter()
-            response = client.post(f"{url}/score", json=record)
+            response = client.post(f"{rt.url}/score", json=record)
             if i >= 20 and response.status_code == 200:  # the first requests warm the HTTP path
                 times.append((time.perf_counter() - t0) * 1e3)
     if not times:

@@ -23,6 +23,21 @@ bench_app = typer.Typer(
     no_args_is_help=True,
 )
 
+
+
+@bench_app.callback()
+def _bench(ctx: typer.Context) -> None:
+    """Benchmarks are self-contained runs: with no bank secret set, each draws a random one (announced)."""
+    from feature_store.privacy import per_run_secret
+
+    per_run_secret(config_of(ctx).privacy)
+
+
+#: The third-party file a detection bench reads, or an ingested/generated dataset instead (`_one_source`).
+CsvOption = Annotated[
+    Path | None, typer.Option("--csv", help="labelled Sparkov/Kaggle or TabFormer CSV (.csv or .csv.gz)")
+]
+DataOption = Annotated[Path | None, typer.Option("--data", help="or: an ingested/generated dataset dir")]
 OutOption = Annotated[Path | None, typer.Option("--out", help="write the markdown block to this file as well")]
 
 
@@ -160,6 +175,17 @@ def anomaly(
     emit(result.to_markdown(), out)
 
 
+def _valid_attack(mode: str) -> bool:
+    """Whether ``mode`` is an attack the simulated malicious bank knows."""
+    from training.federated.config import AttackConfig
+
+    try:
+        AttackConfig(mode=mode)
+    except ValueError:
+        return False
+    return True
+
+
 def _one_source(csv: Path | None, data: Path | None) -> None:
     """Exactly one of ``--csv`` (a readable file) or ``--data`` (a dataset dir), or a one-line error."""
     if (csv is None) == (data is None):
@@ -168,13 +194,18 @@ def _one_source(csv: Path | None, data: Path | None) -> None:
         readable_file(csv)
 
 
+def _positive_epsilons(epsilons: tuple[float, ...]) -> None:
+    """Every ``--epsilon`` is > 0 (``inf`` = DP off), or a one-line error."""
+    bad = [e for e in epsilons if not e > 0 or e != e]  # e != e: NaN
+    if bad:
+        raise UserError(f"--epsilon must be > 0 (inf for DP off), got {bad[0]}")
+
+
 @bench_app.command("privacy")
 def privacy(
     ctx: typer.Context,
-    csv: Annotated[
-        Path | None, typer.Option("--csv", help="labelled Sparkov/Kaggle or TabFormer CSV (.csv or .csv.gz)")
-    ] = None,
-    data: Annotated[Path | None, typer.Option("--data", help="or: an ingested/generated dataset dir")] = None,
+    csv: CsvOption = None,
+    data: DataOption = None,
     work: Annotated[Path, typer.Option("--work", help="data, registries and caches go here")] = Path(
         "out/bench-privacy"
     ),
@@ -197,15 +228,11 @@ def privacy(
     out: OutOption = None,
 ) -> None:
     """Client-level DP's utility cost: the anomaly model's fraud ROC-AUC / PR-AUC at ε ∈ {1, 3, 8, ∞}, 95% CIs."""
-    import math
-
     from fedfraud.bench.privacy import PRIVACY_EPSILONS, run_privacy_bench
 
     _one_source(csv, data)
     epsilons = tuple(epsilon or PRIVACY_EPSILONS)
-    bad = [e for e in epsilons if not e > 0 or math.isnan(e)]
-    if bad:
-        raise UserError(f"--epsilon must be > 0 (inf for DP off), got {bad[0]}")
+    _positive_epsilons(epsilons)
     cfg = config_of(ctx)
     dp = cfg.federated.dp
     calibrated = cfg.privacy.model_copy(update={"mechanism": "calibrated"}) if ldp else None
@@ -217,6 +244,93 @@ def privacy(
         csv, work, epsilons, overrides=overrides, resamples=resamples, data=data, label=label, calibrated=calibrated
     )
     emit(result.to_markdown(), out)
+
+
+@bench_app.command("adversary")
+def adversary(
+    ctx: typer.Context,
+    csv: CsvOption = None,
+    data: DataOption = None,
+    work: Annotated[Path, typer.Option("--work", help="data, registries and caches go here")] = Path(
+        "out/bench-adversary"
+    ),
+    aggregation: Annotated[
+        list[str] | None,
+        typer.Option("--aggregation", help="rule of a row (repeatable); default all: fedavg fedmedian fedtrimmedavg "
+                     "krum multikrum"),
+    ] = None,
+    attack: Annotated[
+        list[str] | None,
+        typer.Option("--attack", help='attack of a column (repeatable: none, scale:F, flip-targets); default none '
+                     "scale:-10 flip-targets"),
+    ] = None,
+    epsilon: Annotated[
+        list[float] | None, typer.Option("--epsilon", help="ε of a block (repeatable; inf = DP off); default inf")
+    ] = None,
+    rounds: Annotated[int | None, typer.Option("--rounds", min=1, help="federated rounds (default 3)")] = None,
+    local_epochs: Annotated[int | None, typer.Option("--local-epochs", min=1, help="default 2")] = None,
+    resamples: Annotated[int, typer.Option("--resamples", min=50, help="bootstrap resamples")] = 500,
+    label: Annotated[str, typer.Option("--label", help="appended to the heading")] = "",
+    reuse: Annotated[
+        bool, typer.Option("--reuse", help="take models an earlier run published under --work with the same settings")
+    ] = False,
+    cell: Annotated[
+        list[str] | None,
+        typer.Option("--cell", help="RULE/ATTACK (repeatable): only these cells instead of the whole product"),
+    ] = None,
+    out: OutOption = None,
+) -> None:
+    """One malicious bank: fraud ROC-AUC per aggregation rule, with and without each attack (and DP), 95% CIs."""
+    import math
+
+    from fedfraud.bench.adversary import ADVERSARY_ATTACKS, run_adversary_bench
+    from training.federated.config import AGGREGATIONS
+
+    _one_source(csv, data)
+    rules = tuple(aggregation or AGGREGATIONS)
+    unknown = [r for r in rules if r not in AGGREGATIONS]
+    if unknown:
+        raise UserError(f"--aggregation {unknown[0]!r} is not one of {', '.join(AGGREGATIONS)}")
+    attacks = tuple("" if a == "none" else a for a in (attack or ADVERSARY_ATTACKS))
+    for a in attacks:
+        if not _valid_attack(a):
+            raise UserError(f"--attack {a!r}: use none, scale:<factor> or flip-targets")
+    epsilons = tuple(epsilon or (math.inf,))
+    _positive_epsilons(epsilons)
+    cells: list[tuple[str, str]] = []
+    for c in cell or []:
+        rule, _, att = c.partition("/")
+        att = "" if att == "none" else att
+        if rule not in AGGREGATIONS or att not in attacks and not _valid_attack(att):
+            raise UserError(f"--cell {c!r}: use RULE/ATTACK, e.g. fedmedian/scale:-10")
+        cells.append((rule, att))
+    dp = config_of(ctx).federated.dp
+    overrides: dict[str, object] = {"dp-delta": dp.delta, "dp-clipping-norm": dp.clipping_norm}
+    for key, value in (("rounds", rounds), ("local-epochs", local_epochs)):
+        if value is not None:
+            overrides[key] = value
+    result = run_adversary_bench(
+        csv, work, rules, attacks, epsilons, overrides=overrides, resamples=resamples, data=data, label=label,
+        reuse=reuse, pairs_only=cells,
+    )
+    emit(result.to_markdown(), out)
+
+
+@bench_app.command("secagg")
+def secagg(
+    ctx: typer.Context,
+    csv: CsvOption = None,
+    data: DataOption = None,
+    work: Annotated[Path, typer.Option("--work", help="data and caches go here")] = Path("out/bench-adversary"),
+    rounds: Annotated[int, typer.Option("--rounds", min=1, help="rounds timed per path")] = 2,
+    out: OutOption = None,
+) -> None:
+    """SecAgg+'s cost: wall time per round of the anomaly federation with and without it (5 banks)."""
+    from fedfraud.bench.adversary import run_secagg_cost
+
+    _one_source(csv, data)
+    config_of(ctx)
+    emit(run_secagg_cost(csv, work, rounds=rounds, data=data).to_markdown(), out)
 
 
 @bench_app.command("anomaly-ablation")

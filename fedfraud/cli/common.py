@@ -10,11 +10,24 @@ from fedfraud.config import FedfraudConfig
 from fedfraud.errors import UserError
 
 
-def config_of(ctx: typer.Context) -> FedfraudConfig:
-    """The config loaded by the root callback."""
+def config_of(ctx: typer.Context, needs_secret: bool = False) -> FedfraudConfig:
+    """The config loaded by the root callback.
+
+    ``needs_secret``: the command pseudonymizes, noises or serves, so it refuses to start (one line naming
+    the variable) unless a bank secret or a simulation secret is set; there is no default secret.
+    """
     cfg = ctx.find_root().obj
     if not isinstance(cfg, FedfraudConfig):
         raise UserError("internal: configuration was not loaded")
+    if needs_secret:
+        import os
+
+        from feature_store.privacy import SIMULATION_SECRET_ENV, require_secret
+
+        require_secret(cfg.privacy)
+        if cfg.privacy.secret_seed and not os.environ.get(SIMULATION_SECRET_ENV, "").strip():
+            # Flower's ClientApps, Ray workers and retrain children see the run config, not this object
+            os.environ[SIMULATION_SECRET_ENV] = cfg.privacy.secret_seed
     return cfg
 
 

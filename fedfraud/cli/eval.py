@@ -60,7 +60,7 @@ def stacking(
     shares = parse_shares(bank_shares)
     if shares is not None and banks is None:
         banks = len(shares)
-    cfg = update_section(config_of(ctx), "ingest", format=fmt, banks=banks, bank_shares=shares)
+    cfg = update_section(config_of(ctx, needs_secret=True), "ingest", format=fmt, banks=banks, bank_shares=shares)
     if rounds is not None:
         cfg = update_section(cfg, "fraud", federated_rounds=rounds)
     report = stacking_study(cfg, data, registry, anomaly_version, anomaly_source=anomaly_score, controls=controls,

@@ -48,7 +48,7 @@ def apply(
     from feature_store.offline import write_offline
     from feature_store.store_config import resolve_profile
 
-    cfg = config_of(ctx)
+    cfg = config_of(ctx, needs_secret=True)
     profile = store_name or cfg.features.profile
     resolve_profile(profile)
     store = open_store(cfg.features, repo, profile)
@@ -83,7 +83,7 @@ def materialize(ctx: typer.Context, store_name: StoreOption = None, repo: RepoOp
     """Load the latest offline row of every cardholder and merchant into the online store."""
     from feature_store.feast_store import materialize_repo, open_store
 
-    cfg = config_of(ctx)
+    cfg = config_of(ctx, needs_secret=True)
     store = open_store(cfg.features, repo, store_name)
     materialize_repo(store)
     typer.echo(f"materialized project {store.project} ({store.config.online_store.type})")
@@ -101,7 +101,7 @@ def get(
     from feature_store.online import OnlineStateClient
     from feature_store.privacy import bank_secret, pseudonymize
 
-    cfg = config_of(ctx)
+    cfg = config_of(ctx, needs_secret=True)
     client = OnlineStateClient.open(cfg.features, cfg.egograph, repo, store_name)
     pseudonym = pseudonymize([cardholder_id], bank_secret(cfg.privacy, bank))[0]
     state = client.read_states([pseudonym])[0]

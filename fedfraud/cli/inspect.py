@@ -45,7 +45,7 @@ def register(app: typer.Typer) -> None:
         from feature_store.privacy import PrivateFeaturizer
         from feature_store.layout import list_banks, read_bank
 
-        cfg = config_of(ctx)
+        cfg = config_of(ctx, needs_secret=True)
         existing_dir(data, "data directory")
         banks = [bank] if bank is not None else list_banks(data)
         rows = None

@@ -54,7 +54,7 @@ def run(
     """One federated cycle (anomaly GNN, then fraud model) on the window; both registered as challenger."""
     from training.retrain.cycle import run_cycle
 
-    cfg = update_section(config_of(ctx), "retrain", window_days=window_days, rounds=rounds)
+    cfg = update_section(config_of(ctx, needs_secret=True), "retrain", window_days=window_days, rounds=rounds)
     existing_dir(data, "data directory")
     result = run_cycle(cfg, data, registry or Path(cfg.serving.registry_root), trigger=trigger)
     if as_json:
@@ -79,7 +79,7 @@ def schedule(
     """Run cycles on the cron schedule and on drift, and the promotion policy, until interrupted."""
     from training.retrain.schedule import RetrainScheduler
 
-    cfg = update_section(config_of(ctx), "retrain", schedule=cron, metrics_url=metrics_url)
+    cfg = update_section(config_of(ctx, needs_secret=True), "retrain", schedule=cron, metrics_url=metrics_url)
     existing_dir(data, "data directory")
     scheduler = RetrainScheduler(cfg, data, registry or Path(cfg.serving.registry_root),
                                  _outcomes(cfg, data, outcomes)).start()
@@ -102,7 +102,7 @@ def evaluate(
     """Challenger vs champion on the labelled outcomes: promote, keep (retire the challenger) or wait."""
     from training.retrain.policy import decide_promotion
 
-    cfg = config_of(ctx)
+    cfg = config_of(ctx, needs_secret=True)
     store = _outcomes(cfg, data, outcomes)
     if not store.exists():
         raise UserError(f"no outcome store at {store}: run `fedfraud labels join` first")
@@ -125,7 +125,7 @@ def join(
     from feature_store.outcomes import OutcomeStore
     from serving.labels import LabelJoiner
 
-    cfg = config_of(ctx)
+    cfg = config_of(ctx, needs_secret=True)
     bootstrap = bootstrap_servers or cfg.serving.bootstrap_servers
     if bootstrap is None:
         raise UserError("no Kafka to read labels from: pass --bootstrap-servers")

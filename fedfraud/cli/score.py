@@ -32,7 +32,7 @@ def register(app: typer.Typer) -> None:
         """Score every transaction: anomaly score; fraud score, decision and reasons when a fraud model exists."""
         from serving.batch import score_path
 
-        cfg = config_of(ctx)
+        cfg = config_of(ctx, needs_secret=True)
         report = score_path(
             path, registry, out, bank=bank, privacy_cfg=cfg.privacy, chunk_rows=chunk_rows, workers=workers
         )

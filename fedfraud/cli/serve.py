@@ -35,7 +35,7 @@ def serve_command(
     from fedfraud.config import update_section
     from serving.runtime import start
 
-    cfg = config_of(ctx)
+    cfg = config_of(ctx, needs_secret=True)
     no_auth = cfg.serving.auth.model_copy(update={"disabled": True}) if insecure_no_auth else None
     cfg = update_section(cfg, "serving", registry_root=registry, http_port=port, bootstrap_servers=bootstrap_servers,
                          auth=no_auth)

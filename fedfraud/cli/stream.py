@@ -35,7 +35,7 @@ def stream_command(
     from feature_store.privacy import PrivateFeaturizer
     from serving.replay import LabelFeed, load_source, replay
 
-    cfg = config_of(ctx)
+    cfg = config_of(ctx, needs_secret=True)
     bootstrap = bootstrap_servers or cfg.serving.bootstrap_servers
     if bootstrap is None:
         raise UserError("no Kafka to stream to: pass --bootstrap-servers (fedfraud serve prints the embedded one)")

@@ -51,7 +51,7 @@ def anomaly(
     """Train the anomaly GNN (FedProx over the banks by default) and publish it to the registry under --out."""
     from training.federated.task import RunSettings
 
-    cfg = config_of(ctx)
+    cfg = config_of(ctx, needs_secret=True)
     existing_dir(data, "data directory")
     cfg = update_section(
         cfg, "anomaly", pooling=pooling, local_epochs=local_epochs, samples_per_epoch=samples_per_epoch
@@ -104,7 +104,7 @@ def fraud(
     from training.fraud.pipeline import train_and_publish
 
     cfg = update_section(
-        config_of(ctx),
+        config_of(ctx, needs_secret=True),
         "fraud",
         variant=variant,
         federated_rounds=rounds,

@@ -20,31 +20,20 @@ from training.federated.accountant import gaussian_epsilon
 from training.federated.task import RunSettings, build_model
 from training.federated.trainer import run_federated
 from training.registry import ModelRegistry
+from tests.integration.tiny_run import TINY_RUN
 
 pytestmark = pytest.mark.integration
 
 CLIP = 0.05  # well below the tiny model's update norm (~0.5), so every update is clipped
 NOISE = 0.8
 SMALL = {
-    "pooling": "topk",
-    "hidden": 32,
-    "disc-hidden": 16,
-    "encoder-dim": 32,
-    "encoder-merchant-buckets": 512,
-    "local-epochs": 2,
-    "samples-per-epoch": 48,
-    "batch-size": 24,
-    "max-train-pairs": 200,
-    "max-test-pairs": 40,
-    "max-eval-normal": 60,
-    "lr": 0.003,
-    "client-cpus": 1.0,
-    "ray-cpus": 2,
+    **TINY_RUN,
     "rounds": 2,
     "dp-enabled": True,
     "dp-noise-multiplier": NOISE,
     "dp-clipping-norm": CLIP,
     "dp-delta": 1e-5,
+    "aggregation": "fedavg",  # the mean's noise std z·C/n is what this test checks (robust rules scale it)
 }
 
 

@@ -7,8 +7,10 @@ cardholders) so the tests are independent of each other's order.
 
 from __future__ import annotations
 
+import base64
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -118,8 +120,7 @@ def test_n_produced_n_decided_and_poison_goes_to_dlq(runtime, frame):
 def test_http_score_single_and_batch(runtime, frame):
     import httpx
 
-    rows = _slice(frame, 1600, 1603).assign(timestamp=lambda f: f["timestamp"].map(pd.Timestamp.isoformat))
-    records = rows.astype(object).where(rows.notna(), None).to_dict("records")
+    records = _records_of(runtime, _slice(frame, 1600, 1603))
     response = httpx.post(f"{runtime.url}/score", json=records[0], headers=runtime.headers, timeout=60)
     assert response.status_code == 200, response.text
     one = response.json()
@@ -235,9 +236,11 @@ def test_killing_the_scoring_replica_loses_and_double_counts_nothing(runtime, fr
     np.testing.assert_array_equal(versions_after - versions_before, expected)
 
 
-def _records_of(rows: pd.DataFrame) -> list[dict]:
-    rows = rows.assign(timestamp=lambda f: f["timestamp"].map(pd.Timestamp.isoformat))
-    return rows.astype(object).where(rows.notna(), None).to_dict("records")
+def _records_of(runtime, rows: pd.DataFrame) -> list[dict]:
+    """The wire records the bank's producer sends: card tokens, coarse coordinates."""
+    from serving.replay import wire_records
+
+    return wire_records(rows, runtime.featurizer())
 
 
 def test_every_poison_probe_is_dead_lettered_and_the_stream_goes_on(runtime, frame):
@@ -276,7 +279,7 @@ def test_duplicates_on_the_topics_copies_marked_and_a_conflicting_reuse_dead_let
 
     cfg = runtime.config
     topics, servers = cfg.serving.topics, runtime.bootstrap_servers
-    rows = _records_of(_slice(frame, 3550, 3552))
+    rows = _records_of(runtime, _slice(frame, 3550, 3552))
     a, b = rows
     key = runtime.featurizer().pseudonyms([a["cardholder_id"]])[0].encode()
     dec_start = topic_end_offsets(servers, topics.decisions)
@@ -306,7 +309,7 @@ def test_http_bad_input_gets_4xx_never_500(runtime, frame):
 
     url = f"{runtime.url}/score"
     client = httpx.Client(headers=runtime.headers)  # an authenticated client: this test is about the body
-    good = _records_of(_slice(frame, 3552, 3554))
+    good = _records_of(runtime, _slice(frame, 3552, 3554))
     big = client.post(url, content=b'{"pad":"' + b"x" * 70_000 + b'"}', timeout=30)
     assert big.status_code == 413
     too_many = client.post(url, json=[good[0]] * 51, timeout=30)
@@ -333,7 +336,7 @@ def test_score_and_metrics_need_the_bearer_token_and_the_probes_do_not(runtime, 
     token; ``/healthz`` and ``/readyz`` stay open for the kubelet."""
     import httpx
 
-    record = {**_records_of(_slice(frame, 3554, 3555))[0], "transaction_id": "auth-probe-1"}
+    record = {**_records_of(runtime, _slice(frame, 3554, 3555))[0], "transaction_id": "auth-probe-1"}
     for method, path, body in (("POST", "/score", record), ("GET", "/metrics", None)):
         url = f"{runtime.url}{path}"
 
@@ -352,3 +355,74 @@ def test_score_and_metrics_need_the_bearer_token_and_the_probes_do_not(runtime, 
     assert httpx.post(f"{runtime.url}/score", content=b"x" * 70_000, timeout=30).status_code == 401
     for probe in ("/healthz", "/readyz"):
         assert httpx.get(f"{runtime.url}{probe}", timeout=30).status_code == 200
+
+
+def _topic_bytes(servers: str, topic: str) -> bytes:
+    """Every key, value and header of ``topic`` from its beginning, concatenated: what a reader of it can see."""
+    import json
+
+    from kafka import KafkaConsumer, TopicPartition
+
+    consumer = KafkaConsumer(bootstrap_servers=servers, enable_auto_commit=False, max_poll_records=5000)
+    try:
+        tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
+        if not tps:
+            return b""
+        consumer.assign(tps)
+        consumer.seek_to_beginning(*tps)
+        end = consumer.end_offsets(tps)
+        chunks: list[bytes] = []
+        deadline = time.monotonic() + 60
+        while any(consumer.position(tp) < end[tp] for tp in tps) and time.monotonic() < deadline:
+            for msgs in consumer.poll(timeout_ms=200).values():
+                for m in msgs:
+                    chunks += [m.key or b"", m.value or b"", *(v or b"" for _, v in (m.headers or []))]
+                    if m.value and b'"raw_b64"' in m.value:  # a dead letter: the bytes it keeps, decoded
+                        chunks.append(base64.b64decode(json.loads(m.value)["raw_b64"]))
+        assert all(consumer.position(tp) >= end[tp] for tp in tps), f"{topic}: not read to its end"
+        return b"\x00".join(chunks)
+    finally:
+        consumer.close()
+
+
+def test_no_card_number_or_exact_coordinate_on_any_topic_or_in_the_online_store(runtime, frame):
+    """Issue 17, item 5: after a stream, no topic and no online-store file holds a card number or an exact
+    coordinate, not even the dead letter of a producer that sent a card number in clear."""
+    import json
+    import re
+    import struct
+
+    from serving.kafka import json_bytes
+
+    part = _slice(frame, 3600, 4200)
+    leaked = {**_records_of(runtime, _slice(frame, 4200, 4201))[0], "cardholder_id": str(frame["cardholder_id"][4200])}
+    result = runtime.replay(part, rate=0, extra=[(b"leaky-producer", json_bytes(leaked))], timeout_s=120)
+    assert result.missing == set()
+    leaks = [d for d in result.dead_letters if d["reason"] == "card_number_in_clear"]
+    assert len(leaks) == 1
+    runtime.wait_idle()
+
+    cards = {str(c).encode() for c in frame["cardholder_id"]}
+    exact = [v for v in np.concatenate([frame["lat"].to_numpy(), frame["lon"].to_numpy()])
+             if round(v, 2) != v]  # coordinates finer than the schema's precision
+    assert len(cards) > 50 and len(exact) > 1000
+    # as text: a whole number token equal to an exact coordinate (not a substring of a longer number, e.g. a
+    # distance of 142.0099941 km holds "42.009994"); as binary: its float64 bytes
+    as_text = {repr(float(v)).encode() for v in exact}
+    as_float64 = {struct.pack("<d", v) for v in exact}
+    number = re.compile(rb"-?[0-9]+\.[0-9]+")
+
+    cfg = runtime.config
+    places = {f"topic {t}": _topic_bytes(runtime.bootstrap_servers, t) for t in cfg.serving.topics.all()}
+    repo = Path(cfg.features.repo_dir)
+    places |= {f"store {p.relative_to(repo)}": p.read_bytes() for p in repo.rglob("*") if p.is_file()}
+    assert places[f"topic {cfg.serving.topics.transactions}"] and any(k.startswith("store data/") for k in places)
+    injected = leaked["cardholder_id"].encode()  # the leaky producer's own message holds it on the input topic
+    for where, blob in places.items():
+        expected_clear = {injected} if where == f"topic {cfg.serving.topics.transactions}" else set()
+        assert not [c for c in cards - expected_clear if c in blob], f"a card number in clear in {where}"
+        assert not set(number.findall(blob)) & as_text, f"an exact coordinate (text) in {where}"
+        assert not [p for p in as_float64 if p in blob], f"an exact coordinate (float64) in {where}"
+    # the leaky record itself was kept for a replay, masked
+    dead = json.loads(base64.b64decode(leaks[0]["raw_b64"]))
+    assert dead["cardholder_id"].endswith(leaked["cardholder_id"][-4:]) and set(dead["cardholder_id"][:-4]) == {"*"}

@@ -19,6 +19,7 @@ from feature_store.privacy import (
     private_shuffle,
     pseudonymize,
     shuffle_permutation,
+    shuffle_seed,
 )
 
 ENC, PRIV = EncoderConfig(), PrivacyConfig()
@@ -86,7 +87,7 @@ def test_gaussian_noise_is_standard_normal():
 def test_more_epsilon_less_noise():
     v = encode_location(np.full(2000, 40.0), np.full(2000, -74.0), ENC)
     keys = np.arange(2000, dtype=np.uint64)
-    perm = shuffle_permutation(PRIV.shuffle_seed, ENC.dim)
+    perm = shuffle_permutation(shuffle_seed(PRIV), ENC.dim)
     clean = v[:, perm]
     err = []
     for eps in (0.01, 0.1, 1.0, 10.0):
@@ -100,9 +101,9 @@ def test_more_epsilon_less_noise():
 
 
 def test_private_shuffle_range_and_permutation():
-    perm = shuffle_permutation(PRIV.shuffle_seed, 16)
+    perm = shuffle_permutation(shuffle_seed(PRIV), 16)
     assert sorted(perm.tolist()) == list(range(16)) and not np.array_equal(perm, np.arange(16))
-    assert np.array_equal(perm, shuffle_permutation(PRIV.shuffle_seed, 16))
+    assert np.array_equal(perm, shuffle_permutation(shuffle_seed(PRIV), 16))
     v = np.linspace(-1, 1, 16)[None, :].repeat(3, axis=0)
     out = private_shuffle(v, np.array([0.01, 0.01, 0.01]), 0.5, np.arange(3, dtype=np.uint64), perm)
     assert out.dtype == np.float32 and np.all(np.abs(out) <= 1.0)

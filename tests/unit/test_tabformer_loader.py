@@ -13,6 +13,7 @@ from training.data.csvio import read_header
 from training.data.geo import US_CENTER, geo_tables
 from training.data.ingest import detect_format, ingest_csv
 from feature_store.layout import REJECTS_FILE, list_banks, read_bank, read_manifest
+from feature_store.schema import COORDINATE_DECIMALS
 from training.data.tabformer import home_states
 
 SAMPLE = Path(__file__).parents[1] / "fixtures" / "tabformer_sample.csv"
@@ -47,22 +48,26 @@ def test_geo_treatments_are_flagged(ingested: tuple[Path, pd.DataFrame]) -> None
     assert read_manifest(out)["geo_source"] == {"city": 9, "online": 2, "state_centroid": 1, "unknown": 2}
     states, cities = geo_tables().states, geo_tables().cities
 
+    def grid(v: float) -> float:  # the validator rounds every coordinate to the schema's precision
+        return round(v, COORDINATE_DECIMALS)
+
     def at(cardholder: str, merchant: str) -> pd.Series:
         hit = rows[(rows["cardholder_id"] == cardholder) & (rows["merchant_id"] == merchant)]
         return hit.iloc[0]
 
     la_verne = at("0-0", "3527213246127876953")
-    assert (la_verne["geo_source"], la_verne["lat"]) == ("city", cities.loc["LA VERNE|CA", "lat"])
+    lat = grid(cities.loc["LA VERNE|CA", "lat"])
+    assert (la_verne["geo_source"], la_verne["lat"]) == ("city", lat)
     assert at("0-0", "-727612092139916043")["geo_source"] == "city"  # Monterey Park comes first in time
     smalltown = rows[rows["geo_source"] == "state_centroid"].iloc[0]
-    assert (smalltown["lat"], smalltown["lon"]) == (states.loc["CA", "lat"], states.loc["CA", "lon"])
+    assert (smalltown["lat"], smalltown["lon"]) == (grid(states.loc["CA", "lat"]), grid(states.loc["CA", "lon"]))
     online = rows[rows["geo_source"] == "online"].set_index("cardholder_id")
     # ONLINE rows sit at the cardholder's home-state centroid (0-0 shops in CA, 1-0 in TX).
-    assert online.loc["0-0", "lat"] == states.loc["CA", "lat"]
-    assert online.loc["1-0", "lon"] == states.loc["TX", "lon"]
+    assert online.loc["0-0", "lat"] == grid(states.loc["CA", "lat"])
+    assert online.loc["1-0", "lon"] == grid(states.loc["TX", "lon"])
     unknown = rows[rows["geo_source"] == "unknown"].set_index("cardholder_id")
-    assert unknown.loc["0-0", "lat"] == states.loc["CA", "lat"]  # Rome, Italy → home state
-    assert (unknown.loc["3-0", "lat"], unknown.loc["3-0", "lon"]) == US_CENTER  # no physical US purchase at all
+    assert unknown.loc["0-0", "lat"] == grid(states.loc["CA", "lat"])  # Rome, Italy → home state
+    assert (unknown.loc["3-0", "lat"], unknown.loc["3-0", "lon"]) == tuple(map(grid, US_CENTER))  # no US purchase
     assert not ((rows["lat"] == 0) & (rows["lon"] == 0)).any()
 
 

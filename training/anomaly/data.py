@@ -271,7 +271,9 @@ def load_bank_data(
             "seed",
         }
     )
-    key = _fingerprint(path, relevant, encoder_cfg.model_dump(), privacy_cfg.model_dump(), ego_cfg.model_dump())
+    secrets = PrivateFeaturizer.for_bank(encoder_cfg, privacy_cfg, bank).fingerprint  # another secret: other features
+    key = _fingerprint(path, relevant, encoder_cfg.model_dump(), privacy_cfg.model_dump(), ego_cfg.model_dump(),
+                       secrets)
     cache = Path(cache_dir) / f"bank_{bank}-{key}.pt" if cache_dir is not None else None
     if cache is not None and cache.exists():
         try:

@@ -102,15 +102,21 @@ def _event_loss(
     events: np.ndarray,
     samplers: Sequence[tuple[EventNegativeSampler | None, np.ndarray]],
     rng: np.random.Generator,
+    poisoned: bool = False,
 ) -> Tensor:
     """Loss of an event readout on real transitions (``q``: embeddings of their G_{t-1}).
 
     next-event: the summed mean NLL of each head. contrastive: BCE of real vs
     perturbed events; ``samplers`` lists (sampler, rows) so each row's negative
-    comes from its own bank.
+    comes from its own bank. ``poisoned`` (a simulated malicious bank):
+    next-event targets shuffled across the batch, contrastive labels swapped.
     """
     if model.cfg.readout == "next-event":
-        targets = {h: torch.from_numpy(t).to(q.device) for h, t in event_targets(priors, events).items()}
+        raw = event_targets(priors, events)
+        if poisoned:
+            perm = rng.permutation(len(priors))
+            raw = {h: t[perm] for h, t in raw.items()}
+        targets = {h: torch.from_numpy(t).to(q.device) for h, t in raw.items()}
         nll = model.head.nll(q, targets)  # type: ignore[operator]
         return torch.stack([v.mean() for v in nll.values()]).sum()
     neg_priors, neg_events = priors.copy(), events.copy()
@@ -122,7 +128,7 @@ def _event_loss(
     x_neg = ContrastiveHead.features(neg_priors, neg_events, q.device)
     logits = torch.cat([model.head(q, x_pos), model.head(q, x_neg)])  # type: ignore[operator]
     target = torch.cat([torch.ones(len(priors), device=q.device), torch.zeros(len(priors), device=q.device)])
-    return F.binary_cross_entropy_with_logits(logits, target)
+    return F.binary_cross_entropy_with_logits(logits, 1.0 - target if poisoned else target)
 
 
 class _Optimizer:
@@ -185,11 +191,14 @@ def train_model(
     optimizer_state: Mapping[str, object] | None = None,
     progress: bool = False,
     desc: str = "train",
+    poisoned: bool = False,
 ) -> tuple[TrainStats, dict[str, object]]:
     """Train in place; returns stats and the optimizer state (the centralized trainer carries it across rounds).
 
     With ``proximal_mu > 0`` the FedProx term pulls the weights towards their
-    values at entry (the global model the client received).
+    values at entry (the global model the client received). ``poisoned``
+    simulates a malicious bank's data: wrong targets (see :func:`_event_loss`;
+    the pair readout's real/perturbed labels are swapped).
     """
     if not sources:
         raise ValueError("train_model needs at least one source")
@@ -224,7 +233,7 @@ def train_model(
                 for row, (src, _) in enumerate(chosen):
                     rows_of.setdefault(id(src), []).append(row)
                 samplers = [(chosen[r[0]][0].event_sampler, np.array(r)) for r in rows_of.values()]
-                loss = _event_loss(model, out.q, priors, events, samplers, rng) + aux_weight * out.aux_loss
+                loss = _event_loss(model, out.q, priors, events, samplers, rng, poisoned) + aux_weight * out.aux_loss
             else:
                 curs = [src.pairs.current[i] for src, i in chosen]
                 negs = [src.sampler.perturb(src.pairs.current[i], rng).graph for src, i in chosen]
@@ -233,6 +242,8 @@ def train_model(
                 q_prev, q_cur, q_neg = out.q[:b], out.q[b : 2 * b], out.q[2 * b :]
                 logits = torch.cat([model.logits(q_prev, q_cur), model.logits(q_prev, q_neg)])
                 target = torch.cat([torch.ones(b, device=device), torch.zeros(b, device=device)])
+                if poisoned:
+                    target = 1.0 - target
                 loss = F.binary_cross_entropy_with_logits(logits, target) + aux_weight * out.aux_loss
             optimizer.zero_grad()
             (loss + optimizer.proximal(batch.merchant)).backward()

@@ -35,7 +35,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from tqdm.auto import tqdm
 
-from feature_store.schema import CANONICAL_COLUMNS, Validator
+from feature_store.schema import CANONICAL_COLUMNS, Validator, luhn_ok
 from training.data.config import GeneratorConfig
 from training.data.geo import GEO_EXACT
 from feature_store.layout import TRANSACTIONS_FILE, bank_dir
@@ -261,6 +261,11 @@ def _sample_rows(cdf: np.ndarray, rows: np.ndarray, u: np.ndarray) -> np.ndarray
     return np.clip(idx, 0, k - 1)
 
 
+def _with_check_digit(partial: str) -> str:
+    """``partial`` + its Luhn check digit: 16-digit card numbers that pass Luhn, like real ones."""
+    return next(partial + d for d in "0123456789" if luhn_ok(partial + d))
+
+
 def _build_people(config: GeneratorConfig, world: _World, rng: np.random.Generator) -> _People:
     n, banks, n_regions = config.cardholders, config.banks, len(REGIONS)
     # Bank traits (non-IID): market share, spend, activity, category tilt.
@@ -293,11 +298,12 @@ def _build_people(config: GeneratorConfig, world: _World, rng: np.random.Generat
     trip_start = (rng.random(n) * np.maximum(config.days - trip_days, 1)).astype(np.int64)
     other = (home + rng.integers(1, n_regions, n)) % n_regions
     trip_region = np.where(trip & (config.days > 2), other, -1)
-    card = (np.arange(n, dtype=np.int64) * 982_451_653 + int(rng.integers(0, 10**12))) % 10**15
+    card = (np.arange(n, dtype=np.int64) * 982_451_653 + int(rng.integers(0, 10**12))) % 10**14
     return _People(
         bank=bank, home=home, home_lat=home_lat, home_lon=home_lon, spend=spend, rate=rate,
         hour_cdf=_cdf(hours), week=week, fav=fav, fav_cdf=_cdf(fav_w), trip_region=trip_region,
-        trip_start=trip_start, trip_days=trip_days, card=np.array([f"4{c:015d}" for c in card], dtype=object),
+        trip_start=trip_start, trip_days=trip_days,
+        card=np.array([_with_check_digit(f"4{c:014d}") for c in card], dtype=object),
     )  # fmt: skip
 
 

@@ -131,27 +131,36 @@ def plan_noise(dp: DPConfig, rounds: int, spent: Sequence[float] = ()) -> float:
 
 @dataclass(frozen=True)
 class DPRound:
-    """One released round as the accountant sees it (``noise_multiplier`` 0: released without noise)."""
+    """One released round as the accountant sees it (``noise_multiplier`` 0: released without noise).
+
+    ``sensitivity``: the aggregation rule's L2 sensitivity in units of the mean's C/banks (1 for FedAvg; larger
+    for the robust rules, :func:`training.federated.strategy.dp_sensitivity_factor`); the noise was scaled by it,
+    so ``noise_multiplier`` is still the z the accountant composes.
+    """
 
     noise_multiplier: float
     clipping_norm: float
     banks: int
+    sensitivity: float = 1.0
 
     def __post_init__(self) -> None:
-        if self.noise_multiplier < 0 or self.clipping_norm < 0 or self.banks < 1:
+        if self.noise_multiplier < 0 or self.clipping_norm < 0 or self.banks < 1 or self.sensitivity < 1:
             raise ValueError(f"invalid DP round {self}")
 
     @property
     def noise_std(self) -> float:
-        """Std of the noise on each coordinate of the averaged update: z·C / banks aggregated."""
-        return self.noise_multiplier * self.clipping_norm / self.banks
+        """Std of the noise on each coordinate of the aggregate: z·C·sensitivity / banks aggregated."""
+        return self.noise_multiplier * self.clipping_norm * self.sensitivity / self.banks
 
     @classmethod
     def of(cls, entry: DPRound | Mapping[str, Any]) -> DPRound:
         return (
             entry
             if isinstance(entry, DPRound)
-            else cls(**{k: entry[k] for k in ("noise_multiplier", "clipping_norm", "banks")})
+            else cls(
+                **{k: entry[k] for k in ("noise_multiplier", "clipping_norm", "banks")},
+                sensitivity=float(entry.get("sensitivity", 1.0)),
+            )
         )
 
 
@@ -181,11 +190,13 @@ def dp_card(ledger: Sequence[DPRound | Mapping[str, Any]], delta: float, banks: 
         "protects": "the released global models (every round's, as the banks and the registry see them) against "
         "anyone but the aggregation server",
         "mechanism": "Flower DifferentialPrivacyClientSideFixedClipping: each bank clips its update to L2 <= "
-        "clipping_norm before it leaves (fixedclipping_mod); the server averages the banks with equal weights and "
-        "adds N(0, noise_std^2) to every coordinate",
+        "clipping_norm before it leaves (fixedclipping_mod); the server averages the banks with equal weights (or "
+        "applies the robust rule, with the noise scaled by its sensitivity_factor) and adds N(0, noise_std^2) to "
+        "every coordinate",
         "noise_multiplier": multipliers[0] if len(multipliers) == 1 else multipliers,
         "clipping_norm": norms[0] if len(norms) == 1 else norms,
         "noise_std": sorted({round(r.noise_std, 8) for r in rounds}),
+        "sensitivity_factor": sorted({r.sensitivity for r in rounds}),
         "rounds": len(rounds),
         "banks": banks,
         "banks_per_round": sorted({r.banks for r in rounds}),

@@ -1,12 +1,16 @@
 """Flower ClientApp of the anomaly federation: one bank per SuperNode (``partition-id`` in the node config).
 
 The bank builds its private features and ego graphs from its own parquet
-inside this process. What leaves it: the model's ``state_dict`` tensors
-(ArrayRecord) and scalar metrics (MetricRecord) — losses, test metrics,
+inside this process; a deployed SuperNode names that bank's folder in its node
+config (``data-dir``, :func:`training.federated.task.on_node`). What leaves it:
+the model's ``state_dict`` tensors (ArrayRecord) and scalar metrics (MetricRecord) — losses, test metrics,
 counts and the bank's μ-GDP. No features, graphs, ids, coordinates or
 timestamps. Under client-level DP the train reply passes through Flower's
 ``fixedclipping_mod`` on its way out: the update (new − received weights)
 is clipped to the clipping norm in L2 before it leaves the bank.
+
+``attack-mode`` / ``attack-bank`` (``fedfraud bench adversary`` and tests
+only) make one bank malicious: :func:`attack_mod`.
 """
 
 from __future__ import annotations
@@ -14,16 +18,26 @@ from __future__ import annotations
 import logging
 import os
 
+import numpy as np
 import torch
-from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.clientapp.mod import fixedclipping_mod
 from flwr.clientapp.typing import ClientAppCallable
 
+from training.federated.config import AttackConfig
 from training.federated.strategy import EQUAL_WEIGHT_KEY
-from training.federated.task import RunSettings, bank_data, build_model, device_for_client, local_test, local_train
+from training.federated.task import (
+    RunSettings,
+    bank_data,
+    build_model,
+    device_for_client,
+    local_test,
+    local_train,
+    on_node,
+)
 
-__all__ = ["app"]
+__all__ = ["app", "attack_mod"]
 
 logger = logging.getLogger(__name__)
 
@@ -48,10 +62,41 @@ def dp_clipping_mod(msg: Message, context: Context, call_next: ClientAppCallable
     return call_next(msg, context)
 
 
+def _attack(msg: Message, context: Context) -> AttackConfig | None:
+    """The attack this node runs, or None when it is honest (or no attack is configured)."""
+    config = msg.content["config"]
+    mode = str(config.get("attack-mode", ""))
+    bank = int(config.get("attack-bank", 0))  # type: ignore[arg-type]
+    if not mode or int(context.node_config.get("partition-id", 0)) != bank:
+        return None
+    return AttackConfig(mode=mode, bank=bank)
+
+
+def attack_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
+    """A simulated malicious bank's modified software (outermost mod; honest banks pass straight through).
+
+    ``scale:F``: trains honestly but without the clipping mod, then sends
+    ``received + F·(trained − received)``. ``flip-targets`` is data poisoning
+    inside :func:`train` (the update still goes through the clipping mod).
+    """
+    attack = _attack(msg, context)
+    if attack is None or attack.scale is None:
+        return call_next(msg, context)
+    received = {k: v.numpy() for k, v in msg.content["arrays"].items()}
+    reply = _train(msg, context)  # not call_next: this bank skips the clipping mod
+    trained = reply.content["arrays"]
+    for key, base in received.items():
+        new = trained[key].numpy()
+        trained[key] = Array(np.asarray(base + attack.scale * (new - base), dtype=new.dtype))
+    logger.warning("bank=%s attack=%s: sending a scaled update", context.node_config.get("partition-id"), attack.mode)
+    return reply
+
+
 def _setup(msg: Message, context: Context) -> tuple[RunSettings, int, torch.nn.Module, torch.device]:
     config = dict(msg.content["config"])
-    settings = RunSettings.from_flat({k: v for k, v in config.items() if k in RunSettings.defaults()})
     partition = int(context.node_config.get("partition-id", 0))
+    flat = RunSettings.from_flat({k: v for k, v in config.items() if k in RunSettings.defaults()})
+    settings = on_node(flat, partition, context.node_config)
     torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
     model = build_model(settings)
     model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
@@ -59,14 +104,21 @@ def _setup(msg: Message, context: Context) -> tuple[RunSettings, int, torch.nn.M
     return settings, partition, model.to(device), device
 
 
-@app.train(mods=[dp_clipping_mod])
+@app.train(mods=[attack_mod, dp_clipping_mod])
 def train(msg: Message, context: Context) -> Message:
     """Local FedProx training on this bank's transitions; returns the new weights and train metrics."""
+    return _train(msg, context)
+
+
+def _train(msg: Message, context: Context) -> Message:
     settings, partition, model, _ = _setup(msg, context)
     config = msg.content["config"]
     bank = bank_data(settings, partition)
     mu = float(config.get("proximal-mu", settings.federated.proximal_mu))
-    stats = local_train(model, bank, settings, int(config.get("global-round", config.get("server-round", 1))), mu)  # type: ignore[arg-type]
+    attack = _attack(msg, context)
+    poisoned = attack is not None and attack.mode == "flip-targets"
+    round_ = int(config.get("global-round", config.get("server-round", 1)))  # type: ignore[arg-type]
+    stats = local_train(model, bank, settings, round_, mu, poisoned=poisoned)
     p = bank.privacy
     metrics = MetricRecord(
         {

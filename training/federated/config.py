@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+import re
+from typing import Literal
 
-__all__ = ["DPConfig", "FederatedConfig"]
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+__all__ = ["AGGREGATIONS", "Aggregation", "AttackConfig", "DPConfig", "FederatedConfig"]
+
+#: How the server combines the banks' models: FedAvg (the weighted mean, FedProx's), or a robust rule of Flower's.
+Aggregation = Literal["fedavg", "fedmedian", "fedtrimmedavg", "krum", "multikrum"]
+AGGREGATIONS: tuple[str, ...] = ("fedavg", "fedmedian", "fedtrimmedavg", "krum", "multikrum")
+
+_ATTACK = re.compile(r"^(|none|flip-targets|scale:[-+]?[0-9]*\.?[0-9]+(e[-+]?[0-9]+)?)$")
 
 
 class DPConfig(BaseModel):
@@ -32,6 +41,34 @@ class DPConfig(BaseModel):
     )
 
 
+class AttackConfig(BaseModel):
+    """One malicious bank, simulated: for ``fedfraud bench adversary`` and the tests only, never a deployment knob.
+
+    ``scale:F``: the bank trains honestly, then sends ``received + F × (its update)`` and skips the clipping mod
+    (modified software: ``scale:-1`` flips the sign, ``scale:-10`` flips and amplifies). ``flip-targets``: data
+    poisoning with honest software: the bank trains on shuffled targets (each history is taught another
+    cardholder's next event; BCE labels swapped for the pair and contrastive readouts) and sends that update
+    through the normal path, clipping included.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    mode: str = Field("", description='"" (no attack), "scale:<factor>" or "flip-targets"')
+    bank: int = Field(0, ge=0, description="partition id of the malicious bank")
+
+    @field_validator("mode")
+    @classmethod
+    def _known(cls, value: str) -> str:
+        if not _ATTACK.match(value):
+            raise ValueError(f'unknown attack {value!r}; use "", "scale:<factor>" or "flip-targets"')
+        return "" if value == "none" else value
+
+    @property
+    def scale(self) -> float | None:
+        """The factor of a ``scale:F`` attack, else None."""
+        return float(self.mode.split(":", 1)[1]) if self.mode.startswith("scale:") else None
+
+
 class FederatedConfig(BaseModel):
     """FedProx rounds and client resources; the thesis runs 200 rounds over 5 banks."""
 
@@ -50,3 +87,13 @@ class FederatedConfig(BaseModel):
         description="address the simulation's Ray (GCS, raylet, workers) listens on; the simulation runs on one "
         "machine, so loopback (fedfraud.net.ray_bind)")
     dp: DPConfig = Field(default_factory=DPConfig, description="client-level DP on the updates (run keys dp-*)")
+    aggregation: Aggregation = Field(
+        "fedmedian",
+        description="server rule: fedmedian (default, chosen by fedfraud bench adversary: docs/benchmarks.md), fedavg "
+        "(FedProx's mean), fedtrimmedavg, krum, multikrum")
+    trim_beta: float = Field(
+        0.2, ge=0.0, lt=0.5, description="fedtrimmedavg: share of banks cut at each end per coordinate")
+    byzantine_banks: int = Field(1, ge=0, description="krum/multikrum: how many malicious banks to tolerate (f)")
+    multikrum_keep: int = Field(0, ge=0, description="multikrum: updates averaged; 0 = banks per round − f")
+    attack: AttackConfig = Field(
+        default_factory=AttackConfig, description="simulated malicious bank (run keys attack-*; bench/tests only)")

@@ -26,7 +26,9 @@ from training.federated.strategy import (
     AnomalyFedProx,
     BankLevelDP,
     ReplyObserver,
+    aggregator,
     banks_per_round,
+    dp_sensitivity_factor,
 )
 from training.federated.task import MODEL_KEYS, RunSettings, build_model
 from training.registry import ModelRegistry
@@ -50,39 +52,47 @@ def _wait_for_nodes(grid: Grid, wanted: int, timeout: float = 120.0) -> int:
 def _strategy(
     settings: RunSettings, checkpoint: Checkpoint, directory: Path, banks: int, observer: ReplyObserver | None
 ) -> tuple[Strategy, AnomalyFedProx]:
-    """(the strategy to start, its FedProx with the run's bookkeeping): wrapped in client-level DP when
-    ``dp-enabled``, with equal bank weights.
+    """(the strategy to start, its FedProx with the run's bookkeeping): aggregating with ``aggregation``'s rule,
+    wrapped in client-level DP when ``dp-enabled``, with equal bank weights and the noise scaled to the rule's
+    sensitivity (:func:`dp_sensitivity_factor`).
     """
     fed, dp = settings.federated, settings.federated.dp
     per_round = banks_per_round(banks, fed.fraction_train)
     z = plan_noise(dp, fed.rounds - checkpoint.round, [float(r["noise_multiplier"]) for r in checkpoint.dp_ledger])
+    weight_key = EQUAL_WEIGHT_KEY if dp.enabled else "num-examples"
     inner = AnomalyFedProx(
         checkpoint=checkpoint,
         directory=directory,
         total_rounds=fed.rounds,
         observer=observer,
-        dp_round=DPRound(z, dp.clipping_norm, per_round) if dp.enabled else None,
+        dp_round=DPRound(z, dp.clipping_norm, per_round, dp_sensitivity_factor(fed, per_round))
+        if dp.enabled
+        else None,
         fraction_train=fed.fraction_train,
         fraction_evaluate=1.0,
         min_train_nodes=max(1, min(banks, round(fed.fraction_train * banks))),
         min_evaluate_nodes=banks,
         min_available_nodes=banks,
         proximal_mu=fed.proximal_mu,
-        weighted_by_key=EQUAL_WEIGHT_KEY if dp.enabled else "num-examples",
+        weighted_by_key=weight_key,
+        robust=aggregator(fed, banks, weight_key),
     )
+    logger.info("aggregation=%s attack=%r attack_bank=%d", fed.aggregation, fed.attack.mode, fed.attack.bank)
     if not dp.enabled:
         return inner, inner
+    factor = dp_sensitivity_factor(fed, per_round)
     logger.info(
-        "client_dp noise_multiplier=%.4f clipping_norm=%g banks_per_round=%d noise_std=%.6g target_epsilon=%g "
-        "delta=%g",
+        "client_dp noise_multiplier=%.4f clipping_norm=%g banks_per_round=%d sensitivity_factor=%g noise_std=%.6g "
+        "target_epsilon=%g delta=%g",
         z,
         dp.clipping_norm,
         per_round,
-        z * dp.clipping_norm / per_round,
+        factor,
+        factor * z * dp.clipping_norm / per_round,
         dp.target_epsilon,
         dp.delta,
     )
-    return BankLevelDP(inner, z, dp.clipping_norm, per_round), inner
+    return BankLevelDP(inner, z * factor, dp.clipping_norm, per_round), inner
 
 
 def run_federation(grid: Grid, settings: RunSettings, observer: ReplyObserver | None = None) -> dict[str, Any]:
@@ -135,7 +145,8 @@ def run_federation(grid: Grid, settings: RunSettings, observer: ReplyObserver | 
             anomaly_cfg=settings.anomaly,
             encoder_cfg=settings.encoder,
             ego_cfg=settings.egograph,
-            config={**settings.config_dump(), "mode": "federated", "strategy": "FedProx"},
+            config={**settings.config_dump(), "mode": "federated",
+                    "strategy": f"FedProx ({settings.federated.aggregation})"},
             history=checkpoint.history,
             privacy=checkpoint.privacy,
             client_dp=dp_card(checkpoint.dp_ledger, settings.federated.dp.delta, banks),

@@ -12,13 +12,31 @@ from pathlib import Path
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import DifferentialPrivacyClientSideFixedClipping, FedProx, Strategy
+from flwr.serverapp.strategy import (
+    DifferentialPrivacyClientSideFixedClipping,
+    FedAvg,
+    FedMedian,
+    FedProx,
+    FedTrimmedAvg,
+    Krum,
+    MultiKrum,
+    Strategy,
+)
 from tqdm.auto import tqdm
 
 from training.anomaly.run import Checkpoint, RoundRecord, log_round
 from training.federated.accountant import DPRound
+from training.federated.config import FederatedConfig
 
-__all__ = ["EQUAL_WEIGHT_KEY", "AnomalyFedProx", "BankLevelDP", "ReplyObserver", "banks_per_round"]
+__all__ = [
+    "EQUAL_WEIGHT_KEY",
+    "AnomalyFedProx",
+    "BankLevelDP",
+    "ReplyObserver",
+    "aggregator",
+    "banks_per_round",
+    "dp_sensitivity_factor",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -35,8 +53,68 @@ def banks_per_round(banks: int, fraction_train: float) -> int:
     return max(int(banks * fraction_train), min_train)
 
 
+def _kept(fed: FederatedConfig, n: int) -> int:
+    """Updates MultiKrum averages out of ``n``: ``multikrum_keep``, else n − f (at least 1)."""
+    return max(1, min(n, fed.multikrum_keep or n - fed.byzantine_banks))
+
+
+def aggregator(fed: FederatedConfig, banks: int, weighted_by_key: str) -> FedAvg | None:
+    """Flower's robust rule named by ``federated.aggregation`` (Message API strategies), or None for FedAvg.
+
+    Only its ``aggregate_train`` is used: :class:`AnomalyFedProx` keeps sampling, FedProx's μ in the train config
+    and the bookkeeping, so the proximal term stays on the clients whatever the server's rule.
+    """
+    common: dict[str, object] = {"min_available_nodes": banks, "weighted_by_key": weighted_by_key}
+    n = banks_per_round(banks, fed.fraction_train)
+    if fed.aggregation == "fedavg":
+        return None
+    if fed.aggregation == "fedmedian":
+        return FedMedian(**common)  # type: ignore[arg-type]
+    if fed.aggregation == "fedtrimmedavg":
+        if int(fed.trim_beta * n) == 0:
+            logger.warning("trim-beta=%g cuts no bank out of %d per round: FedTrimmedAvg is the plain mean",
+                           fed.trim_beta, n)
+        return FedTrimmedAvg(beta=fed.trim_beta, **common)  # type: ignore[arg-type]
+    if fed.aggregation == "krum":
+        return Krum(num_malicious_nodes=fed.byzantine_banks, **common)  # type: ignore[arg-type]
+    return MultiKrum(
+        num_malicious_nodes=fed.byzantine_banks, num_nodes_to_select=_kept(fed, n), **common  # type: ignore[arg-type]
+    )
+
+
+def dp_sensitivity_factor(fed: FederatedConfig, n: int) -> float:
+    """How much more one bank can move the aggregate under ``federated.aggregation`` than under the mean.
+
+    The accountant's noise multiplier z is relative to the L2 sensitivity of
+    the aggregate to one bank whose clipped update (‖u‖ ≤ C) is replaced by
+    zero: C/n for the mean of n banks, which Flower's wrapper assumes (noise
+    std z·C/n). The robust rules have larger bounds, each a change between
+    two outputs that lie in a known ball: Krum/MultiKrum output one or the
+    mean of several clipped updates (‖·‖ ≤ C) and the selection can switch,
+    so 2C; the coordinate-wise median m has m_j² ≤ (2/n)·Σ_i x_ij² (at least
+    half the banks are at least as far from 0 on every coordinate), so
+    ‖m‖ ≤ √2·C and 2√2·C; the trimmed mean of k kept values has
+    ‖t‖² ≤ (n/k)·C², so 2·√(n/k)·C. The noise is scaled by this factor so the
+    card's (ε, δ) still holds; Flower's own accountant refuses anything but
+    FedAvg's aggregate for the same reason.
+    """
+    if fed.aggregation == "fedavg":
+        return 1.0
+    if fed.aggregation in ("krum", "multikrum"):
+        bound = 2.0
+    elif fed.aggregation == "fedmedian":
+        bound = 2.0 * math.sqrt(2.0)
+    else:
+        kept = max(1, n - 2 * int(fed.trim_beta * n))
+        bound = 2.0 * math.sqrt(n / kept)
+    return bound * n
+
+
 class AnomalyFedProx(FedProx):
     """FedProx (FedAvg on the server, ``proximal-mu`` sent to clients) that checkpoints after every round.
+
+    With ``robust`` (:func:`aggregator`) the server combines the models with
+    that rule instead of the mean; the clients still get μ and train FedProx.
 
     Rounds are numbered globally: a run resumed after round ``offset`` calls
     its first round ``offset + 1`` (clients seed their sampling with it, so a
@@ -52,10 +130,12 @@ class AnomalyFedProx(FedProx):
         total_rounds: int,
         observer: ReplyObserver | None = None,
         dp_round: DPRound | None = None,
+        robust: FedAvg | None = None,
         **kwargs: object,
     ) -> None:
         super().__init__(**kwargs)  # type: ignore[arg-type]
         self.dp_round = dp_round
+        self.robust = robust
         self.checkpoint = checkpoint
         self.directory = directory
         self.total_rounds = total_rounds
@@ -98,7 +178,16 @@ class AnomalyFedProx(FedProx):
                 "delta": float(m["delta"]),
             }
         self._train_loss = float(sum(losses) / len(losses)) if losses else math.nan
-        arrays, metrics = super().aggregate_train(server_round, replies)
+        if self.robust is not None:  # the robust rule instead of the mean
+            # Flower's FedMedian/FedTrimmedAvg pop the arrays out of the replies; put the same Array objects back so
+            # the replies stay whole for observers and wrappers (no copy of the data)
+            kept = [dict(r.content["arrays"].items()) for r in replies if not r.has_error()]
+            arrays, metrics = self.robust.aggregate_train(server_round, replies)
+            for reply, saved in zip([r for r in replies if not r.has_error()], kept, strict=True):
+                for key, value in saved.items():
+                    reply.content["arrays"][key] = value
+        else:
+            arrays, metrics = super().aggregate_train(server_round, replies)
         if arrays is not None:
             # one more release for the accountant; written before the (noised) model goes out to the banks
             ledger = self.dp_round or DPRound(0.0, 0.0, max(1, len(replies)))

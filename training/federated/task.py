@@ -16,7 +16,7 @@ import logging
 import math
 from collections import OrderedDict
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -42,7 +42,16 @@ from training.federated.config import FederatedConfig
 if TYPE_CHECKING:
     from fedfraud.config import FedfraudConfig
 
-__all__ = ["MODEL_KEYS", "RunSettings", "bank_data", "build_model", "local_test", "local_train", "lr_factor"]
+__all__ = [
+    "MODEL_KEYS",
+    "RunSettings",
+    "bank_data",
+    "build_model",
+    "local_test",
+    "local_train",
+    "lr_factor",
+    "on_node",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -97,6 +106,8 @@ def _leaves(
     (``federated.dp.clipping_norm`` → ``dp-clipping-norm``).
     """
     for name, info in model.model_fields.items():
+        if info.exclude:  # a secret (privacy.secret_seed): each ClientApp reads its own, no message carries it
+            continue
         kind = info.annotation
         if isinstance(kind, type) and issubclass(kind, BaseModel):
             yield from _leaves(kind, f"{prefix}{_kebab(name)}-", (*path, name))
@@ -253,6 +264,25 @@ def bank_data(settings: RunSettings, bank: int) -> BankData:
     return data
 
 
+def on_node(settings: RunSettings, bank: int, node_config: Any) -> RunSettings:
+    """The run's settings as this SuperNode sees them: its own bank folder wins over the server's ``data-dir``.
+
+    In a deployment the ServerApp does not know where a bank keeps its data, so
+    each SuperNode is started with ``--node-config "partition-id=k
+    data-dir=<root>/bank_k [cache-dir=...]"``: the folder of its own bank only
+    (named ``bank_<k>`` like every dataset's layout). In the simulation the node
+    config has no ``data-dir`` and the settings are returned unchanged.
+    """
+    own = str(node_config.get("data-dir", "") or "")
+    if not own:
+        return settings
+    folder = Path(own)
+    if folder.name != f"bank_{bank}":
+        raise ConfigError(f"node data-dir {folder} must be bank {bank}'s folder, named bank_{bank}")
+    cache = str(node_config.get("cache-dir", "") or "")
+    return replace(settings, data_dir=folder.parent, cache=cache or settings.cache)
+
+
 def lr_factor(cfg: AnomalyConfig, round_: int, rounds: int) -> float:
     """Learning-rate multiplier of round ``round_`` (1-based) of ``rounds``: 1, or cosine down to ``lr_min_factor``."""
     if cfg.lr_schedule == "constant" or rounds <= 1:
@@ -262,9 +292,16 @@ def lr_factor(cfg: AnomalyConfig, round_: int, rounds: int) -> float:
 
 
 def local_train(
-    model: AnomalyModel, bank: BankData, settings: RunSettings, round_: int, proximal_mu: float
+    model: AnomalyModel,
+    bank: BankData,
+    settings: RunSettings,
+    round_: int,
+    proximal_mu: float,
+    poisoned: bool = False,
 ) -> TrainStats:
-    """E local epochs of ``samples_per_epoch`` pairs with the FedProx term, seeded by (seed, bank, round)."""
+    """E local epochs of ``samples_per_epoch`` pairs with the FedProx term, seeded by (seed, bank, round);
+    ``poisoned``: on wrong targets (a simulated ``flip-targets`` bank).
+    """
     cfg = settings.anomaly
     stats, _ = train_model(
         model,
@@ -276,6 +313,7 @@ def local_train(
         seed=[cfg.seed, bank.bank, round_],
         proximal_mu=proximal_mu,
         aux_weight=cfg.aux_weight,
+        poisoned=poisoned,
     )
     return stats
 

@@ -18,6 +18,7 @@ from importlib import resources
 from typing import Protocol
 
 from fedfraud.errors import UserError
+from feature_store.schema import luhn_ok
 
 __all__ = [
     "PII_LABELS",
@@ -68,21 +69,6 @@ class Recognizer(Protocol):
 
 
 # -- checksums ---------------------------------------------------------------
-
-
-def luhn_ok(digits: str) -> bool:
-    """Luhn checksum of a card number (digits only); filters random digit runs."""
-    if not digits.isdigit() or not 12 <= len(digits) <= 19:
-        return False
-    total = 0
-    for i, ch in enumerate(reversed(digits)):
-        d = int(ch)
-        if i % 2 == 1:
-            d *= 2
-            if d > 9:
-                d -= 9
-        total += d
-    return total % 10 == 0
 
 
 def iban_ok(iban: str) -> bool:

@@ -8,7 +8,13 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from training.fraud.federated.task import boost_one_round, fraud_config, load_partition, validation_histograms
+from training.fraud.federated.task import (
+    boost_one_round,
+    fraud_config,
+    load_node_features,
+    load_partition,
+    validation_histograms,
+)
 
 __all__ = ["app"]
 
@@ -18,6 +24,10 @@ app = ClientApp()
 
 
 def _data(msg: Message, context: Context):  # noqa: ANN202 - FraudFeatures
+    """This bank's features: its own folder when the SuperNode was given one (deployment), else the simulation's."""
+    own = str(context.node_config.get("data-dir", "") or "")
+    if own:
+        return load_node_features(own)
     cfg = msg.content["config"]
     return load_partition(str(cfg["features-dir"]), int(context.node_config.get("partition-id", 0)))
 

@@ -98,36 +98,16 @@ def make_tls_files(folder: Path, host: str = "localhost") -> TlsFiles:
     Each certificate is its own trust anchor: the server trusts the client cert, the banks trust
     the server cert. A deployment would use the consortium's CA instead.
     """
-    import datetime
-    import ipaddress
-
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
+    from fedfraud.pki import self_signed, write_certificate, write_private_key
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    now = datetime.datetime.now(datetime.UTC)
 
     def one(name: str) -> tuple[Path, Path]:
-        key = ec.generate_private_key(ec.SECP256R1())
-        subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, host if name == "server" else f"fedfraud-{name}")])
-        cert = (
-            x509.CertificateBuilder().subject_name(subject).issuer_name(subject).public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(x509.SubjectAlternativeName([x509.DNSName(host),
-                                                        x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
-                           critical=False)
-            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-            .sign(key, hashes.SHA256())
-        )
+        key, cert = self_signed(host if name == "server" else f"fedfraud-{name}", (host, "127.0.0.1"))
         key_path, cert_path = folder / f"{name}.key", folder / f"{name}.pem"
-        key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                               serialization.NoEncryption()))
-        key_path.chmod(0o600)
-        cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+        write_private_key(key_path, key)
+        write_certificate(cert_path, cert)
         return key_path, cert_path
 
     server_key, server_cert = one("server")

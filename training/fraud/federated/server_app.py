@@ -34,9 +34,10 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, 
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedXgbBagging
 
+from training.fraud.config import FraudConfig
 from training.fraud.metrics import threshold_from_histograms
 
-__all__ = ["FinalRoundHistogramBagging", "build_server_app", "threshold_from_replies"]
+__all__ = ["DEFAULT_SETTINGS", "FinalRoundHistogramBagging", "app", "build_server_app", "threshold_from_replies"]
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +75,13 @@ class FinalRoundHistogramBagging(FedXgbBagging):
         return super().configure_evaluate(server_round, arrays, config, grid)
 
 
+def _feature_sets(value: Any) -> list[str]:
+    """A list (simulation settings) or a comma-separated string (a run config holds no lists)."""
+    if isinstance(value, str):
+        return [v.strip() for v in value.split(",") if v.strip()]
+    return [str(v) for v in value]
+
+
 def build_server_app(settings: dict[str, Any]) -> ServerApp:
     """A ServerApp that trains one global model per entry of ``settings["feature-sets"]``."""
     app = ServerApp()
@@ -82,13 +90,14 @@ def build_server_app(settings: dict[str, Any]) -> ServerApp:
     def main(grid: Grid, context: Context) -> None:
         s = {**settings, **dict(context.run_config)}
         out = Path(str(s["result-dir"]))
+        out.mkdir(parents=True, exist_ok=True)
         nodes = int(s["num-supernodes"])
         rounds = int(s["num-rounds"])
-        for feature_set in s["feature-sets"]:
+        for feature_set in _feature_sets(s["feature-sets"]):
             use_as = feature_set == "as"
             config = ConfigRecord({
                 "features-dir": str(s["features-dir"]),
-                "fraud-config": str(s["fraud-config"]),
+                "fraud-config": str(s["fraud-config"]) or FraudConfig().model_dump_json(),
                 "use-anomaly-score": use_as,
                 "eta": float(s["eta"]),
                 "threshold-bins": int(s["threshold-bins"]),
@@ -119,3 +128,21 @@ def build_server_app(settings: dict[str, Any]) -> ServerApp:
                      feature_set, rounds, threshold, valid_f1, seconds)
 
     return app
+
+
+#: Settings of ``flwr run`` on a deployed federation (``apps/fraud/pyproject.toml`` and ``--run-config``
+#: override them). ``features-dir`` is unused there: each SuperNode reads ``fraud-features.npz`` of its own
+#: ``data-dir``.
+DEFAULT_SETTINGS: dict[str, Any] = {
+    "features-dir": "",
+    "result-dir": "artifacts/fraud-federated",
+    "fraud-config": "",  # FraudConfig as JSON; "" = its defaults
+    "feature-sets": "base,as",
+    "num-supernodes": 3,
+    "num-rounds": FraudConfig().federated_rounds,
+    "eta": FraudConfig().eta,
+    "threshold-bins": FraudConfig().threshold_bins,
+}
+
+#: The app ``flwr run apps/fraud <connection>`` loads (the simulation builds its own with :func:`build_server_app`).
+app = build_server_app(DEFAULT_SETTINGS)

@@ -21,11 +21,22 @@ from training.fraud.config import FraudConfig
 from training.fraud.features import FraudFeatures
 from training.fraud.model import to_dmatrix, pos_weight, used_features, xgb_params
 
-__all__ = ["INDEX_FILE", "bank_file", "boost_one_round", "load_partition", "validation_histograms", "write_index"]
+__all__ = [
+    "INDEX_FILE",
+    "NODE_FEATURES_FILE",
+    "bank_file",
+    "boost_one_round",
+    "load_node_features",
+    "load_partition",
+    "validation_histograms",
+    "write_index",
+]
 
 logger = logging.getLogger(__name__)
 
 INDEX_FILE = "index.json"
+#: This bank's fraud features in its own data folder, for a SuperNode of a deployed federation.
+NODE_FEATURES_FILE = "fraud-features.npz"
 
 
 def bank_file(folder: Path, bank: int) -> Path:
@@ -42,6 +53,15 @@ def load_partition(folder: str, partition_id: int) -> FraudFeatures:
     """This SuperNode's bank, cached for the life of the simulation worker."""
     banks = json.loads((Path(folder) / INDEX_FILE).read_text(encoding="utf-8"))["banks"]
     return FraudFeatures.load(str(bank_file(Path(folder), banks[partition_id])))
+
+
+@lru_cache(maxsize=2)
+def load_node_features(data_dir: str) -> FraudFeatures:
+    """A deployed SuperNode's bank: ``<data-dir>/fraud-features.npz`` of its node config, its own folder only."""
+    path = Path(data_dir) / NODE_FEATURES_FILE
+    if not path.exists():
+        raise FileNotFoundError(f"{path} is missing: save this bank's FraudFeatures there (FraudFeatures.save)")
+    return FraudFeatures.load(str(path))
 
 
 def boost_one_round(data: FraudFeatures, cfg: FraudConfig, use_as: bool, eta: float, global_model: bytes) -> bytes:

@@ -1,0 +1,29 @@
+# The fedfraud image: Ray head and workers of the RayService (serving), the retraining CronJob, the features Job
+# and the label joiner (infra/k8s). Every dependency is installed here, at build time; pods only start the code.
+# Not built in this repository's CI (no container runtime there): see docs/deploy.md.
+#
+#   docker build -f infra/docker/fedfraud.Dockerfile -t registry.example.com/fedfraud:0.1.0 .
+#
+# Torch: the exact pin of the Makefile. For a CPU-only image (the default target) point pip at PyTorch's CPU
+# wheel index with --build-arg TORCH_INDEX_URL=...; without it pip takes the default (CUDA) wheel.
+ARG RAY_IMAGE=rayproject/ray:2.55.1-py311-cpu
+
+FROM python:3.11-slim AS wheel
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY fedfraud ./fedfraud
+COPY feature_store ./feature_store
+COPY training ./training
+COPY serving ./serving
+RUN python -m pip wheel --no-cache-dir --no-deps -w /wheels .
+
+FROM ${RAY_IMAGE}
+ARG TORCH_INDEX_URL=""
+COPY --from=wheel /wheels /tmp/wheels
+RUN python -m pip install --no-cache-dir ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"} torch==2.13.0 \
+ && python -m pip install --no-cache-dir /tmp/wheels/*.whl \
+ && python -c "import fedfraud, serving.app, feast, psycopg, ray.serve" \
+ && rm -rf /tmp/wheels
+# Ray's image runs as user ray; the Feast repo is rendered into this folder at start-up (features.repo_dir).
+WORKDIR /work
+ENV PYTHONUNBUFFERED=1
