@@ -1,9 +1,10 @@
 """Suite-wide set-up: the simulation secret of the test suite.
 
-The product has no default secret (``privacy.secret_seed`` is unset and commands refuse to start without
-one). The tests use this one fixed value, known to be a test's, so that a failing run can be repeated
-bit for bit; set ``FEDFRAUD_SIMULATION_SECRET`` to run the suite under another. Set at import time,
-before any fixture starts Ray, a broker or a Flower run, so every child process and Ray worker inherits it. Tests of the "no secret" refusal remove it with ``monkeypatch``.
+The product has no default secret (``privacy.secret_seed`` is unset and commands refuse to start without one). The
+tests use this one fixed value, known to be a test's, so that a failing run can be repeated bit for bit; set
+``FEDFRAUD_SIMULATION_SECRET`` to run the suite under another. Set at import time, before any fixture starts Ray,
+a broker or a Flower run, so every child process and Ray worker inherits it. Tests of the "no secret" refusal
+remove it with ``monkeypatch``.
 """
 
 from __future__ import annotations

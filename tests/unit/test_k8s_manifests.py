@@ -2,9 +2,10 @@
 
 Kubernetes' own kinds are checked by ``kubernetes-validate`` (its schemas ship in the package) in strict mode.
 Custom resources (Strimzi Kafka/KafkaNodePool/KafkaTopic/KafkaUser, KubeRay RayService, prometheus-operator
-ServiceMonitor) are checked against JSON schemas made from those projects' CRDs, kept in
-``infra/k8s/crd-schemas`` (its README names the sources) or where ``$FEDFRAUD_K8S_SCHEMAS`` points; strict as well: an unknown field fails. The Serve configs are also checked by Ray's own
-``ServeDeploySchema`` and by the app's typed arguments. No cluster is run: see docs/deploy.md.
+ServiceMonitor) are checked against JSON schemas made from those projects' CRDs, kept in ``infra/k8s/crd-schemas``
+(its README names the sources) or where ``$FEDFRAUD_K8S_SCHEMAS`` points; strict as well: an unknown field fails.
+The Serve configs are also checked by Ray's own ``ServeDeploySchema`` and by the app's typed arguments. No cluster
+is run: see docs/deploy.md.
 """
 
 from __future__ import annotations

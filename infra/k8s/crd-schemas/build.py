@@ -4,10 +4,11 @@ Run it when an operator is upgraded (see README.md beside this file for the sour
 
     python infra/k8s/crd-schemas/build.py path/to/040-Crd-kafka.yaml path/to/ray.io_rayservices.yaml ...
 
-The storage version of each CRD (the one manifests should use) becomes ``<group>/<kind>_<version>.json``. Descriptions are dropped (they are
-most of the bytes and never change what validates); everything else of ``openAPIV3Schema`` is kept. Objects that
-declare ``properties`` get ``additionalProperties: false`` unless the CRD marks them
-``x-kubernetes-preserve-unknown-fields``, as the API server prunes unknown fields there: a misspelt key fails.
+The storage version of each CRD (the one manifests should use) becomes ``<group>/<kind>_<version>.json``.
+Descriptions are dropped (they are most of the bytes and never change what validates); everything else of
+``openAPIV3Schema`` is kept. Objects that declare ``properties`` get ``additionalProperties: false`` unless the
+CRD marks them ``x-kubernetes-preserve-unknown-fields``, as the API server prunes unknown fields there: a misspelt
+key fails.
 """
 
 from __future__ import annotations
