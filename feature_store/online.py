@@ -132,6 +132,47 @@ class _RedisViewIO(_ViewIO):
         self.multi.write_views(self.config, merged)
 
 
+class _SqliteViewIO(_ViewIO):
+    """All views of a batch in one SQLite transaction, on a WAL journal.
+
+    Feast's SQLite store commits each view's ``online_write_batch`` on its own, and with the default rollback
+    journal every commit syncs the journal and the database: four views were four syncs per micro-batch. Here
+    Feast's own upserts (its serialisation, its tables) run inside one transaction: while they run, the store's
+    connection is a :class:`_OneTransaction` whose ``with conn:`` blocks do not commit, and one commit (or one
+    rollback) ends the batch. WAL lets readers of other processes go on while a replica writes.
+    """
+
+    def __init__(self, online: OnlineStore, config: RepoConfig) -> None:
+        super().__init__(online, config)
+        self._conn = online._get_conn(config)  # Feast's SqliteOnlineStore keeps one connection per store
+        self._conn.execute("PRAGMA journal_mode=WAL")
+
+    def write(self, rows: Sequence[tuple[FeatureView, ViewRows]]) -> None:
+        online: Any = self.online
+        online._conn = _OneTransaction(self._conn)
+        try:
+            with self._conn:  # commits once at the end, rolls every view back if one fails
+                super().write(rows)
+        finally:
+            online._conn = self._conn
+
+
+class _OneTransaction:
+    """A SQLite connection whose ``with`` blocks neither commit nor roll back (the caller's block does)."""
+
+    def __init__(self, conn: Any) -> None:
+        self._wrapped = conn
+
+    def __enter__(self) -> _OneTransaction:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._wrapped, name)
+
+
 def _view_io(config: RepoConfig) -> _ViewIO:
     """The fastest reader/writer the configured online store allows."""
     from feast.infra.online_stores.helpers import get_online_store_from_config
@@ -147,7 +188,12 @@ def _view_io(config: RepoConfig) -> _ViewIO:
         from feature_store.redis_store import MultiViewRedisOnlineStore
 
         return _RedisViewIO(MultiViewRedisOnlineStore(), config)
-    return _ViewIO(get_online_store_from_config(store_cfg), config)
+    from feast.infra.online_stores.sqlite import SqliteOnlineStore
+
+    online = get_online_store_from_config(store_cfg)
+    if isinstance(online, SqliteOnlineStore):
+        return _SqliteViewIO(online, config)
+    return _ViewIO(online, config)
 
 
 def _entity_keys(entities: Sequence[Entity]) -> list[Any]:

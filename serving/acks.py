@@ -10,9 +10,10 @@ acknowledged. A failed send raises :class:`serving.kafka.DeliveryError` and
 nothing after it is committed, so a restart redelivers those batches (the
 stages re-emit stored decisions marked ``redelivered``).
 
-Commits are batched to at most one per ``commit_interval_ms``; :meth:`drain`
-confirms and commits everything (before a rebalance gives partitions away,
-and at stop), as Kafka's consumer contract asks.
+Commits are batched to at most one per ``commit_interval_ms`` and sent
+asynchronously (no coordinator round trip in a batch's service time); :meth:`drain`
+confirms and commits everything synchronously (before a rebalance gives partitions
+away, and at stop), as Kafka's consumer contract asks.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ class _Batch:
 class AckWindow:
     """Batches awaiting broker acks, oldest first; :meth:`add`, :meth:`settle`, :meth:`drain`."""
 
-    def __init__(self, max_batches: int, commit_interval_ms: int, commit: Callable[[dict[Any, int]], None],
+    def __init__(self, max_batches: int, commit_interval_ms: int, commit: Callable[[dict[Any, int], bool], None],
                  timeout_s: float = 30.0, clock: Callable[[], float] = time.monotonic) -> None:
         self.max_batches = max_batches
         self.commit_interval_s = commit_interval_ms / 1000
@@ -50,6 +51,7 @@ class AckWindow:
         self._clock = clock
         self._batches: deque[_Batch] = deque()
         self._ready: dict[Any, int] = {}
+        self._unsynced: dict[Any, int] = {}  # committed asynchronously since the last synchronous commit
         self._last_commit = clock()
 
     def __len__(self) -> int:
@@ -74,9 +76,16 @@ class AckWindow:
                 self._ready[tp] = max(self._ready.get(tp, -1), offset)
             head.on_acked()
             done += 1
+        if block and self._unsynced:  # a drain also makes sure the asynchronous commits before it landed
+            for tp, offset in self._unsynced.items():
+                self._ready[tp] = max(self._ready.get(tp, -1), offset)
+            self._unsynced = {}
         if self._ready and (block or self._clock() - self._last_commit >= self.commit_interval_s):
             ready, self._ready = self._ready, {}
-            self._commit(ready)
+            self._commit(ready, not block)  # (offsets, asynchronous)
+            if not block:
+                for tp, offset in ready.items():
+                    self._unsynced[tp] = max(self._unsynced.get(tp, -1), offset)
             self._last_commit = self._clock()
         return done
 
@@ -88,6 +97,7 @@ class AckWindow:
         """Forget tracked batches without committing them (their partitions were lost: the new owner redelivers)."""
         self._batches.clear()
         self._ready.clear()
+        self._unsynced.clear()
 
     def _confirm(self, futures: list[Any]) -> None:
         deadline = self._clock() + self.timeout_s

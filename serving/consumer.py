@@ -188,7 +188,7 @@ class StreamConsumer:
         producer = make_producer(self.bootstrap_servers, s.producer, client_id="fedfraud-dlq",
                                  security=s.kafka_security)
         self._acks = AckWindow(s.consumer.max_unacked_batches, s.consumer.commit_interval_ms,
-                               lambda offsets: self._commit(consumer, offsets))
+                               lambda offsets, asynchronous: self._commit(consumer, offsets, asynchronous))
         self._rebalance.before_revoke = self._drain  # give partitions away with their offsets committed
         self.connected = True
         last_lag = 0.0
@@ -198,7 +198,8 @@ class StreamConsumer:
             while not self._stop.is_set():
                 msgs = self._poll(consumer)
                 if time.monotonic() - last_lag > 1.0:
-                    self._update_lag(consumer)
+                    with self.clock.section("consumer.lag"):
+                        self._update_lag(consumer)
                     self.save_counters()  # also the heartbeat of this replica
                     last_lag = time.monotonic()
                 if not msgs:
@@ -298,9 +299,10 @@ class StreamConsumer:
         self._progress = time.monotonic()
         self._account(records, decoded, dead_reasons)
 
-    def _commit(self, consumer: IngressConsumer, offsets: dict[Partition, int]) -> None:
+    def _commit(self, consumer: IngressConsumer, offsets: dict[Partition, int], asynchronous: bool = False) -> None:
         try:
-            consumer.commit(offsets)
+            with self.clock.section("consumer.offset_commit"):
+                consumer.commit(offsets, asynchronous=asynchronous)
         except CommitFailed as exc:  # lost the partitions in a rebalance: the new owner redelivers
             log.warning("commit failed (%s); the batches will be redelivered and re-emitted as redelivered", exc)
         self._progress = time.monotonic()
@@ -311,7 +313,8 @@ class StreamConsumer:
         if self.durable is None:
             return
         try:
-            self.durable.save(self.metrics.snapshot())
+            with self.clock.section("consumer.save_counters"):
+                self.durable.save(self.metrics.snapshot())
         except Exception as exc:  # counters are observability; the store's health shows on /readyz
             log.warning("saving counters failed: %s", exc)
 

@@ -68,7 +68,7 @@ class IngressConsumer:
 
         self.topic = topic
         self.settings = settings
-        self._rd = Consumer({**config, "logger": logging.getLogger("librdkafka")})
+        self._rd = Consumer({**config, "logger": logging.getLogger("librdkafka"), "on_commit": _commit_result})
         self._on_assign, self._on_revoke, self._on_lost = on_assign, on_revoke, on_lost
         if settings.assignment == "manual":
             from confluent_kafka import TopicPartition
@@ -125,13 +125,23 @@ class IngressConsumer:
 
         self._rd.seek(TopicPartition(partition[0], partition[1], offset))
 
-    def commit(self, offsets: dict[Partition, int]) -> None:
-        """Commit ``offsets`` (next offset to read) synchronously; :class:`CommitFailed` if refused."""
+    def commit(self, offsets: dict[Partition, int], asynchronous: bool = False) -> None:
+        """Commit ``offsets`` (next offset to read); :class:`CommitFailed` if a synchronous commit is refused.
+
+        ``asynchronous`` sends the commit without waiting for the coordinator, the pattern of Kafka's own
+        clients for the periodic commit in the loop (``commitAsync``); a synchronous commit goes before
+        partitions are given away and at stop (``commitSync``). librdkafka sends a consumer's commits in
+        order, so a later commit never lands before an earlier one; a failed one is logged by
+        ``on_commit`` and costs at most a redelivery of what it covered (at-least-once).
+        """
         from confluent_kafka import KafkaException, TopicPartition
 
+        parts = [TopicPartition(t, p, o) for (t, p), o in offsets.items()]
+        if asynchronous:
+            self._rd.commit(offsets=parts, asynchronous=True)
+            return
         try:
-            result = self._rd.commit(offsets=[TopicPartition(t, p, o) for (t, p), o in offsets.items()],
-                                     asynchronous=False)
+            result = self._rd.commit(offsets=parts, asynchronous=False)
         except KafkaException as exc:
             raise CommitFailed(str(exc)) from exc
         failed = [tp for tp in result or () if tp.error is not None]
@@ -184,6 +194,15 @@ class IngressConsumer:
     def close(self) -> None:
         """Leave the group (partitions go to the others at once) and stop the client's threads."""
         self._rd.close()
+
+
+def _commit_result(err: Any, partitions: Sequence[Any]) -> None:
+    """Log librdkafka's report of a failed commit (served inside ``poll``) when an asynchronous one failed:
+    the next commit covers its offsets, or a rebalance redelivers them.
+    """
+    failed = [tp for tp in partitions or () if tp.error is not None]
+    if err is not None or failed:
+        log.warning("asynchronous commit failed: %s", err or failed[0].error)
 
 
 def make_consumer(bootstrap_servers: str, settings: ConsumerSettings, topic: str, group_id: str | None = None,

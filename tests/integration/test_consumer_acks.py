@@ -89,11 +89,11 @@ def test_offsets_are_committed_in_order_and_only_once_the_broker_acknowledged(ka
     consumer = _consumer(kafka_broker, topic)
     msgs = _poll_all(consumer, 6)
     tp = (topic, 0)
-    committed: list[int] = []
+    committed: list[tuple[int, bool]] = []
 
-    def commit(offsets):
-        consumer.commit(offsets)
-        committed.append(offsets[tp])
+    def commit(offsets, asynchronous):
+        consumer.commit(offsets, asynchronous=asynchronous)
+        committed.append((offsets[tp], asynchronous))
 
     acked: list[int] = []
     window = AckWindow(max_batches=8, commit_interval_ms=0, commit=commit)
@@ -101,7 +101,10 @@ def test_offsets_are_committed_in_order_and_only_once_the_broker_acknowledged(ka
         sends = [producer.send(out_topic, value=m.value) for m in batch]
         window.add(sends, {tp: batch[-1].offset + 1}, lambda b=batch: acked.append(b[-1].offset))
     window.drain()
-    assert acked == [1, 3, 5] and committed[-1] == 6  # in order, up to the last acknowledged batch
+    assert acked == [1, 3, 5] and committed[-1] == (6, False)  # in order, up to the last acknowledged batch
+    # the loop's periodic commits go asynchronously, the drain's synchronously (commitAsync / commitSync)
+    assert all(asynchronous for _, asynchronous in committed[:-1])
+    assert [offset for offset, _ in committed] == sorted(offset for offset, _ in committed)
     assert consumer.committed([tp]) == {tp: 6}
 
     # a send that never reaches its broker (every connection to it cut): DeliveryError, offset never committed

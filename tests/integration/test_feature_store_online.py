@@ -131,6 +131,31 @@ def test_push_round_trip_and_sdk_compat(built) -> None:
     assert sdk["amount_sum"] == [12.5, 25.0, 37.5]
 
 
+def test_sqlite_writes_a_batch_of_every_view_in_one_transaction(built) -> None:
+    """Serving's SQLite writes: Feast's own upserts for every view, one commit per batch (not one per view)."""
+    _, store, client = built
+    if store.config.online_store.type != "sqlite":
+        pytest.skip("the SQLite writer only")
+    conn = client._io._conn
+    statements: list[str] = []
+    conn.set_trace_callback(statements.append)
+    try:
+        states = client.read_states([f"tx-{i}" for i in range(3)])
+        for k, s in enumerate(states):
+            s.activity.update(1_767_225_600_000_000 + k, 5.0, 40.0, -74.0, "grocery_pos", 0.1)
+        statements.clear()
+        client.push_states(states)
+    finally:
+        conn.set_trace_callback(None)
+    upserts = [q for q in statements if q.lstrip().upper().startswith("INSERT")]
+    assert len({q.split("(")[0] for q in upserts}) >= 2, "a batch writes several views"
+    assert sum(q.strip().upper() == "COMMIT" for q in statements) == 1
+    assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    sdk = store.get_online_features(features=["cardholder_activity:amount_sum"],
+                                    entity_rows=[{"cardholder": "tx-2"}]).to_dict()
+    assert sdk["amount_sum"] == [5.0]  # Feast's SDK reads what the one transaction wrote
+
+
 @pytest.mark.parametrize("blob", [b"garbage bytes, not a state", b"truncated"])
 def test_corrupt_blob_is_rebuilt_not_raised(built, blob: bytes, caplog: pytest.LogCaptureFixture) -> None:
     cfg, store, client = built
