@@ -315,6 +315,10 @@ def _validate(kept: list[Any], records: list[dict[str, Any]], validator: Validat
     accepted_msgs: list[Any] = []
     frames: list[pd.DataFrame] = []
     for rows, result in results:
+        if result.rejects.empty:  # the common case: no pandas work per batch
+            accepted_msgs += [kept[r] for r in rows]
+            frames.append(result.accepted)
+            continue
         rejected = set(result.rejects["row"].tolist())
         for row, reason, detail in result.rejects[["row", "reason", "detail"]].itertuples(index=False):
             msg = kept[rows[int(row)]]
