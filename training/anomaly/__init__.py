@@ -12,18 +12,14 @@ import importlib
 from typing import Any
 
 __all__ = [
-    "POOLINGS",
     "AnomalyConfig",
     "AnomalyModel",
     "AnomalyScorer",
     "FeaturePool",
     "NegativeSampler",
-    "resolve_pooling",
 ]
 
 _WHERE = {
-    "POOLINGS": "training.anomaly.pool",
-    "resolve_pooling": "training.anomaly.pool",
     "AnomalyConfig": "training.anomaly.config",
     "AnomalyModel": "training.anomaly.model",
     "AnomalyScorer": "training.anomaly.scorer",
