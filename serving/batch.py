@@ -100,11 +100,10 @@ def _load_models(registry: Path) -> tuple[Any, Any, Any, dict[str, str]]:
 
     reg = ModelRegistry(registry)
     try:
-        found = reg.get("anomaly", "champion")  # what serving decides with
+        scorer = AnomalyScorer.from_registry(reg, "champion")  # what serving decides with
     except RegistryError:
         raise UserError(f"no anomaly model in registry {registry}: run `fedfraud train anomaly` first") from None
-    scorer = AnomalyScorer.from_registry(reg, found.version)
-    models = {"anomaly": found.tag}
+    models = {"anomaly": scorer.tag}
     fraud = fraud_cfg = None
     try:
         fraud_version = reg.get("fraud", "champion")

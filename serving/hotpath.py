@@ -19,12 +19,10 @@ from typing import Any
 
 import numpy as np
 
+from serving.follow import moved
 from serving.metrics import StageClock
 
-__all__ = ["FOLLOWED", "HotPath"]
-
-#: Version names serving follows as they move; any other value (``v3``) pins one version.
-FOLLOWED = ("champion", "latest")
+__all__ = ["HotPath"]
 
 log = logging.getLogger(__name__)
 
@@ -143,8 +141,7 @@ class HotPath:
         current = {"anomaly": self.anomaly.model.tag, "fraud": self.fraud.model_tag}
         follow = {"anomaly": s.anomaly_version, "fraud": s.fraud_version}
         try:
-            targets = {k: self.registry.get(k, v) for k, v in follow.items() if v in FOLLOWED}
-            changed = {k: t for k, t in targets.items() if t.tag != current[k]}
+            changed = moved(self.registry, follow, current)
             if not changed:
                 return
             loaded: dict[str, Any] = {}

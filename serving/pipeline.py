@@ -146,9 +146,8 @@ def load_anomaly_scorer(registry: ModelRegistry, version: str = "latest") -> Gra
     from training.anomaly.scorer import AnomalyScorer
 
     torch.set_num_threads(1)
-    found = registry.get("anomaly", version)
-    scorer = AnomalyScorer.from_registry(registry, str(found.version))
-    return _ScorerAdapter(scorer, found.tag)
+    scorer = AnomalyScorer.from_registry(registry, version)
+    return _ScorerAdapter(scorer, scorer.tag)
 
 
 def load_fraud_model(registry: ModelRegistry, version: str = "latest") -> tuple[FraudModel, str]:

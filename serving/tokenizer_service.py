@@ -26,6 +26,7 @@ from tokenizers import Tokenizer
 
 from serving.auth import BearerAuth, api_token, require_bearer
 from serving.config import AuthSettings
+from serving.follow import moved
 from training.registry import ModelRegistry, ModelVersion
 from training.tokenizer.export import TOKENIZER_FILE
 
@@ -123,9 +124,9 @@ class TokenizerService:
         while True:
             await asyncio.sleep(self.args.poll_seconds)
             try:
-                latest = self.registry.latest(KIND)
-                if latest is not None and latest.version > self.current.version.version:
-                    loaded = await asyncio.to_thread(_load, self.registry, str(latest.version))
+                changed = moved(self.registry, {KIND: self.args.version}, {KIND: self.current.version.tag})
+                if KIND in changed:
+                    loaded = await asyncio.to_thread(_load, self.registry, str(changed[KIND].version))
                     self.current = loaded  # the swap: one reference assignment
                     log.info("tokenizer service reloaded %s", loaded.version.tag)
             except Exception:  # keep serving the old version if a new one cannot be read

@@ -278,12 +278,12 @@ def run_anomaly_bench(
     always uses :data:`BENCH_SETTINGS`; ``overrides`` (e.g. more local epochs)
     apply to the table and ε runs.
     """
-    from training.anomaly.config import POOLING_NAMES
+    from training.anomaly.pool import pooling_names
 
     out = Path(out)
     extra = dict(overrides or {})
     rounds = rounds or (2 if quick else 5)
-    pools = list(poolings or (["asap", "kmeans-max"] if quick else POOLING_NAMES))
+    pools = list(poolings or (["asap", "kmeans-max"] if quick else pooling_names()))
     eps_pools = list(epsilon_poolings or (["asap"] if quick else ["asap", "kmeans-max"]))
     if data is None:
         cardholders = cardholders or (200 if quick else 1000)

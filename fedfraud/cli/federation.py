@@ -112,12 +112,14 @@ def features(
     trains on. Each bank runs it on its own data; nothing leaves the bank.
     """
     from feature_store.layout import bank_dir
-    from training.fraud.dataset import bank_features, load_anomaly_scorer
+    from training.anomaly.scorer import AnomalyScorer
+    from training.fraud.dataset import bank_features
     from training.fraud.federated.task import NODE_FEATURES_FILE
 
     cfg = config_of(ctx, needs_secret=True)
     existing_dir(data_dir, "data directory")
-    scorer, tag = load_anomaly_scorer(registry) if registry is not None else (None, "none")
+    scorer = AnomalyScorer.from_registry(registry) if registry is not None else None
+    tag = scorer.tag if scorer is not None else "none"
     feats = bank_features(data_dir, bank, cfg.fraud, cfg.encoder, cfg.privacy, scorer)
     out = bank_dir(data_dir, bank) / NODE_FEATURES_FILE
     feats.save(str(out))

@@ -29,7 +29,12 @@ def anomaly(
         Path, typer.Option("--out", help="artifacts dir: registry root; checkpoints under checkpoints/")
     ] = Path("artifacts"),
     pooling: Annotated[
-        str | None, typer.Option("--pooling", help="topk, sag, asap, diffpool, {kmeans,agglo,spectral}-{max,avg}")
+        str | None,
+        typer.Option(
+            "--pooling",
+            # not listed here: reading the operators' registry imports torch, and --help stays fast
+            help="pooling operator registered in training.anomaly.pool, e.g. topk or asap; an unknown name lists all",
+        ),
     ] = None,
     rounds: Annotated[int | None, typer.Option("--rounds", min=1, help="federated rounds")] = None,
     local_epochs: Annotated[int | None, typer.Option("--local-epochs", min=1, help="local epochs per round")] = None,

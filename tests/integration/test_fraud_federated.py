@@ -19,7 +19,8 @@ from training.data.config import GeneratorConfig, IngestConfig
 from training.data.ingest import ingest_csv
 from training.data.synthetic import RAW_CSV, generate_dataset
 from training.fraud.config import FraudConfig
-from training.fraud.dataset import bank_features, load_anomaly_scorer
+from training.anomaly.scorer import AnomalyScorer
+from training.fraud.dataset import bank_features
 from training.fraud.features import FraudFeatures
 from training.fraud.federated.hist import HistJob, federated_hist_train
 from training.fraud.federated.wire import RecordingProxy
@@ -155,7 +156,7 @@ def test_csv_without_labels_is_one_line_error(world, tmp_path, capsys):
                  str(world["registry"])]) == 0
     ingested = tmp_path / "ingested"
     ingest_csv(unlabelled, ingested, IngestConfig(banks=2), progress=False)
-    scorer, _ = load_anomaly_scorer(world["registry"])
+    scorer = AnomalyScorer.from_registry(world["registry"])
     feats = bank_features(ingested, 0, FraudConfig(), EncoderConfig(), PrivacyConfig(), scorer)
     assert not feats.has_labels and np.isfinite(feats.X[:, -1]).mean() > 0.5
     model = FraudModel.from_registry(world["registry"])

@@ -11,7 +11,7 @@ from feature_store.privacy import PrivateFeaturizer
 from training.anomaly.config import AnomalyConfig
 from training.anomaly.data import load_bank_data
 from training.anomaly.engine import (
-    classification_metrics,
+    anomaly_metrics,
     evaluate_fraud,
     evaluate_selection,
     evaluate_task,
@@ -161,7 +161,7 @@ def test_registry_round_trip_gives_identical_scores(bank, tmp_path, readout):
 
 
 def test_metrics_helpers():
-    m = classification_metrics(np.array([0, 0, 1, 1], dtype=bool), np.array([0.1, 0.6, 0.7, 0.9]))
+    m = anomaly_metrics(np.array([0, 0, 1, 1], dtype=bool), np.array([0.1, 0.6, 0.7, 0.9]))
     assert m["accuracy"] == 0.75 and m["recall"] == 1.0 and m["precision"] == pytest.approx(2 / 3)
     assert m["roc_auc"] == 1.0
     s = summarize_banks({0: {"f1": 0.5}, 1: {"f1": 0.7, "fraud_roc_auc": float("nan")}})

@@ -5,9 +5,13 @@ import torch
 from torch_geometric.data import Batch, Data
 
 from feature_store.config import EncoderConfig
-from training.anomaly.config import POOLING_NAMES, AnomalyConfig
+from fedfraud.errors import ConfigError
+from training.anomaly.config import AnomalyConfig
 from training.anomaly.model import AnomalyModel
-from training.anomaly.pool import POOLINGS, PoolResult, resolve_pooling
+from training.anomaly.pool import GraphPooling, PoolResult, base, pooling_names, resolve_pooling
+from training.anomaly.pool.cluster import ClusterPool
+from training.anomaly.pool.topk import TopKPool
+from training.federated.task import RunSettings
 from training.anomaly.temporal import TemporalMessage
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
@@ -29,12 +33,39 @@ def _graphs(dim: int = 16) -> Batch:
     return Batch.from_data_list(out)
 
 
-def test_registry_matches_config_names():
-    assert tuple(POOLINGS) == POOLING_NAMES
+#: The names configs, benches and docs already use (thesis Table 4.1's operators and clustering baselines).
+PUBLIC_NAMES = {
+    "topk", "sag", "asap", "diffpool",
+    *(f"{a}-{r}" for a in ("kmeans", "agglo", "spectral") for r in ("max", "avg")),
+}
+
+
+def test_registry_holds_the_public_names():
+    assert set(pooling_names()) == PUBLIC_NAMES
+    assert isinstance(resolve_pooling("TopK", 8), TopKPool)  # names are matched case-insensitively
+    pool = resolve_pooling("spectral-avg", 8)
+    assert isinstance(pool, ClusterPool) and (pool.algorithm, pool.reduce) == ("spectral", "mean")
+
+
+def test_a_new_operator_is_one_class(monkeypatch):
+    monkeypatch.setattr(base, "_REGISTRY", dict(base._REGISTRY))
+
+    class Keep(GraphPooling, name="keep-all"):
+        def forward(self, x, edge_index, edge_weight=None, batch=None):
+            edge_weight, batch = self._defaults(x, edge_index, edge_weight, batch)
+            return PoolResult(x, edge_index, edge_weight, batch, self._zero(x))
+
+    assert "keep-all" in pooling_names()
+    b = _graphs()
+    out = resolve_pooling("keep-all", 16)(b.x, b.edge_index, None, b.batch)
+    assert torch.equal(out.x, b.x)
+    with pytest.raises(ValueError, match="taken by"):
+        type("Clash", (GraphPooling,), {"forward": Keep.forward}, name="topk")
+    assert isinstance(resolve_pooling("topk", 8), TopKPool)
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("name", POOLING_NAMES)
+@pytest.mark.parametrize("name", pooling_names())
 def test_pooling_forward_contract(name, device):
     b = _graphs().to(device)
     pool = resolve_pooling(name, 16, ratio=0.5, max_nodes=12).to(device)
@@ -49,7 +80,7 @@ def test_pooling_forward_contract(name, device):
     assert repr(pool).startswith(type(pool).__name__)
 
 
-@pytest.mark.parametrize("name", POOLING_NAMES)
+@pytest.mark.parametrize("name", pooling_names())
 def test_model_with_each_pooling_trains(name):
     cfg = AnomalyConfig(pooling=name, hidden=16, disc_hidden=8, readout="thesis")
     enc = EncoderConfig(dim=16, merchant_buckets=64)
@@ -63,10 +94,10 @@ def test_model_with_each_pooling_trains(name):
 
 
 def test_unknown_pooling_lists_valid_names():
-    with pytest.raises(ValueError, match="valid: topk, sag, asap, diffpool"):
+    with pytest.raises(ValueError, match="unknown pooling 'maxpool'; valid: .*kmeans-max.*topk"):
         resolve_pooling("maxpool", 16)
-    with pytest.raises(ValueError, match="unknown pooling"):
-        AnomalyConfig(pooling="maxpool")
+    with pytest.raises(ConfigError, match="unknown pooling 'maxpool'; valid: .*asap"):
+        RunSettings.from_flat({"pooling": "maxpool"})
 
 
 def test_pool_result_checks_shapes():

@@ -38,7 +38,7 @@ __all__ = [
     "TASK_METRICS",
     "TrainSource",
     "TrainStats",
-    "classification_metrics",
+    "anomaly_metrics",
     "evaluate_fraud",
     "evaluate_selection",
     "evaluate_task",
@@ -259,8 +259,13 @@ def train_model(
     return stats, optimizer.state_dict()
 
 
-def classification_metrics(is_anomaly: np.ndarray, score: np.ndarray, threshold: float = 0.5) -> dict[str, float]:
-    """Accuracy, precision, recall, F1 (anomaly = positive, predicted when score > threshold) and ROC-AUC."""
+def anomaly_metrics(is_anomaly: np.ndarray, score: np.ndarray, threshold: float = 0.5) -> dict[str, float]:
+    """Accuracy, precision, recall, F1 (anomaly = positive, predicted when score > threshold) and ROC-AUC.
+
+    The thesis's Table 4.1 bundle for telling real transitions from perturbed ones, sent as a Flower
+    MetricRecord; the fraud model's bundle (PR-AUC, recall at an FPR, its threshold rule) is
+    :func:`training.fraud.metrics.classification_metrics`.
+    """
     y = np.asarray(is_anomaly, dtype=bool)
     pred = np.asarray(score) > threshold
     p, r, f1, _ = precision_recall_fscore_support(y, pred, average="binary", zero_division=0)
@@ -322,7 +327,7 @@ def evaluate_task(model: AnomalyModel, bank: BankData, batch_size: int = 256) ->
     is_anomaly = np.r_[np.zeros(len(real), dtype=bool), np.ones(len(fake), dtype=bool)]
     eps = 1e-7
     loss = -float(np.mean(np.log(np.clip(1 - real, eps, 1))) + np.mean(np.log(np.clip(fake, eps, 1)))) / 2
-    return {"loss": loss, **classification_metrics(is_anomaly, score)}
+    return {"loss": loss, **anomaly_metrics(is_anomaly, score)}
 
 
 def evaluate_fraud(model: AnomalyModel, bank: BankData, batch_size: int = 256) -> dict[str, float]:

@@ -30,6 +30,7 @@ from training.federated.strategy import (
     banks_per_round,
     dp_sensitivity_factor,
 )
+from training.federated.grid import wait_for_nodes
 from training.federated.task import MODEL_KEYS, RunSettings, build_model
 from training.registry import ModelRegistry
 
@@ -38,15 +39,6 @@ __all__ = ["RESULT_FILE", "app", "build_server_app", "run_federation"]
 logger = logging.getLogger(__name__)
 
 RESULT_FILE = "result.json"
-
-
-def _wait_for_nodes(grid: Grid, wanted: int, timeout: float = 120.0) -> int:
-    deadline = time.monotonic() + timeout
-    nodes = list(grid.get_node_ids())
-    while len(nodes) < wanted and time.monotonic() < deadline:
-        time.sleep(0.2)
-        nodes = list(grid.get_node_ids())
-    return len(nodes)
 
 
 def _strategy(
@@ -109,7 +101,7 @@ def run_federation(grid: Grid, settings: RunSettings, observer: ReplyObserver | 
             logger.warning("resume requested but no checkpoint in %s; starting at round 1", directory)
         checkpoint = Checkpoint(0, build_model(settings).state_dict(), [], flat)
     rounds = settings.federated.rounds
-    available = _wait_for_nodes(grid, max(settings.num_banks, 2))
+    available = len(wait_for_nodes(grid, max(settings.num_banks, 2), timeout_s=120.0))
     banks = settings.num_banks or available
     start = time.perf_counter()
     if checkpoint.round < rounds:

@@ -36,6 +36,7 @@ from training.anomaly.engine import (
     train_model,
 )
 from training.anomaly.model import AnomalyModel, pick_device
+from training.anomaly.pool import pooling_names
 from training.anomaly.run import checkpoint_dir
 from training.federated.config import FederatedConfig
 
@@ -131,6 +132,11 @@ class RunSettings:
     publish: bool = True
     cache: str = ""
     registry: str = ""  # where the model is published; "" → out_dir (a retrain cycle keeps checkpoints apart)
+
+    def __post_init__(self) -> None:
+        # the pooling name is checked here, where torch is loaded anyway, against the operators' own registry
+        if self.anomaly.pooling.strip().lower() not in pooling_names():
+            raise ConfigError(f"unknown pooling {self.anomaly.pooling!r}; valid: {', '.join(pooling_names())}")
 
     @classmethod
     def from_config(cls, cfg: FedfraudConfig, data_dir: Path, out_dir: Path, resume: bool = False) -> RunSettings:

@@ -35,7 +35,6 @@ __all__ = [
     "bank_features",
     "dataset_features",
     "fraud_split",
-    "load_anomaly_scorer",
     "materialize",
 ]
 
@@ -73,23 +72,6 @@ def anomaly_scores_for(frame: pd.DataFrame, featurizer: PrivateFeaturizer,
     if scores.shape != (len(frame),):
         raise ValueError(f"anomaly scorer returned shape {scores.shape} for {len(frame)} rows")
     return scores
-
-
-def load_anomaly_scorer(registry: Path, version: str = "latest") -> tuple[AnomalyScorerLike, str]:
-    """The published anomaly model (``training.anomaly.scorer.AnomalyScorer``) and its tag, or a one-line error."""
-    from training.anomaly.scorer import KIND, AnomalyScorer
-    from training.registry import ModelRegistry, RegistryError
-
-    reg = ModelRegistry(registry)
-    try:
-        found = reg.get(KIND, version)
-    except RegistryError:
-        raise UserError(
-            f"no anomaly model {version!r} in registry {registry}; the anomaly score (AS) comes from it: "
-            f"run `fedfraud train anomaly --data DIR --out {registry}` first"
-        ) from None
-    scorer = AnomalyScorer.from_registry(reg, found.version)
-    return scorer, found.tag
 
 
 def bank_features(

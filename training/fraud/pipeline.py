@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from training.fraud.dataset import dataset_features, load_anomaly_scorer, materialize
+from training.fraud.dataset import dataset_features, materialize
 from training.fraud.features import ANOMALY_FEATURE, FraudFeatures
 from training.fraud.metrics import classification_metrics
 from training.registry import ModelRegistry, ModelVersion
@@ -33,7 +33,10 @@ def load_fraud_banks(cfg: FedfraudConfig, data: Path, registry: Path, anomaly_ve
 
     ``stack`` keeps a CSV's temporary dataset alive for as long as the caller needs it.
     """
-    scorer, tag = load_anomaly_scorer(registry, anomaly_version)
+    from training.anomaly.scorer import AnomalyScorer
+
+    scorer = AnomalyScorer.from_registry(registry, anomaly_version)
+    tag = scorer.tag
     root = stack.enter_context(materialize(data, cfg.ingest))
     banks = dataset_features(root, cfg.fraud, cfg.encoder, cfg.privacy, scorer, require_labels=require_labels)
     rows = sum(len(b) for b in banks.values())
@@ -95,8 +98,10 @@ def stacking_study(cfg: FedfraudConfig, data: Path, registry: Path, anomaly_vers
                        f"{an.samples_per_epoch} transitions per bank)")
         elif anomaly_source == "registry":
             from feature_store.privacy import PrivateFeaturizer
+            from training.anomaly.scorer import AnomalyScorer
 
-            scorer, tag = load_anomaly_scorer(registry, anomaly_version)
+            scorer = AnomalyScorer.from_registry(registry, anomaly_version)
+            tag = scorer.tag
             sources["AS"] = [{b: anomaly_scores_for(f, PrivateFeaturizer.for_bank(scorer.encoder_cfg, cfg.privacy, b),
                                                     scorer) for b, f in frames.items()}]
             as_note = f"published {tag} (NOT cross-fitted: in-sample on its training cardholders)"

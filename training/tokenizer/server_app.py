@@ -20,6 +20,7 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from flwr.serverapp import Grid, ServerApp
 
+from training.federated.grid import wait_for_nodes
 from training.tokenizer.bpe import FedBPEServer, Release, ReleaseParams
 
 __all__ = ["build_server_app", "run_fedbpe", "DEFAULTS"]
@@ -139,15 +140,6 @@ def _exchange(
     return releases
 
 
-def _wait_for_nodes(grid: Grid, wanted: int, timeout: float = 60.0) -> list[int]:
-    deadline = time.monotonic() + timeout
-    nodes = sorted(grid.get_node_ids())
-    while wanted and len(nodes) < wanted and time.monotonic() < deadline:
-        time.sleep(0.2)
-        nodes = sorted(grid.get_node_ids())
-    return nodes
-
-
 def run_fedbpe(grid: Grid, settings: dict[str, Any]) -> dict[str, Any]:
     """The Algorithm 4 loop over a Flower grid; returns (and optionally writes) the result."""
     eps = float(settings["epsilon"] or 0.0)
@@ -165,7 +157,7 @@ def run_fedbpe(grid: Grid, settings: dict[str, Any]) -> dict[str, Any]:
         pair_tokens=int(settings["pair-tokens"]),
         seed=int(settings["seed"]),
     )
-    nodes = _wait_for_nodes(grid, int(settings["num-supernodes"]))
+    nodes = wait_for_nodes(grid, int(settings["num-supernodes"]))
     known: dict[int, int] = {}
     audit = _Audit(str(settings["audit-path"]), server)
     start = time.perf_counter()

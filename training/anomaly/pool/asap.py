@@ -13,7 +13,7 @@ from training.anomaly.pool.base import PoolResult, PyGSelectPooling
 __all__ = ["ASAPool"]
 
 
-class ASAPool(PyGSelectPooling):
+class ASAPool(PyGSelectPooling, name="asap"):
     """ASAPooling with the parameters of :class:`torch_geometric.nn.ASAPooling` and a dense coarsening step.
 
     Cluster attention, fitness scoring and top-k selection follow PyG's

@@ -1,14 +1,24 @@
-"""The contract every pooling operator meets: sparse graphs in, a checked :class:`PoolResult` out."""
+"""The contract every pooling operator meets, and the registry its subclasses join by naming themselves.
+
+A new operator is one class in one file: ``class MyPool(GraphPooling, name="mine")``
+(or ``names={"mine-a": {...}, "mine-b": {...}}`` for variants that differ only
+in constructor options), imported by :mod:`training.anomaly.pool`.
+"""
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-__all__ = ["GraphPooling", "PoolResult"]
+__all__ = ["GraphPooling", "PoolResult", "pooling_names", "resolve_pooling"]
+
+#: Registered pooling name → (operator class, constructor options it fixes); filled by subclass definitions.
+_REGISTRY: dict[str, tuple[type[GraphPooling], dict[str, Any]]] = {}
 
 
 @dataclass(frozen=True)
@@ -48,11 +58,25 @@ class PoolResult:
 class GraphPooling(nn.Module, ABC):
     """Base of all pooling operators: one signature, so the encoder can swap them by name.
 
+    Subclasses register under the name(s) given as class keywords; the config's ``pooling`` picks one.
+
     Args:
         in_channels: node feature size (unchanged by pooling).
         ratio: fraction of nodes (or clusters) kept.
         max_nodes: upper bound of the input graphs' size at this level (dense operators size on it).
     """
+
+    def __init_subclass__(
+        cls, name: str | None = None, names: Mapping[str, Mapping[str, Any]] | None = None, **kwargs: Any
+    ) -> None:
+        super().__init_subclass__(**kwargs)
+        entries = {**({name: {}} if name else {}), **dict(names or {})}
+        for key, options in entries.items():
+            if key != key.strip().lower():
+                raise ValueError(f"pooling name {key!r} must be lower-case without spaces")
+            if key in _REGISTRY and _REGISTRY[key][0].__qualname__ != cls.__qualname__:
+                raise ValueError(f"pooling name {key!r} is taken by {_REGISTRY[key][0].__qualname__}")
+            _REGISTRY[key] = (cls, dict(options))
 
     def __init__(self, in_channels: int, ratio: float, max_nodes: int) -> None:
         super().__init__()
@@ -111,3 +135,17 @@ class PyGSelectPooling(GraphPooling):
         edge_weight, batch = self._defaults(x, edge_index, edge_weight, batch)
         x, edge_index, edge_weight, batch, _, _ = self.op(x, edge_index, edge_weight, batch)
         return PoolResult(x, edge_index, edge_weight, batch, self._zero(x))
+
+
+def pooling_names() -> tuple[str, ...]:
+    """Every registered pooling name, in definition order (what ``pooling`` in the config may be)."""
+    return tuple(_REGISTRY)
+
+
+def resolve_pooling(name: str, in_channels: int, ratio: float = 0.5, max_nodes: int = 32) -> GraphPooling:
+    """Build the pooling operator called ``name``; an unknown name raises ``ValueError`` listing valid ones."""
+    key = name.strip().lower()
+    if key not in _REGISTRY:
+        raise ValueError(f"unknown pooling {name!r}; valid: {', '.join(_REGISTRY)}")
+    cls, options = _REGISTRY[key]
+    return cls(in_channels, ratio=ratio, max_nodes=max_nodes, **options)

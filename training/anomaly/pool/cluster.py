@@ -80,8 +80,19 @@ ALGORITHMS: dict[str, Callable[[np.ndarray, int], np.ndarray]] = {
 }
 
 
-class ClusterPool(GraphPooling):
-    """Cluster-then-reduce pooling; ``algorithm`` in :data:`ALGORITHMS`, ``reduce`` max or mean."""
+#: Registered name → options: ``kmeans-avg`` is K-Means clusters, mean-pooled.
+_VARIANTS: dict[str, dict[str, str]] = {
+    f"{algo}-{short}": {"algorithm": algo, "reduce": reduce}
+    for algo in ALGORITHMS
+    for short, reduce in (("max", "max"), ("avg", "mean"))
+}
+
+
+class ClusterPool(GraphPooling, names=_VARIANTS):
+    """Cluster-then-reduce pooling; ``algorithm`` in :data:`ALGORITHMS`, ``reduce`` max or mean.
+
+    Registered once per pair as ``{algorithm}-{max,avg}`` (``kmeans-max``, ``spectral-avg``, ...).
+    """
 
     def __init__(
         self,

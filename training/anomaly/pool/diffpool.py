@@ -14,7 +14,7 @@ from training.anomaly.pool.base import GraphPooling, PoolResult
 __all__ = ["DiffPool"]
 
 
-class DiffPool(GraphPooling):
+class DiffPool(GraphPooling, name="diffpool"):
     """Dense DiffPool behind the sparse interface.
 
     The assignment ``S = softmax(GCN_pool(X, A))`` maps each graph onto

@@ -9,7 +9,7 @@ from training.anomaly.pool.base import PyGSelectPooling
 __all__ = ["SAGPool"]
 
 
-class SAGPool(PyGSelectPooling):
+class SAGPool(PyGSelectPooling, name="sag"):
     """Wraps :class:`torch_geometric.nn.SAGPooling` (GraphConv scorer); edge weights follow kept edges."""
 
     op_class = SAGPooling

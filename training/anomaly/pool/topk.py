@@ -9,7 +9,7 @@ from training.anomaly.pool.base import PyGSelectPooling
 __all__ = ["TopKPool"]
 
 
-class TopKPool(PyGSelectPooling):
+class TopKPool(PyGSelectPooling, name="topk"):
     """Wraps :class:`torch_geometric.nn.TopKPooling`; edge weights are filtered along with the edges."""
 
     op_class = TopKPooling
