@@ -198,8 +198,8 @@ class StreamConsumer:
             while not self._stop.is_set():
                 msgs = self._poll(consumer)
                 if time.monotonic() - last_lag > 1.0:
-                    with self.clock.section("consumer.lag"):
-                        self._update_lag(consumer)
+                    with self.clock.section("consumer.lag"):  # a broker round trip only when idle
+                        self._update_lag(consumer, probe=not msgs)
                     self.save_counters()  # also the heartbeat of this replica
                     last_lag = time.monotonic()
                 if not msgs:
@@ -431,9 +431,12 @@ class StreamConsumer:
             m.set_model("anomaly", decided[-1]["models"]["anomaly"])
             m.set_model("fraud", decided[-1]["models"]["fraud"])
 
-    def _update_lag(self, consumer: IngressConsumer) -> None:
+    def _update_lag(self, consumer: IngressConsumer, probe: bool = True) -> None:
+        """Lag from the end offsets librdkafka keeps (no round trip); ``probe``: ask the broker too (health)."""
         try:
-            self._lag = consumer.lag()
+            if probe:  # while records flow the broker has just answered a fetch: no need to ask it
+                consumer.probe()
+            self._lag = consumer.lag(cached=True)
             self.metrics.lag.set(self._lag)
             self._broker_error = None
         except Exception as exc:  # the broker did not answer: health says so

@@ -158,8 +158,14 @@ class IngressConsumer:
     def assignment(self) -> list[Partition]:
         return [(tp.topic, tp.partition) for tp in self._rd.assignment()]
 
-    def lag(self, timeout_s: float = 5.0) -> int:
-        """Messages in the assigned partitions not yet consumed (end offset − position); a broker round trip."""
+    def lag(self, timeout_s: float = 5.0, cached: bool = False) -> int:
+        """Messages in the assigned partitions not yet consumed (end offset − position).
+
+        A broker round trip per partition, unless ``cached``: then the end offsets are the ones librdkafka
+        keeps from its fetch responses (no round trip; a partition it has not fetched yet is still asked).
+        The consumer loop asks ``cached``, so a lag figure never stalls a micro-batch (a ListOffsets round
+        trip cost ~26 ms on the embedded broker, and its answer can trail the log there).
+        """
         from confluent_kafka import TopicPartition
 
         parts = self._rd.assignment()
@@ -174,10 +180,19 @@ class IngressConsumer:
             known.update({k: v for k, v in self.committed([(tp.topic, tp.partition) for tp in missing],
                                                           timeout_s).items() if v >= 0})
         for tp in parts:
-            _low, high = self._rd.get_watermark_offsets(TopicPartition(tp.topic, tp.partition), timeout=timeout_s,
-                                                        cached=False)
+            part = TopicPartition(tp.topic, tp.partition)
+            got = self._rd.get_watermark_offsets(part, cached=True) if cached else None
+            if not got or got[1] < 0:  # not fetched yet (OFFSET_INVALID): ask the broker
+                got = self._rd.get_watermark_offsets(part, timeout=timeout_s, cached=False)
+            if not got:
+                raise TimeoutError(f"no end offset for {tp.topic}[{tp.partition}] within {timeout_s}s")
+            high = got[1]
             total += max(high - known.get((tp.topic, tp.partition), 0), 0)
         return total
+
+    def probe(self, timeout_s: float = 5.0) -> None:
+        """One metadata round trip to the broker; raises if it does not answer (the loop's health probe)."""
+        self._rd.list_topics(self.topic, timeout=timeout_s)
 
     def partitions(self, timeout_s: float = 10.0) -> set[int]:
         """The topic's partitions, waiting for a fresh client's metadata."""

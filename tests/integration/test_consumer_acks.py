@@ -124,3 +124,30 @@ def test_offsets_are_committed_in_order_and_only_once_the_broker_acknowledged(ka
     assert consumer.committed([tp]) == {tp: 6} and 99 not in acked
     consumer.close()
     producer.close()
+
+
+def test_lag_from_fetched_end_offsets_counts_what_is_left_to_read(kafka_broker):
+    """The loop's cheap lag (end offsets librdkafka kept from its fetches, no round trip) counts exactly the
+    records not yet read. (The embedded Tansu broker's ListOffsets answer can trail its log, so the broker's
+    own figure is not the reference here: reading the records is.)
+    """
+    from serving.config import ProducerSettings
+    from serving.kafka import make_producer
+
+    topic = _topic(kafka_broker, partitions=2)
+    producer = make_producer(kafka_broker.bootstrap_servers, ProducerSettings(), client_id="test-lag")
+    for i in range(10):
+        producer.send(topic, key=f"k{i}".encode(), value=str(i).encode())
+    producer.flush()
+    consumer = _consumer(kafka_broker, topic)
+    assert len(_poll_all(consumer, 10)) == 10
+    assert consumer.lag(cached=True) == 0
+    for i in range(5):
+        producer.send(topic, key=f"k{i}".encode(), value=b"more")
+    producer.flush()
+    deadline = time.monotonic() + 10
+    while consumer.lag(cached=True) < 5 and time.monotonic() < deadline:  # librdkafka's prefetch updates it
+        time.sleep(0.05)
+    assert consumer.lag(cached=True) == 5
+    assert len(_poll_all(consumer, 5)) == 5 and consumer.lag(cached=True) == 0
+    consumer.close()
