@@ -155,3 +155,28 @@ def test_serve_config_is_valid_for_ray_and_for_the_app(name: str, config: dict[s
             most = (deployment.get("autoscaling_config") or {}).get("max_replicas", deployment.get("num_replicas"))
             assert isinstance(most, int) and most <= partitions["transactions"], (
                 f"{name}: up to {most} StreamScorer replicas but {partitions['transactions']} partitions")
+
+
+def _claims(node: Any) -> Iterator[str]:
+    if isinstance(node, dict):
+        claim = node.get("persistentVolumeClaim")
+        if isinstance(claim, dict):
+            yield claim["claimName"]
+        for value in node.values():
+            yield from _claims(value)
+    elif isinstance(node, list):
+        for item in node:
+            yield from _claims(item)
+
+
+def test_every_mounted_volume_claim_exists_in_the_pod_s_namespace() -> None:
+    """A PersistentVolumeClaim belongs to one namespace: a pod elsewhere cannot mount it (the scorers and the
+    retraining CronJob must share one model-registry claim, not two names in two namespaces).
+    """
+    declared = {(d["metadata"].get("namespace"), d["metadata"]["name"]) for _, d in _all_documents()
+                if d["kind"] == "PersistentVolumeClaim"}
+    missing = [f"{path.name}: {doc['kind']}/{doc['metadata']['name']} mounts {claim!r} in "
+               f"{doc['metadata'].get('namespace')!r}"
+               for path, doc in _all_documents() if doc["kind"] != "PersistentVolumeClaim"
+               for claim in _claims(doc) if (doc["metadata"].get("namespace"), claim) not in declared]
+    assert not missing, "\n".join(missing)
