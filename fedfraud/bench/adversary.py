@@ -23,12 +23,12 @@ import math
 import platform
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fedfraud.bench.detection import DETECTION_SETTINGS, ingested, score_split, split_counts, train_run
-from fedfraud.bench.intervals import Interval, bootstrap_by_group
+from fedfraud.bench.detection import DETECTION_SETTINGS, bootstrap_splits, ingested, score_split, train_run
+from fedfraud.bench.intervals import Interval, TrainedRunsBench
 
 __all__ = [
     "ADVERSARY_ATTACKS",
@@ -73,16 +73,8 @@ class AdversaryRun:
 
 
 @dataclass
-class AdversaryBench:
+class AdversaryBench(TrainedRunsBench[AdversaryRun]):
     """All runs of one invocation with their validation and test intervals."""
-
-    source: str
-    settings: dict[str, Any]
-    runs: list[AdversaryRun] = field(default_factory=list)
-    test: dict[str, dict[str, Interval]] = field(default_factory=dict)
-    val: dict[str, dict[str, Interval]] = field(default_factory=dict)
-    counts: dict[str, int] = field(default_factory=dict)
-    label: str = ""
 
     def choose_default(self) -> tuple[str, str]:
         """The default rule from validation cardholders only: the highest worst case over the attacks measured
@@ -245,18 +237,7 @@ def run_adversary_bench(
         (r.name, clean[(r.aggregation, r.epsilon)]) for r in bench.runs if r.attack and (r.aggregation, r.epsilon)
         in clean
     )
-    for split_name in ("test", "val"):
-        part = rows[rows["split"] == split_name]
-        table = bootstrap_by_group(
-            part["is_fraud"].astype(bool).to_numpy(),
-            {d: part[d].to_numpy(dtype=float) for d in detectors},
-            part["cardholder_id"].astype(str).to_numpy(),
-            resamples=resamples,
-            pairs=pairs,
-        )
-        setattr(bench, split_name, table)
-        if split_name == "test":
-            bench.counts = split_counts(part, detectors)
+    bench.test, bench.val, bench.counts = bootstrap_splits(rows, detectors, resamples, pairs)
     return bench
 
 

@@ -295,6 +295,28 @@ def run_detection_bench(
     return bench
 
 
+def bootstrap_splits(
+    rows: pd.DataFrame, detectors: list[str], resamples: int, pairs: tuple[tuple[str, str], ...] = ()
+) -> tuple[dict[str, dict[str, Interval]], dict[str, dict[str, Interval]], dict[str, int]]:
+    """(test, validation) intervals of every detector over cardholders, with ``pairs``' paired differences, and
+    the test split's counts: the tables of the benches that compare trained runs (privacy, adversary).
+    """
+    tables: dict[str, dict[str, dict[str, Interval]]] = {}
+    counts: dict[str, int] = {}
+    for split_name in ("test", "val"):
+        part = rows[rows["split"] == split_name]
+        tables[split_name] = bootstrap_by_group(
+            part["is_fraud"].astype(bool).to_numpy(),
+            {d: part[d].to_numpy(dtype=float) for d in detectors},
+            part["cardholder_id"].astype(str).to_numpy(),
+            resamples=resamples,
+            pairs=pairs,
+        )
+        if split_name == "test":
+            counts = split_counts(part, detectors)
+    return tables["test"], tables["val"], counts
+
+
 def split_counts(part: pd.DataFrame, detectors: list[str]) -> dict[str, int]:
     """Transactions, cardholders, frauds and fraud incidents of one split's rows that every detector scored."""
     label = part["is_fraud"].astype(bool).to_numpy()

@@ -7,7 +7,8 @@ interval of a difference between two detectors is paired and honest.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 from sklearn.metrics import average_precision_score, roc_auc_score
@@ -25,6 +26,24 @@ class Interval:
 
     def __str__(self) -> str:
         return f"{self.value:.3f} [{self.low:.3f}, {self.high:.3f}]"
+
+
+RunT = TypeVar("RunT")
+
+
+@dataclass
+class TrainedRunsBench(Generic[RunT]):
+    """The models one bench invocation trained, with their validation and test intervals over cardholders
+    (keyed by run or baseline name, then metric), the label counts and a heading label.
+    """
+
+    source: str
+    settings: dict[str, Any]
+    runs: list[RunT] = field(default_factory=list)
+    test: dict[str, dict[str, Interval]] = field(default_factory=dict)
+    val: dict[str, dict[str, Interval]] = field(default_factory=dict)
+    counts: dict[str, int] = field(default_factory=dict)
+    label: str = ""
 
 
 def _metrics(y: np.ndarray, s: np.ndarray) -> tuple[float, float]:

@@ -24,12 +24,12 @@ import math
 import platform
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fedfraud.bench.detection import DETECTION_SETTINGS, ingested, score_split, split_counts, train_run
-from fedfraud.bench.intervals import Interval, bootstrap_by_group
+from fedfraud.bench.detection import DETECTION_SETTINGS, bootstrap_splits, ingested, score_split, train_run
+from fedfraud.bench.intervals import Interval, TrainedRunsBench
 from feature_store.config import PrivacyConfig
 
 __all__ = ["PRIVACY_EPSILONS", "PrivacyBench", "PrivacyRun", "run_privacy_bench"]
@@ -61,16 +61,8 @@ class PrivacyRun:
 
 
 @dataclass
-class PrivacyBench:
+class PrivacyBench(TrainedRunsBench[PrivacyRun]):
     """All runs of one invocation with their validation and test intervals and the chosen default."""
-
-    source: str
-    settings: dict[str, Any]
-    runs: list[PrivacyRun] = field(default_factory=list)
-    test: dict[str, dict[str, Interval]] = field(default_factory=dict)
-    val: dict[str, dict[str, Interval]] = field(default_factory=dict)
-    counts: dict[str, int] = field(default_factory=dict)
-    label: str = ""
 
     def choose_default(self) -> tuple[float, str]:
         """The demo's default ε, from validation cardholders only: the smallest finite ε whose validation ROC-AUC
@@ -236,16 +228,5 @@ def run_privacy_bench(
     detectors = [*registries, *[c for c in rows.columns if c.startswith("baseline:")]]
     off = _name(math.inf)
     pairs = tuple((r.name, off) for r in bench.runs if off in registries and r.name != off)
-    for split_name in ("test", "val"):
-        part = rows[rows["split"] == split_name]
-        table = bootstrap_by_group(
-            part["is_fraud"].astype(bool).to_numpy(),
-            {d: part[d].to_numpy(dtype=float) for d in detectors},
-            part["cardholder_id"].astype(str).to_numpy(),
-            resamples=resamples,
-            pairs=pairs,
-        )
-        setattr(bench, split_name, table)
-        if split_name == "test":
-            bench.counts = split_counts(part, detectors)
+    bench.test, bench.val, bench.counts = bootstrap_splits(rows, detectors, resamples, pairs)
     return bench

@@ -48,3 +48,30 @@ def test_bad_arguments_give_one_line(tmp_path, capsys, args, message):
     assert main(["bench", "privacy", *args, *(["--data", str(tmp_path)] if args else [])]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("error: ") and message in err[-1]
+
+
+def test_bootstrap_splits_gives_each_split_its_own_intervals_and_the_test_counts():
+    """The interval tables the privacy and adversary benches share: per split, per detector, paired differences."""
+    import numpy as np
+    import pandas as pd
+
+    from fedfraud.bench.detection import bootstrap_splits
+
+    rng = np.random.default_rng(0)
+    n = 2000
+    label = rng.random(n) < 0.1
+    rows = pd.DataFrame({
+        "split": np.where(np.arange(n) < n // 2, "test", "val"),
+        "is_fraud": label,
+        "cardholder_id": [f"c{i % 80}" for i in range(n)],
+        "timestamp": pd.to_datetime(1_700_000_000 + np.arange(n) * 3600, unit="s", utc=True),
+        "good": label + rng.normal(0, 0.5, n),  # separates frauds
+        "noise": rng.normal(0, 1, n),
+    })
+    test, val, counts = bootstrap_splits(rows, ["good", "noise"], resamples=60, pairs=(("good", "noise"),))
+    for table in (test, val):
+        assert table["good"]["roc_auc"].value > 0.8 > table["noise"]["roc_auc"].value
+        assert table["good"]["roc_auc"].low <= table["good"]["roc_auc"].value <= table["good"]["roc_auc"].high
+    assert counts["test_transactions"] == n // 2 and counts["test_frauds"] == int(label[: n // 2].sum())
+    assert test["good"]["roc_auc"].value != val["good"]["roc_auc"].value  # each split scored on its own rows
+    assert any("good" in k and "noise" in k for k in test)  # the paired difference is there
