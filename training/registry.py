@@ -40,6 +40,9 @@ ALIASES_FILE = "aliases.json"
 AUDIT_FILE = "audit.jsonl"
 #: Names that point at a version: ``champion`` decides, ``challenger`` shadows it.
 ALIASES = ("champion", "challenger")
+#: The command that publishes each kind, named in the error for an empty registry.
+TRAIN_COMMANDS = {"anomaly": "fedfraud train anomaly", "fraud": "fedfraud train fraud",
+                  "tokenizer": "fedfraud tokenizer train"}
 
 
 @contextmanager
@@ -167,7 +170,9 @@ class ModelRegistry:
         if version == "latest":
             found = self.latest(kind)
             if found is None:
-                raise RegistryError(f"no {kind!r} model in registry {self.root}; train one first")
+                how = TRAIN_COMMANDS.get(kind)
+                raise RegistryError(f"no {kind!r} model in registry {self.root}; train one first"
+                                    + (f" (`{how}`)" if how else ""))
             return found
         try:
             number = int(str(version).lstrip("v"))
