@@ -21,7 +21,6 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -q -m "not long" tests
 
 # The minutes-long integration tests (~15 min: federated trainings across SuperLink/SuperNode processes, one

@@ -3,7 +3,7 @@
     frame ──> AnomalyStage (one batched state read, ego-graph updates, one GNN forward, one batched write)
           ──> FraudStage  (fraud features, XGBoost, decisions + anomaly scores produced and confirmed)
 
-The Kafka consumer thread (:mod:`serving.consumer`) and ``POST /score`` both
+The Kafka consumer thread (:mod:`fedfraud.serving.consumer`) and ``POST /score`` both
 call :meth:`HotPath.score`; a lock makes them take turns, so one cardholder's
 transactions are applied in arrival order within the replica (Kafka keys a
 cardholder to one partition, hence to one replica). Models are swapped
@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from serving.follow import moved
-from serving.metrics import StageClock
+from fedfraud.serving.follow import moved
+from fedfraud.serving.metrics import StageClock
 
 __all__ = ["HotPath"]
 
@@ -31,12 +31,12 @@ class HotPath:
     """Anomaly + fraud stages of one replica, with their model versions and state stores."""
 
     def __init__(self, cfg: Any, bootstrap_servers: str | None, anomaly_loader: str) -> None:
-        from feature_store.online import OnlineStateClient
-        from feature_store.privacy import PrivateFeaturizer
-        from serving.kafka import make_producer
-        from serving.kvstore import open_kv
-        from serving.pipeline import AnomalyStage, FraudStage, fraud_config_for, load_fraud_model
-        from training.registry import ModelRegistry
+        from fedfraud.feature_store.online import OnlineStateClient
+        from fedfraud.feature_store.privacy import PrivateFeaturizer
+        from fedfraud.serving.kafka import make_producer
+        from fedfraud.serving.kvstore import open_kv
+        from fedfraud.serving.pipeline import AnomalyStage, FraudStage, fraud_config_for, load_fraud_model
+        from fedfraud.training.registry import ModelRegistry
 
         s = cfg.serving
         self.serving = s
@@ -75,7 +75,7 @@ class HotPath:
 
         Confirmed by the broker before returning, unless ``sends`` is given: then
         the send futures are appended to it for the caller to confirm before it
-        commits (:class:`serving.acks.AckWindow`).
+        commits (:class:`fedfraud.serving.acks.AckWindow`).
         """
         with self._lock:
             scored = self.anomaly.score(frame, produced_us, source)
@@ -95,9 +95,9 @@ class HotPath:
         return out
 
     def loop_figures(self) -> Any:
-        """Drift PSI and shadow counts for ``/metrics`` (:class:`serving.metrics.LoopFigures`)."""
-        from serving.metrics import LoopFigures
-        from serving.pipeline import SIDE_ERRORS
+        """Drift PSI and shadow counts for ``/metrics`` (:class:`fedfraud.serving.metrics.LoopFigures`)."""
+        from fedfraud.serving.metrics import LoopFigures
+        from fedfraud.serving.pipeline import SIDE_ERRORS
 
         drift, f = self.fraud.drift, self.fraud
         return LoopFigures(drift.psi() if drift else {}, drift.rows if drift else 0, f.shadow_scored,
@@ -107,7 +107,7 @@ class HotPath:
         """A fresh drift window against the training reference of ``fraud_tag`` (None if it has none)."""
         import json
 
-        from training.retrain.drift import DRIFT_FILE, DriftMonitor, DriftReference
+        from fedfraud.training.retrain.drift import DRIFT_FILE, DriftMonitor, DriftReference
 
         path = self.registry.get("fraud", fraud_tag.rsplit(":v", 1)[-1]).path / DRIFT_FILE
         if not path.exists():

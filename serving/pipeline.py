@@ -12,7 +12,7 @@
 model versions), sent together and flushed once per micro-batch. The scorer
 replica, the busiest process, thus does no Kafka I/O and waits for no acks.
 
-Both stages time their sections with :class:`serving.metrics.StageClock`
+Both stages time their sections with :class:`fedfraud.serving.metrics.StageClock`
 (``fedfraud bench serving`` prints them as the per-stage profile).
 
 Idempotence (at-least-once delivery means redelivery): a transaction whose
@@ -45,21 +45,21 @@ import numpy as np
 import pandas as pd
 import torch
 
-from feature_store.cardholder import CardholderState, PreparedBatch, prepare_batch
-from feature_store.events import history_summary
-from feature_store.privacy import PrivateFeaturizer
-from serving.kafka import confirm_sent, json_bytes, json_value, now_us
-from serving.kvstore import KVStore
-from serving.metrics import StageClock
+from fedfraud.feature_store.cardholder import CardholderState, PreparedBatch, prepare_batch
+from fedfraud.feature_store.events import history_summary
+from fedfraud.feature_store.privacy import PrivateFeaturizer
+from fedfraud.serving.kafka import confirm_sent, json_bytes, json_value, now_us
+from fedfraud.serving.kvstore import KVStore
+from fedfraud.serving.metrics import StageClock
 
 if TYPE_CHECKING:
     from torch_geometric.data import Data
 
-    from feature_store.online import OnlineStateClient
-    from serving.kafka_producer import Producer
-    from training.fraud.model import FraudModel
-    from training.registry import ModelRegistry
-    from training.retrain.drift import DriftMonitor
+    from fedfraud.feature_store.online import OnlineStateClient
+    from fedfraud.serving.kafka_producer import Producer
+    from fedfraud.training.fraud.model import FraudModel
+    from fedfraud.training.registry import ModelRegistry
+    from fedfraud.training.retrain.drift import DriftMonitor
 
 __all__ = [
     "AnomalyStage",
@@ -79,7 +79,7 @@ log = logging.getLogger(__name__)
 
 
 class GraphScorer(Protocol):
-    """What the anomaly stage needs from a model (``training.anomaly.scorer.AnomalyScorer``)."""
+    """What the anomaly stage needs from a model (``fedfraud.training.anomaly.scorer.AnomalyScorer``)."""
 
     tag: str
 
@@ -143,7 +143,7 @@ def load_anomaly_scorer(registry: ModelRegistry, version: str = "latest") -> Gra
     """The anomaly model of ``version`` from the registry, ready for inference (1 torch thread)."""
     import torch
 
-    from training.anomaly.scorer import AnomalyScorer
+    from fedfraud.training.anomaly.scorer import AnomalyScorer
 
     torch.set_num_threads(1)
     scorer = AnomalyScorer.from_registry(registry, version)
@@ -152,7 +152,7 @@ def load_anomaly_scorer(registry: ModelRegistry, version: str = "latest") -> Gra
 
 def load_fraud_model(registry: ModelRegistry, version: str = "latest") -> tuple[FraudModel, str]:
     """The fraud model of ``version`` and its registry tag."""
-    from training.fraud.model import FraudModel
+    from fedfraud.training.fraud.model import FraudModel
 
     found = registry.get("fraud", version)
     return FraudModel.from_registry(registry, str(found.version)), found.tag
@@ -193,7 +193,7 @@ class ScoredBatch:
 
 
 class _CachedFeatures:
-    """A :class:`feature_store.egograph.FeatureSource` that remembers L'/T' rows by noise key.
+    """A :class:`fedfraud.feature_store.egograph.FeatureSource` that remembers L'/T' rows by noise key.
 
     A node carries the noise key of the transaction that created it and an edge
     the key of the transaction that arrived, and L'/T' are pure functions of
@@ -578,7 +578,7 @@ class FraudStage:
 
     def check_layout(self, model: FraudModel) -> None:
         """Raise unless ``model`` reads the feature row this stage builds."""
-        from training.fraud.features import feature_names
+        from fedfraud.training.fraud.features import feature_names
 
         names = feature_names(self.fraud_cfg)
         if tuple(model.input_names) != tuple(names):
@@ -605,7 +605,7 @@ class FraudStage:
         this returns; with it the send futures are appended to ``sends`` for
         the caller to confirm before it commits (the consumer's async acks).
         """
-        from training.fraud.features import FraudInput
+        from fedfraud.training.fraud.features import FraudInput
 
         model, tag, clock = self.model, self.model_tag, self.clock
         with clock.section("fraud.state_read"):
@@ -699,7 +699,7 @@ class FraudStage:
 
     def _read(self, holders: list[str]) -> tuple[dict[str, Any], dict[str, list[dict[str, Any]]]]:
         """Fraud-feature states and decision rings of ``holders`` (one batched read; corrupt → empty)."""
-        from training.fraud.features import CorruptFraudStateError, FraudFeatureState
+        from fedfraud.training.fraud.features import CorruptFraudStateError, FraudFeatureState
 
         states: dict[str, FraudFeatureState] = {}
         rings: dict[str, list[dict[str, Any]]] = {}
@@ -743,8 +743,8 @@ class FraudStage:
         """Send the batch's anomaly scores, decisions and shadow scores; returns the send futures.
 
         At-least-once: the input offsets are committed only after every one of
-        these futures is acknowledged (:func:`serving.kafka.confirm_sent`, or the
-        consumer's :class:`serving.acks.AckWindow`; a ``flush``
+        these futures is acknowledged (:func:`fedfraud.serving.kafka.confirm_sent`, or the
+        consumer's :class:`fedfraud.serving.acks.AckWindow`; a ``flush``
         alone does not report failed sends). Rejected rows (``decision:
         rejected``) are the caller's to dead-letter, not decisions.
         """
@@ -790,7 +790,7 @@ def fraud_config_for(version_config: dict[str, Any], fallback: Any) -> Any:
     """The FraudConfig the model was trained with (its registry config), else ``fallback``."""
     from pydantic import ValidationError
 
-    from training.fraud.config import FraudConfig
+    from fedfraud.training.fraud.config import FraudConfig
 
     for candidate in (version_config.get("fraud"), version_config):
         if isinstance(candidate, dict):

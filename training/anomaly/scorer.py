@@ -29,10 +29,10 @@ import torch
 from torch import Tensor
 from torch_geometric.data import Data
 
-from feature_store.config import EgoGraphConfig, EncoderConfig
-from feature_store.egograph import FeatureSource, SnapshotPair, iter_snapshot_pairs
-from training.anomaly.config import AnomalyConfig
-from training.anomaly.model import (
+from fedfraud.feature_store.config import EgoGraphConfig, EncoderConfig
+from fedfraud.feature_store.egograph import FeatureSource, SnapshotPair, iter_snapshot_pairs
+from fedfraud.training.anomaly.config import AnomalyConfig
+from fedfraud.training.anomaly.model import (
     AnomalyModel,
     embed_graphs,
     pick_device,
@@ -40,7 +40,7 @@ from training.anomaly.model import (
     score_event_embeddings,
     score_pairs,
 )
-from training.registry import ModelRegistry, ModelVersion
+from fedfraud.training.registry import ModelRegistry, ModelVersion
 
 __all__ = ["KIND", "MODEL_FILE", "AnomalyScorer", "publish_anomaly_model"]
 
@@ -133,7 +133,7 @@ class AnomalyScorer:
         """Anomaly scores of newest events against q_{t-1} (event readouts), float64 ``[n]``.
 
         ``prior`` / ``event`` are :attr:`EgoGraphState.prior` / ``last_event``
-        of each transaction (:mod:`feature_store.events`).
+        of each transaction (:mod:`fedfraud.feature_store.events`).
         """
         return score_event_embeddings(self.model, q_prev.to(self.device), prior, event)
 
