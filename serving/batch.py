@@ -93,7 +93,7 @@ def _cardholder_chunks(frame: pd.DataFrame, chunk_rows: int) -> Iterator[pd.Data
 
 
 def _load_models(registry: Path) -> tuple[Any, Any, Any, dict[str, str]]:
-    from serving.pipeline import fraud_config_for
+    from serving.fraud_stage import fraud_config_for
     from training.anomaly.scorer import AnomalyScorer
     from training.fraud.model import FraudModel
     from training.registry import ModelRegistry, RegistryError
