@@ -1,6 +1,6 @@
 """Per-cardholder activity aggregates, updated one transaction at a time (offline and online alike).
 
-Like :mod:`feature_store.egograph`, there is one code path: the offline
+Like :mod:`fedfraud.feature_store.egograph`, there is one code path: the offline
 writer replays a cardholder's history through :meth:`Activity.update` and
 serving applies the same ``update`` to the values it read back from the online
 store. Every field is a plain number or string, so a round trip through Feast

@@ -4,8 +4,8 @@
 need (private features from the bank's featurizer, merchant hashes, µs
 timestamps), sorted by (timestamp, transaction_id). :meth:`CardholderState.apply`
 folds one row into the ego graph, the activity aggregates and the latest
-embedding. The offline writer (:mod:`feature_store.offline`) and the online
-path (:mod:`feature_store.online`) both call exactly these two functions, so
+embedding. The offline writer (:mod:`fedfraud.feature_store.offline`) and the online
+path (:mod:`fedfraud.feature_store.online`) both call exactly these two functions, so
 training and serving features cannot drift apart.
 """
 
@@ -16,12 +16,12 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from feature_store.activity import Activity
-from feature_store.config import EgoGraphConfig
-from feature_store.egograph import EgoGraphState
-from feature_store.encoders import timestamps_us
-from feature_store.privacy import PrivateFeatures, PrivateFeaturizer
-from feature_store.schema import event_order
+from fedfraud.feature_store.activity import Activity
+from fedfraud.feature_store.config import EgoGraphConfig
+from fedfraud.feature_store.egograph import EgoGraphState
+from fedfraud.feature_store.encoders import timestamps_us
+from fedfraud.feature_store.privacy import PrivateFeatures, PrivateFeaturizer
+from fedfraud.feature_store.schema import event_order
 
 __all__ = ["CardholderState", "PreparedBatch", "merchant_key", "prepare_batch"]
 

@@ -24,7 +24,7 @@ class EncoderConfig(_Section):
         description=(
             "'thesis': §4.4.2 read literally (scales multiply sin/cos; rank 2 before tanh). 'multiscale': "
             "Space2Vec-style [Mea20] reading with the scales as frequencies inside sin/cos, so embedding distance "
-            "tracks geodesic distance, direction and |Δt| (see feature_store.encoders and fedfraud bench features). "
+            "tracks geodesic distance, direction and |Δt| (see fedfraud.feature_store.encoders and fedfraud bench features). "
             "Default since it lifts the anomaly score's fraud ROC-AUC by ~0.2 over 'thesis' (docs/anomaly.md)"
         ),
     )

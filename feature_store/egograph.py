@@ -6,7 +6,7 @@ One code path. Serving keeps an :class:`EgoGraphState` per cardholder and calls
 which replays each cardholder's transactions through the very same ``update``;
 it only precomputes the private features of the cardholder's transactions in
 one vectorised call (they are a pure function of the transaction, see
-:mod:`feature_store.privacy`) and assembles each snapshot by indexing them
+:mod:`fedfraud.feature_store.privacy`) and assembles each snapshot by indexing them
 instead of calling ``to_data``, so the graphs are identical, bit for bit.
 
 Graph definition (documented choices):
@@ -49,11 +49,13 @@ import torch
 from torch_geometric.data import Data
 from tqdm.auto import tqdm
 
-from feature_store.config import EgoGraphConfig, EncoderConfig
-from feature_store.encoders import timestamps_us
-from feature_store.events import HISTORY_SIZE, RAW_EVENT_SIZE, history_summary, new_history, raw_event, update_history
-from feature_store.privacy import PrivateFeaturizer
-from feature_store.schema import Transaction
+from fedfraud.feature_store.config import EgoGraphConfig, EncoderConfig
+from fedfraud.feature_store.encoders import timestamps_us
+from fedfraud.feature_store.events import (
+    HISTORY_SIZE, RAW_EVENT_SIZE, history_summary, new_history, raw_event, update_history,
+)
+from fedfraud.feature_store.privacy import PrivateFeaturizer
+from fedfraud.feature_store.schema import Transaction
 
 __all__ = [
     "CorruptStateError",
@@ -72,7 +74,7 @@ _US_PER_HOUR = 3600 * _US_PER_S
 _US_PER_DAY = 24 * _US_PER_HOUR
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MAGIC = b"FFEG"
-#: Version 2 appends the event history (:mod:`feature_store.events`); version 1 blobs load with an empty one.
+#: Version 2 appends the event history (:mod:`fedfraud.feature_store.events`); version 1 blobs load with an empty one.
 _VERSION = 2
 _HISTORY = struct.Struct(f"<{HISTORY_SIZE}d")
 # magic, version, flags, n_nodes, n_edges, n_ring, reserved, last_ts, last_merchant, n_transactions
@@ -105,7 +107,7 @@ class EgoGraphState:
     Per node: merchant hash, lat/lon and noise key of the creating transaction,
     first/last visit (µs) and visit count. Per edge: source and destination
     merchant hash, timestamp (µs) and noise key of the arriving transaction.
-    Per cardholder: the event ``history`` (:mod:`feature_store.events`), so every
+    Per cardholder: the event ``history`` (:mod:`fedfraud.feature_store.events`), so every
     transaction changes the state even when it adds no node or edge. After an
     :meth:`update`, ``last_event`` is the raw event just applied and ``prior``
     the history before it (transient; not serialized).
@@ -188,7 +190,7 @@ class EgoGraphState:
 
         Args:
             key: the transaction's noise key (:meth:`PrivateFeaturizer.noise_keys`).
-            merchant: 64-bit keyed merchant hash (:meth:`feature_store.privacy.PrivateFeaturizer.merchant_hash`).
+            merchant: 64-bit keyed merchant hash (:meth:`fedfraud.feature_store.privacy.PrivateFeaturizer.merchant_hash`).
             lat: merchant latitude in degrees.
             lon: merchant longitude in degrees.
             ts_us: event time, UTC microseconds since the epoch.
@@ -300,7 +302,7 @@ class EgoGraphState:
 
         ``x`` [n, d] float32 (L'), ``merchant`` [n] long (bucket), ``edge_index``
         [2, e] long, ``edge_attr`` [e, d] float32 (T'), ``history`` [1, s]
-        float32 (:func:`feature_store.events.history_summary`; a caller that
+        float32 (:func:`fedfraud.feature_store.events.history_summary`; a caller that
         summarises many histories in one call passes the row). An empty state
         gives a valid 0-node graph. No timestamps, coordinates or ids are included.
         """
@@ -467,7 +469,7 @@ class SnapshotPair:
     ``cardholder`` is the keyed pseudonym; ``is_fraud`` is the label of the
     transaction that produced G_t (``None`` if unlabelled), used only for evaluation.
     ``event`` is that transaction's raw event and ``prior`` the cardholder's
-    history before it (:mod:`feature_store.events`), both bank-internal.
+    history before it (:mod:`fedfraud.feature_store.events`), both bank-internal.
     """
 
     transaction_id: str

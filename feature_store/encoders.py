@@ -50,11 +50,11 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from feature_store.geo import EARTH_RADIUS_KM
+from fedfraud.feature_store.geo import EARTH_RADIUS_KM
 import torch
 from torch import nn
 
-from feature_store.config import EncoderConfig
+from fedfraud.feature_store.config import EncoderConfig
 
 __all__ = [
     "C_EARTH_KM",
@@ -253,7 +253,7 @@ def encode_time(epoch_secs: np.ndarray, cfg: EncoderConfig) -> np.ndarray:
 
 def merchant_hash(merchant_ids: Iterable[str], key: bytes | None = None) -> np.ndarray:
     """Stable 64-bit blake2b of merchant ids (uint64), identical at every bank: keyed with the federation's
-    ``key`` when given (what the banks use; :func:`feature_store.privacy.federation_key`), else unkeyed.
+    ``key`` when given (what the banks use; :func:`fedfraud.feature_store.privacy.federation_key`), else unkeyed.
     """
     if key is None:
         digests = (hashlib.blake2b(str(m).encode(), digest_size=8).digest() for m in merchant_ids)

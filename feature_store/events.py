@@ -9,7 +9,7 @@ carried no signal at all. This module adds the transaction as an *event*:
   of one cardholder (Welford mean/variance of log-amount and of the log time
   gap, decayed 1 h / 24 h counts and 24 h spend, home area as a running mean,
   category and hour-of-day histograms). It lives inside
-  :class:`feature_store.egograph.EgoGraphState` and is persisted with it, so
+  :class:`fedfraud.feature_store.egograph.EgoGraphState` and is persisted with it, so
   batch building, online serving and batch scoring fold transactions with the
   one function :func:`update_history`.
 * :func:`raw_event` — the new transaction's own values (amount, category
@@ -35,7 +35,7 @@ import math
 
 import numpy as np
 
-from feature_store.geo import haversine_km
+from fedfraud.feature_store.geo import haversine_km
 
 __all__ = [
     "CATEGORY_SLOTS",

@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 import yaml
 
 from fedfraud.errors import UserError
-from feature_store.store_config import FeatureStoreConfig, RedisProfile, RegistryConfig
+from fedfraud.feature_store.store_config import FeatureStoreConfig, RedisProfile, RegistryConfig
 
 if TYPE_CHECKING:
     from feast import FeatureStore
@@ -46,7 +46,7 @@ logger = logging.getLogger(__name__)
 
 #: The packaged feature repo (declarations + default feature_store.yaml).
 REPO_TEMPLATE = Path(__file__).parent / "repo"
-DEFINITIONS_MODULE = "feature_store.repo.definitions"
+DEFINITIONS_MODULE = "fedfraud.feature_store.repo.definitions"
 #: Offline parquet, registry and SQLite online store live here, relative to the repo folder.
 DATA_DIR = "data"
 _COPIED = ("definitions.py", ".feastignore")
@@ -88,7 +88,7 @@ def render_repo(cfg: FeatureStoreConfig, repo_dir: Path | None = None, profile: 
         shutil.copyfile(REPO_TEMPLATE / name, target / name)
     build_repo_config(cfg, target, profile)  # validate before writing
     # RepoConfig.write_to_path dumps field names instead of the yaml keys, so write the mapping ourselves
-    header = "# rendered by fedfraud (feature_store.feast_store.render_repo); `feast` CLI works in this folder\n"
+    header = "# rendered by fedfraud (fedfraud.feature_store.feast_store.render_repo); `feast` CLI works in this folder\n"
     (target / "feature_store.yaml").write_text(
         header + yaml.safe_dump(repo_yaml(cfg, profile), sort_keys=False), encoding="utf-8"
     )
@@ -113,7 +113,7 @@ def _check_redis_store(config: RepoConfig, profile: RedisProfile) -> None:
     """Ping through a client built exactly as Feast builds it: a refused password fails here, in one line."""
     from feast.infra.online_stores.redis import RedisOnlineStore
 
-    from feature_store.redis_check import check_redis
+    from fedfraud.feature_store.redis_check import check_redis
 
     check_redis(lambda: RedisOnlineStore()._get_client(config.online_store), profile.where(), profile.password_env)
 

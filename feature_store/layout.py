@@ -4,7 +4,7 @@
 
     DIR/manifest.json              counts per bank, format, partitioning, created_at
     DIR/rejects.jsonl              one JSON object per rejected input row: row, reason, detail
-    DIR/bank_<k>/transactions.parquet   canonical rows of bank k (feature_store.schema.ARROW_SCHEMA)
+    DIR/bank_<k>/transactions.parquet   canonical rows of bank k (fedfraud.feature_store.schema.ARROW_SCHEMA)
 
 A bank's rows are sorted by (timestamp, transaction_id). Train/test membership
 is a deterministic function of the cardholder, so every component agrees on it

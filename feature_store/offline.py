@@ -1,7 +1,7 @@
 """Offline feature tables: per-bank private features written as the parquet behind the Feast FileSources.
 
 Each bank's rows are featurised *inside that bank* with its own
-:class:`~feature_store.privacy.PrivateFeaturizer` (its secret never meets
+:class:`~fedfraud.feature_store.privacy.PrivateFeaturizer` (its secret never meets
 another bank's data), replayed through :meth:`CardholderState.apply` (the
 online path's update) and appended, bank by bank, to
 
@@ -29,11 +29,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from tqdm.auto import tqdm
 
-from feature_store.activity import ACTIVITY_FEATURES, Activity
-from feature_store.cardholder import CardholderState, PreparedBatch, prepare_batch
-from feature_store.config import EgoGraphConfig, EncoderConfig, PrivacyConfig
-from feature_store.feast_store import DATA_DIR
-from feature_store.privacy import PrivateFeaturizer
+from fedfraud.feature_store.activity import ACTIVITY_FEATURES, Activity
+from fedfraud.feature_store.cardholder import CardholderState, PreparedBatch, prepare_batch
+from fedfraud.feature_store.config import EgoGraphConfig, EncoderConfig, PrivacyConfig
+from fedfraud.feature_store.feast_store import DATA_DIR
+from fedfraud.feature_store.privacy import PrivateFeaturizer
 
 __all__ = [
     "CARDHOLDER_FILE",
@@ -164,7 +164,7 @@ def write_offline(
     progress: bool = True,
 ) -> OfflineReport:
     """Featurise every bank of ``data_dir`` (``bank_<k>/transactions.parquet``) into the repo's offline parquet."""
-    from feature_store.layout import list_banks, read_bank
+    from fedfraud.feature_store.layout import list_banks, read_bank
 
     start = time.perf_counter()
     chosen = banks if banks is not None else list_banks(Path(data_dir))

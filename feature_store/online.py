@@ -33,12 +33,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from feature_store.activity import ACTIVITY_FEATURES, Activity
-from feature_store.cardholder import CardholderState, PreparedBatch, prepare_batch
-from feature_store.config import EgoGraphConfig
-from feature_store.egograph import CorruptStateError, EgoGraphState
-from feature_store.privacy import PrivateFeaturizer
-from feature_store.store_config import FeatureStoreConfig
+from fedfraud.feature_store.activity import ACTIVITY_FEATURES, Activity
+from fedfraud.feature_store.cardholder import CardholderState, PreparedBatch, prepare_batch
+from fedfraud.feature_store.config import EgoGraphConfig
+from fedfraud.feature_store.egograph import CorruptStateError, EgoGraphState
+from fedfraud.feature_store.privacy import PrivateFeaturizer
+from fedfraud.feature_store.store_config import FeatureStoreConfig
 
 if TYPE_CHECKING:
     from feast import FeatureStore, FeatureView
@@ -46,7 +46,7 @@ if TYPE_CHECKING:
     from feast.protos.feast.types.Value_pb2 import Value
     from feast.repo_config import RepoConfig
 
-    from feature_store.redis_store import MultiViewRedisOnlineStore
+    from fedfraud.feature_store.redis_store import MultiViewRedisOnlineStore
 
 __all__ = ["CARDHOLDER_VIEWS", "MERCHANT_VIEW", "OnlineStateClient"]
 
@@ -77,7 +77,7 @@ def _python(value: Value) -> Any:
 
 
 #: A Feast entity of this module: a card token, or (bank, merchant key) of ``merchant_location`` (a keyed hash,
-#: :func:`feature_store.cardholder.merchant_key`).
+#: :func:`fedfraud.feature_store.cardholder.merchant_key`).
 Entity = str | tuple[int, str]
 #: Rows of one view: (entity, feature values, event time, created time).
 ViewRows = list[tuple[Entity, dict[str, "Value"], datetime, datetime]]
@@ -185,7 +185,7 @@ def _view_io(config: RepoConfig) -> _ViewIO:
         and store_cfg.redis_type == RedisType.redis
         and str(store_cfg.client.value) == "redis"
     ):
-        from feature_store.redis_store import MultiViewRedisOnlineStore
+        from fedfraud.feature_store.redis_store import MultiViewRedisOnlineStore
 
         return _RedisViewIO(MultiViewRedisOnlineStore(), config)
     from feast.infra.online_stores.sqlite import SqliteOnlineStore
@@ -230,7 +230,7 @@ class OnlineStateClient:
         profile: str | None = None,
     ) -> OnlineStateClient:
         """Client on the rendered repo of ``profile`` (must have been applied: ``fedfraud features apply``)."""
-        from feature_store.feast_store import open_store
+        from fedfraud.feature_store.feast_store import open_store
 
         return cls(open_store(cfg, repo_dir, profile), ego_cfg, cfg.location_cell_deg)
 
@@ -353,7 +353,7 @@ class OnlineStateClient:
     def read_merchants(self, bank: int, merchants: Sequence[str]) -> list[dict[str, Any] | None]:
         """``merchant_location`` features of many merchants of ``bank`` in one read (None when unknown).
 
-        ``merchants`` are store keys (:func:`feature_store.cardholder.merchant_key`), never names.
+        ``merchants`` are store keys (:func:`fedfraud.feature_store.cardholder.merchant_key`), never names.
         """
         from feast.protos.feast.types.EntityKey_pb2 import EntityKey
         from feast.protos.feast.types.Value_pb2 import Value

@@ -1,7 +1,7 @@
 """A bank's outcome store: its decisions, the challenger's shadow scores and the labels that came back.
 
 One SQLite file per bank, next to the bank's offline transactions
-(``bank_<k>/outcomes.sqlite``). The label joiner (:mod:`serving.labels`)
+(``bank_<k>/outcomes.sqlite``). The label joiner (:mod:`fedfraud.serving.labels`)
 writes it; the retrain cycle reads the labels from it and the promotion
 policy reads labelled champion/challenger score pairs.
 

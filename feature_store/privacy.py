@@ -22,7 +22,7 @@ Two mechanisms (``privacy.mechanism``):
   on its id, below), so reading it twice gives nothing more.
 
 Features never leave a bank (only model updates do; those carry
-client-level DP, ``training.federated.accountant``), so either mechanism
+client-level DP, ``fedfraud.training.federated.accountant``), so either mechanism
 protects the features only against the bank's own staff and systems.
 
 Reproducible noise. The Gaussian noise added to a transaction's features is a
@@ -65,9 +65,9 @@ import pandas as pd
 
 from fedfraud.credentials import new_token, write_secret_file
 from fedfraud.errors import UserError
-from feature_store.config import EncoderConfig, PrivacyConfig
-from feature_store.schema import CARD_TOKEN_PREFIX, is_card_token
-from feature_store.encoders import encode_location, encode_time, epoch_seconds, merchant_bucket, merchant_hash
+from fedfraud.feature_store.config import EncoderConfig, PrivacyConfig
+from fedfraud.feature_store.schema import CARD_TOKEN_PREFIX, is_card_token
+from fedfraud.feature_store.encoders import encode_location, encode_time, epoch_seconds, merchant_bucket, merchant_hash
 
 __all__ = [
     "CHANNEL_GEO",
@@ -559,7 +559,7 @@ class PrivateFeaturizer:
         return mu_gdp(np.full(self.dim, eps), self.privacy_cfg.delta)
 
     def transform(self, frame: pd.DataFrame) -> PrivateFeatures:
-        """Private features of every row of a canonical frame (see :mod:`feature_store.schema`), in order."""
+        """Private features of every row of a canonical frame (see :mod:`fedfraud.feature_store.schema`), in order."""
         missing = [
             c for c in ("transaction_id", "cardholder_id", "merchant_id", "timestamp", "lat", "lon") if c not in frame
         ]

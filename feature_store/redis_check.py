@@ -1,7 +1,7 @@
 """One ping when a Redis client is made, so a refused password or a failed TLS handshake stops start-up in one line.
 
-Used by the Feast online store (:func:`feature_store.feast_store.open_store`)
-and serving's own state store (:class:`serving.kvstore.RedisKV`). A server that
+Used by the Feast online store (:func:`fedfraud.feature_store.feast_store.open_store`)
+and serving's own state store (:class:`fedfraud.serving.kvstore.RedisKV`). A server that
 is merely unreachable is only logged: the stores retry on their own (the chaos
 bench takes Redis away under a running scorer), but a wrong password never
 heals by retrying.

@@ -10,7 +10,7 @@ single pipeline, in exactly Feast's format: ``get_online_features``,
 ``feast`` CLI and materialisation see the same data.
 
 Writes here are last-writer-wins (``skip_dedup: true``, our profile's default);
-with ``skip_dedup: false`` :class:`~feature_store.online.OnlineStateClient`
+with ``skip_dedup: false`` :class:`~fedfraud.feature_store.online.OnlineStateClient`
 falls back to Feast's per-view writes, which compare event timestamps.
 """
 

@@ -64,7 +64,7 @@ MIN_EPOCH_S, MAX_EPOCH_S = 0, 4102444800
 #: rounds to it, so no exact location is stored, streamed or featurized, and training and serving agree.
 COORDINATE_DECIMALS = 2
 
-#: The bank's keyed token of a card (:func:`feature_store.privacy.pseudonymize`): what the ingress schema
+#: The bank's keyed token of a card (:func:`fedfraud.feature_store.privacy.pseudonymize`): what the ingress schema
 #: carries in ``cardholder_id`` instead of the card number.
 CARD_TOKEN_PREFIX = "ct_"
 _CARD_TOKEN = re.compile(r"ct_[0-9a-f]{32}")

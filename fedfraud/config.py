@@ -1,7 +1,7 @@
 """The one typed configuration object, loaded from one YAML file and overridable on the CLI.
 
-Each component owns its section's model (``feature_store.config``,
-``training.data.config``, ...); this module only composes them. Precedence,
+Each component owns its section's model (``fedfraud.feature_store.config``,
+``fedfraud.training.data.config``, ...); this module only composes them. Precedence,
 lowest first: model defaults < ``fedfraud.yaml`` (or ``--config PATH``) <
 ``--set section.key=value`` < a subcommand's own flags.
 """
@@ -15,15 +15,15 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from fedfraud.errors import ConfigError
-from feature_store.config import EgoGraphConfig, EncoderConfig, PrivacyConfig
-from feature_store.store_config import FeatureStoreConfig
-from training.data.config import GeneratorConfig, IngestConfig
-from training.fraud.config import FraudConfig
-from training.anomaly.config import AnomalyConfig
-from training.federated.config import FederatedConfig
-from training.retrain.config import RetrainConfig
-from training.tokenizer.config import TokenizerConfig
-from serving.config import ServingConfig
+from fedfraud.feature_store.config import EgoGraphConfig, EncoderConfig, PrivacyConfig
+from fedfraud.feature_store.store_config import FeatureStoreConfig
+from fedfraud.training.data.config import GeneratorConfig, IngestConfig
+from fedfraud.training.fraud.config import FraudConfig
+from fedfraud.training.anomaly.config import AnomalyConfig
+from fedfraud.training.federated.config import FederatedConfig
+from fedfraud.training.retrain.config import RetrainConfig
+from fedfraud.training.tokenizer.config import TokenizerConfig
+from fedfraud.serving.config import ServingConfig
 
 __all__ = ["FedfraudConfig", "load_config", "apply_overrides", "DEFAULT_CONFIG_FILE"]
 

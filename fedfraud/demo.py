@@ -85,7 +85,7 @@ class DemoReport:
 
 def _stage_generate(cfg: FedfraudConfig, args: DemoArgs, ctx: dict[str, Any]) -> StageResult:
     from fedfraud.config import update_section
-    from training.data.synthetic import generate_dataset
+    from fedfraud.training.data.synthetic import generate_dataset
 
     cfg = update_section(
         cfg, "generate", banks=args.banks, cardholders=args.cardholders, days=args.days, seed=args.seed
@@ -112,7 +112,7 @@ def _stage_ingest(cfg: FedfraudConfig, args: DemoArgs, ctx: dict[str, Any]) -> S
     import shutil
 
     from fedfraud.config import update_section
-    from training.data.ingest import ingest_csv
+    from fedfraud.training.data.ingest import ingest_csv
 
     raw: Path = ctx["raw_csv"]
     dirty = args.out / "raw_with_bad_rows.csv"
@@ -146,8 +146,8 @@ def _stage_ingest(cfg: FedfraudConfig, args: DemoArgs, ctx: dict[str, Any]) -> S
 
 def _stage_features(cfg: FedfraudConfig, args: DemoArgs, ctx: dict[str, Any]) -> StageResult:
     """Each bank computes its private features with its own secret; report the thesis's μ-GDP heuristic."""
-    from feature_store.privacy import PrivateFeaturizer, mu_gdp
-    from feature_store.layout import list_banks, read_bank
+    from fedfraud.feature_store.privacy import PrivateFeaturizer, mu_gdp
+    from fedfraud.feature_store.layout import list_banks, read_bank
 
     t0 = time.perf_counter()
     per_bank: dict[str, Any] = {}
@@ -169,7 +169,7 @@ def _stage_features(cfg: FedfraudConfig, args: DemoArgs, ctx: dict[str, Any]) ->
 
 def _stage_holdout(cfg: FedfraudConfig, args: DemoArgs, ctx: dict[str, Any]) -> StageResult:
     """Cut every bank in time: models and the feature store see the history, the stream replays the tail."""
-    from training.data.holdout import time_holdout
+    from fedfraud.training.data.holdout import time_holdout
 
     t0 = time.perf_counter()
     split = time_holdout(ctx["data"], args.out / "history", args.holdout_days)
@@ -190,8 +190,8 @@ def _stage_holdout(cfg: FedfraudConfig, args: DemoArgs, ctx: dict[str, Any]) -> 
 def _stage_train_anomaly(cfg: FedfraudConfig, args: DemoArgs, ctx: dict[str, Any]) -> StageResult:
     """Federated anomaly GNN: one Flower SuperNode per bank on Ray, FedProx, published to the registry."""
     from fedfraud.config import update_section
-    from training.federated.task import RunSettings
-    from training.federated.trainer import run_federated
+    from fedfraud.training.federated.task import RunSettings
+    from fedfraud.training.federated.trainer import run_federated
 
     from fedfraud.bench.detection import evaluate_published
 
@@ -225,7 +225,7 @@ def _stage_train_anomaly(cfg: FedfraudConfig, args: DemoArgs, ctx: dict[str, Any
 
 def _stage_train_fraud(cfg: FedfraudConfig, args: DemoArgs, ctx: dict[str, Any]) -> StageResult:
     """Histogram-federated XGBoost fraud model with the anomaly score as a feature; FL vs Local for the live bank."""
-    from training.fraud.pipeline import train_and_publish
+    from fedfraud.training.fraud.pipeline import train_and_publish
 
     t0 = time.perf_counter()
     version, metrics = train_and_publish(cfg, ctx["split"].history, ctx["registry"], bank=cfg.serving.bank_id)
@@ -242,7 +242,7 @@ def _make_champion(registry: Path, kind: str, tag: str) -> None:
     folder by an earlier run (or pinned by its retrain cycle) is not served instead; that run's retrain records
     and challenger are cleared too (a cycle on the same data would otherwise return its recorded result).
     """
-    from training.registry import ModelRegistry
+    from fedfraud.training.registry import ModelRegistry
 
     import shutil
 
@@ -271,9 +271,9 @@ def _fresh_serving_state(cfg: FedfraudConfig) -> None:
 
 def _stage_feature_store(cfg: FedfraudConfig, args: DemoArgs, ctx: dict[str, Any]) -> StageResult:
     """Offline features of the serving bank's history → ``feast apply`` → materialize the online store."""
-    from feature_store.feast_store import apply_repo, materialize_repo, open_store
-    from feature_store.offline import write_offline
-    from serving.warm import warm_fraud_state
+    from fedfraud.feature_store.feast_store import apply_repo, materialize_repo, open_store
+    from fedfraud.feature_store.offline import write_offline
+    from fedfraud.serving.warm import warm_fraud_state
 
     t0 = time.perf_counter()
     store = open_store(cfg.features)
@@ -311,14 +311,14 @@ def _stage_stream(cfg: FedfraudConfig, args: DemoArgs, ctx: dict[str, Any]) -> S
     import ray
 
     from fedfraud.config import update_section
-    from feature_store.outcomes import OUTCOMES_FILE, OutcomeStore
-    from serving.labels import LabelJoiner
-    from serving.replay import LabelFeed
-    from serving.runtime import start
-    from training.data.holdout import write_records
-    from feature_store.layout import bank_dir
-    from training.retrain.policy import decide_promotion
-    from training.retrain.schedule import RetrainScheduler
+    from fedfraud.feature_store.outcomes import OUTCOMES_FILE, OutcomeStore
+    from fedfraud.serving.labels import LabelJoiner
+    from fedfraud.serving.replay import LabelFeed
+    from fedfraud.serving.runtime import start
+    from fedfraud.training.data.holdout import write_records
+    from fedfraud.feature_store.layout import bank_dir
+    from fedfraud.training.retrain.policy import decide_promotion
+    from fedfraud.training.retrain.schedule import RetrainScheduler
 
     bank = cfg.serving.bank_id
     live = ctx["split"].live[bank]
@@ -420,7 +420,7 @@ def _stage_stream(cfg: FedfraudConfig, args: DemoArgs, ctx: dict[str, Any]) -> S
 
 def _decision_quality(cfg: FedfraudConfig, live: pd.DataFrame, first: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """Precision, recall, F1 and PR-AUC of the streamed decisions against the live tail's labels."""
-    from training.fraud.metrics import classification_metrics
+    from fedfraud.training.fraud.metrics import classification_metrics
 
     labels = live.set_index("transaction_id")["is_fraud"].astype("boolean")
     decided = [tid for tid in live["transaction_id"] if tid in first]
@@ -492,8 +492,8 @@ def run_demo(cfg: FedfraudConfig, args: DemoArgs, progress: Callable[[str], None
     from fedfraud.report import write_html_report
 
     from fedfraud.config import update_section
-    from feature_store.privacy import per_run_secret
-    from serving.auth import per_run_token
+    from fedfraud.feature_store.privacy import per_run_secret
+    from fedfraud.serving.auth import per_run_token
 
     args.out.mkdir(parents=True, exist_ok=True)
     registry = args.out / "registry"

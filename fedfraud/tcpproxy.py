@@ -3,7 +3,7 @@
 Two uses, one implementation:
 
 - privacy tests read the bytes a client really sends (``record=True``:
-  :class:`training.fraud.federated.wire.RecordingProxy` decodes them as gRPC);
+  :class:`fedfraud.training.fraud.federated.wire.RecordingProxy` decodes them as gRPC);
 - fault tests put it in front of a real server (the broker, Redis) and
   :meth:`TcpProxy.cut` it: open connections are reset and new ones refused,
   which is what a restarting server looks like from the client, while the

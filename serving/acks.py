@@ -6,7 +6,7 @@ batch put one round trip (~7 ms on the embedded broker) into every batch's
 service time. :class:`AckWindow` keeps up to ``max_batches`` batches whose sends
 are in flight while the consumer scores the next ones, and commits an input
 offset only when every send of its batch *and of all batches before it* is
-acknowledged. A failed send raises :class:`serving.kafka.DeliveryError` and
+acknowledged. A failed send raises :class:`fedfraud.serving.kafka.DeliveryError` and
 nothing after it is committed, so a restart redelivers those batches (the
 stages re-emit stored decisions marked ``redelivered``).
 
@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from serving.kafka import DeliveryError
+from fedfraud.serving.kafka import DeliveryError
 
 __all__ = ["AckWindow"]
 

@@ -4,7 +4,7 @@
 once instead of once per graph snapshot they appear in. :class:`FreshCache`
 says whether the ``q_t`` in a cardholder's stored state was written by this
 process with the current model at the state's current version; only then may
-:class:`serving.anomaly_stage.AnomalyStage` reuse it as q_{t-1} (otherwise
+:class:`fedfraud.serving.anomaly_stage.AnomalyStage` reuse it as q_{t-1} (otherwise
 G_{t-1} is embedded again, so a model swap or another replica's write never
 mixes embeddings of two models).
 """
@@ -16,14 +16,14 @@ from typing import Any
 
 import numpy as np
 
-from feature_store.cardholder import PreparedBatch
-from feature_store.privacy import PrivateFeaturizer
+from fedfraud.feature_store.cardholder import PreparedBatch
+from fedfraud.feature_store.privacy import PrivateFeaturizer
 
 __all__ = ["CachedFeatures", "FreshCache"]
 
 
 class CachedFeatures:
-    """A :class:`feature_store.egograph.FeatureSource` that remembers L'/T' rows by noise key.
+    """A :class:`fedfraud.feature_store.egograph.FeatureSource` that remembers L'/T' rows by noise key.
 
     A node carries the noise key of the transaction that created it and an edge
     the key of the transaction that arrived, and L'/T' are pure functions of

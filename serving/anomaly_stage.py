@@ -1,15 +1,15 @@
 """The anomaly stage: ego-graph update + GNN anomaly score of micro-batches (one instance per scorer replica).
 
-A plain class: the hot path (:mod:`serving.hotpath`) runs it, benchmarks and
+A plain class: the hot path (:mod:`fedfraud.serving.hotpath`) runs it, benchmarks and
 tests call it. Per micro-batch, in event-time order::
 
     read cardholder states (one batched Feast read) ──> apply each transaction
     ──> G_t per transaction (and G_{t-1} only when the cached q_{t-1} is stale)
     ──> q = embed(graphs) (in runs of at most ``max_nodes`` graph nodes)
     ──> AS = 1 − f(q_{t-1}, q_t) ──> score ring, push states (one batched write)
-    ──> a :class:`serving.scored.ScoredBatch` for :class:`serving.fraud_stage.FraudStage`
+    ──> a :class:`fedfraud.serving.scored.ScoredBatch` for :class:`fedfraud.serving.fraud_stage.FraudStage`
 
-Sections are timed with :class:`serving.metrics.StageClock` (``fedfraud bench
+Sections are timed with :class:`fedfraud.serving.metrics.StageClock` (``fedfraud bench
 serving`` prints them as the per-stage profile).
 
 Idempotence (at-least-once delivery means redelivery): a transaction whose
@@ -20,13 +20,13 @@ crash between the two).
 
 Cached q_{t-1}: the store's ``q_t`` is reused when this process wrote it with
 the current model at the state's current version
-(:class:`serving.anomaly_cache.FreshCache`); otherwise G_{t-1} is embedded
+(:class:`fedfraud.serving.anomaly_cache.FreshCache`); otherwise G_{t-1} is embedded
 again, so a model swap or another replica's write never mixes embeddings of
 two models.
 
 The model is anything that meets :class:`GraphScorer`; the default loader hook
 :func:`load_anomaly_scorer` returns the training side's
-:class:`training.anomaly.scorer.AnomalyScorer` itself (numpy in and out), the
+:class:`fedfraud.training.anomaly.scorer.AnomalyScorer` itself (numpy in and out), the
 same object ``fedfraud score`` scores with, so there is no serving-side wrapper.
 """
 
@@ -41,27 +41,27 @@ import numpy as np
 import pandas as pd
 import torch
 
-from feature_store.cardholder import CardholderState, PreparedBatch, prepare_batch
-from feature_store.events import history_summary
-from feature_store.privacy import PrivateFeaturizer
-from serving.anomaly_cache import CachedFeatures, FreshCache
-from serving.kafka import json_bytes, json_value, now_us
-from serving.kvstore import KVStore
-from serving.metrics import StageClock
-from serving.scored import ScoredBatch
-from serving.side_work import guarded
+from fedfraud.feature_store.cardholder import CardholderState, PreparedBatch, prepare_batch
+from fedfraud.feature_store.events import history_summary
+from fedfraud.feature_store.privacy import PrivateFeaturizer
+from fedfraud.serving.anomaly_cache import CachedFeatures, FreshCache
+from fedfraud.serving.kafka import json_bytes, json_value, now_us
+from fedfraud.serving.kvstore import KVStore
+from fedfraud.serving.metrics import StageClock
+from fedfraud.serving.scored import ScoredBatch
+from fedfraud.serving.side_work import guarded
 
 if TYPE_CHECKING:
     from torch_geometric.data import Data
 
-    from feature_store.online import OnlineStateClient
-    from training.registry import ModelRegistry
+    from fedfraud.feature_store.online import OnlineStateClient
+    from fedfraud.training.registry import ModelRegistry
 
 __all__ = ["AnomalyStage", "AnomalyWork", "GraphScorer", "load_anomaly_scorer"]
 
 
 class GraphScorer(Protocol):
-    """What the anomaly stage needs from a model (``training.anomaly.scorer.AnomalyScorer``)."""
+    """What the anomaly stage needs from a model (``fedfraud.training.anomaly.scorer.AnomalyScorer``)."""
 
     tag: str
 
@@ -89,7 +89,7 @@ def load_anomaly_scorer(registry: ModelRegistry, version: str = "latest") -> Gra
     It is the training scorer itself, the one batch scoring uses; serving only
     pins torch to one thread, because replicas, not threads, are the parallelism.
     """
-    from training.anomaly.scorer import AnomalyScorer
+    from fedfraud.training.anomaly.scorer import AnomalyScorer
 
     torch.set_num_threads(1)
     return AnomalyScorer.from_registry(registry, version)

@@ -3,11 +3,11 @@
 Built by :func:`build_app` from typed :class:`ScoringArgs` (STYLE §7), which
 ``infra/serve_config.yaml`` references by ``import_path`` so ``serve run`` /
 ``serve deploy`` work too. The builder validates the whole config once and
-binds the deployment only its own typed slice, :class:`serving.config.ScorerConfig`::
+binds the deployment only its own typed slice, :class:`fedfraud.serving.config.ScorerConfig`::
 
     StreamScorer replica (FastAPI: /score /healthz /readyz /metrics; bearer token on /score and /metrics)
-      ├── StreamConsumer thread  (serving.consumer: one member of the Kafka consumer group)
-      └── HotPath                (serving.hotpath: anomaly + fraud stages in this process, no actor hops)
+      ├── StreamConsumer thread  (fedfraud.serving.consumer: one member of the Kafka consumer group)
+      └── HotPath                (fedfraud.serving.hotpath: anomaly + fraud stages in this process, no actor hops)
 
 Throughput scales with partitions: each replica is one consumer in the group
 ``serving.consumer.group_id``, so ``serving.scorer_replicas`` replicas share
@@ -29,10 +29,10 @@ from pydantic import BaseModel, ConfigDict, Field
 from ray import serve
 from ray.serve import Application
 
-from serving.auth import BearerAuth, api_token, require_bearer
-from serving.config import ScorerConfig
-from serving.kafka import decode_messages, ingress_validator, json_bytes, now_us
-from serving.metrics import CONTENT_TYPE, DurableCounters, MetricsBoard, PipelineMetrics
+from fedfraud.serving.auth import BearerAuth, api_token, require_bearer
+from fedfraud.serving.config import ScorerConfig
+from fedfraud.serving.kafka import decode_messages, ingress_validator, json_bytes, now_us
+from fedfraud.serving.metrics import CONTENT_TYPE, DurableCounters, MetricsBoard, PipelineMetrics
 
 __all__ = ["ScoringArgs", "StreamScorer", "build_app"]
 
@@ -41,7 +41,7 @@ APP_NAME = "fedfraud"
 
 
 class ScoringArgs(BaseModel):
-    """Arguments of the scoring application (``import_path: serving.app:build_app``).
+    """Arguments of the scoring application (``import_path: fedfraud.serving.app:build_app``).
 
     ``config`` is a :class:`fedfraud.config.FedfraudConfig` as a dict (its
     ``serving`` section holds Kafka, registry and batching settings); the
@@ -56,7 +56,7 @@ class ScoringArgs(BaseModel):
     bootstrap_servers: str = Field(..., description="Kafka bootstrap servers (embedded broker or cluster)")
     consume: bool = Field(True, description="run the Kafka consumer loop (off: HTTP only)")
     anomaly_loader: str = Field(
-        "serving.anomaly_stage:load_anomaly_scorer",
+        "fedfraud.serving.anomaly_stage:load_anomaly_scorer",
         description="module:function(registry, version) -> GraphScorer; the seam where the anomaly model plugs in",
     )
 
@@ -103,7 +103,7 @@ def _tune_gc(threshold: int) -> None:
 
 @dataclass(frozen=True)
 class _HttpMessage:
-    """An HTTP record in the shape :func:`serving.kafka.decode_messages` reads."""
+    """An HTTP record in the shape :func:`fedfraud.serving.kafka.decode_messages` reads."""
 
     value: bytes
     offset: int
@@ -150,7 +150,7 @@ def _item_bytes(item: Any) -> bytes:
 
 
 def _json(body: dict[str, Any], status_code: int = 200) -> Response:
-    """A JSON response through :func:`serving.kafka.json_bytes` (numpy scalars, NaN as null), like the topics."""
+    """A JSON response through :func:`fedfraud.serving.kafka.json_bytes` (numpy scalars, NaN as null), like the topics."""
     return Response(json_bytes(body), status_code=status_code, media_type="application/json")
 
 
@@ -160,8 +160,8 @@ class StreamScorer:
     """Kafka consumer + in-process scoring + HTTP endpoints of one replica; owns its delivery counters."""
 
     def __init__(self, args: dict[str, Any]) -> None:
-        from serving.consumer import StreamConsumer
-        from serving.hotpath import HotPath
+        from fedfraud.serving.consumer import StreamConsumer
+        from fedfraud.serving.hotpath import HotPath
 
         self.args = _ReplicaArgs.model_validate(args)
         cfg = self.args.config
@@ -220,7 +220,7 @@ class StreamScorer:
         rejected items are listed with their index and reason next to the
         decisions of the others.
         """
-        from serving.kafka import parse_json
+        from fedfraud.serving.kafka import parse_json
 
         g = self.guards
         if len(body) > g.http_max_body_bytes:
@@ -290,7 +290,7 @@ class StreamScorer:
         """Delivery counters of the whole consumer group (durable, all replicas) plus this replica's own.
 
         ``consumed``/``decided``/``dead_lettered``/``redelivered`` are the
-        group's totals (:class:`serving.metrics.DurableCounters`), so they are
+        group's totals (:class:`fedfraud.serving.metrics.DurableCounters`), so they are
         right with several replicas and after a restart; ``replica`` holds
         this process's live figures (lag, models, counts since it started).
         """
@@ -315,7 +315,7 @@ def build_app(args: ScoringArgs | dict[str, Any]) -> Application:
         args = ScoringArgs.model_validate(args)
     cfg = ScorerConfig.of(_config(args))
     s = cfg.serving
-    from training.registry import ModelRegistry
+    from fedfraud.training.registry import ModelRegistry
 
     registry = ModelRegistry(s.registry_root)
     registry.get("anomaly", s.anomaly_version)  # fail fast, one line, if nothing is registered

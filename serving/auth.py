@@ -1,6 +1,6 @@
 """Bearer-token check of the HTTP endpoints: 401 without a usable header, 403 for a wrong token.
 
-Each Serve replica builds one :class:`BearerAuth` from :class:`serving.config.AuthSettings`
+Each Serve replica builds one :class:`BearerAuth` from :class:`fedfraud.serving.config.AuthSettings`
 when it starts and keeps it as ``self.bearer``; protected routes declare
 ``dependencies=[Depends(require_bearer)]``, which runs before the body is read,
 so an unauthenticated client cannot make a replica read a large body either.
@@ -16,7 +16,7 @@ from fastapi import HTTPException, Request
 
 from fedfraud.credentials import API_TOKEN_ENV, new_token, read_secret, write_secret_file
 from fedfraud.errors import UserError
-from serving.config import AuthSettings
+from fedfraud.serving.config import AuthSettings
 
 __all__ = ["TOKEN_FILE", "BearerAuth", "api_token", "per_run_token", "require_bearer"]
 

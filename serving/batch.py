@@ -1,10 +1,10 @@
 """Batch scoring and backtesting (``fedfraud score``): every transaction of a CSV or an ingested dataset.
 
 The same code serves both paths: each cardholder's transactions are replayed
-through :class:`feature_store.egograph.EgoGraphState` (what serving folds per
-transaction) and scored by :class:`training.anomaly.scorer.AnomalyScorer`
+through :class:`fedfraud.feature_store.egograph.EgoGraphState` (what serving folds per
+transaction) and scored by :class:`fedfraud.training.anomaly.scorer.AnomalyScorer`
 (what serving loads); the fraud model, when the registry has one, gets the
-same :class:`training.fraud.features.FraudFeatureState` rows serving builds.
+same :class:`fedfraud.training.fraud.features.FraudFeatureState` rows serving builds.
 A test checks that serving and batch scoring give identical anomaly scores.
 
 Memory is bounded: a bank is scored in groups of whole cardholders of about
@@ -32,9 +32,9 @@ import pyarrow.parquet as pq
 from tqdm.auto import tqdm
 
 from fedfraud.errors import UserError
-from feature_store.config import PrivacyConfig
-from feature_store.privacy import PrivateFeaturizer
-from feature_store.layout import MANIFEST_FILE, REJECTS_FILE, list_banks, read_bank
+from fedfraud.feature_store.config import PrivacyConfig
+from fedfraud.feature_store.privacy import PrivateFeaturizer
+from fedfraud.feature_store.layout import MANIFEST_FILE, REJECTS_FILE, list_banks, read_bank
 
 __all__ = ["ScoreReport", "score_path"]
 
@@ -93,10 +93,10 @@ def _cardholder_chunks(frame: pd.DataFrame, chunk_rows: int) -> Iterator[pd.Data
 
 
 def _load_models(registry: Path) -> tuple[Any, Any, Any, dict[str, str]]:
-    from serving.fraud_stage import fraud_config_for
-    from training.anomaly.scorer import AnomalyScorer
-    from training.fraud.model import FraudModel
-    from training.registry import ModelRegistry, RegistryError
+    from fedfraud.serving.fraud_stage import fraud_config_for
+    from fedfraud.training.anomaly.scorer import AnomalyScorer
+    from fedfraud.training.fraud.model import FraudModel
+    from fedfraud.training.registry import ModelRegistry, RegistryError
 
     reg = ModelRegistry(registry)
     try:
@@ -148,7 +148,7 @@ def _score_chunk(
         }
     )
     if fraud is not None:
-        from training.fraud.features import build_features
+        from fedfraud.training.fraud.features import build_features
 
         private = featurizer.transform(part)
         features = build_features(part, private, fraud_cfg, anomaly)
@@ -212,8 +212,8 @@ def score_path(
         if path.is_dir():
             data, banks = path, list_banks(path)
         else:
-            from training.data.config import IngestConfig
-            from training.data.ingest import ingest_csv
+            from fedfraud.training.data.config import IngestConfig
+            from fedfraud.training.data.ingest import ingest_csv
 
             ingest = ingest_csv(path, Path(tmp), IngestConfig(banks=1), progress=progress)
             report.rejected = ingest.rejected

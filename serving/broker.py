@@ -23,7 +23,7 @@ from types import TracebackType
 
 from fedfraud.errors import UserError
 from fedfraud.net import free_port
-from serving.config import KafkaSecurity
+from fedfraud.serving.config import KafkaSecurity
 
 __all__ = ["BrokerError", "EmbeddedBroker", "create_topics", "free_port", "tansu_binary", "wait_for_broker"]
 

@@ -14,10 +14,10 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from fedfraud.errors import UserError
-from feature_store.config import EgoGraphConfig, EncoderConfig, PrivacyConfig
-from feature_store.store_config import FeatureStoreConfig
-from training.fraud.config import FraudConfig
-from training.retrain.config import RetrainConfig
+from fedfraud.feature_store.config import EgoGraphConfig, EncoderConfig, PrivacyConfig
+from fedfraud.feature_store.store_config import FeatureStoreConfig
+from fedfraud.training.fraud.config import FraudConfig
+from fedfraud.training.retrain.config import RetrainConfig
 
 __all__ = ["AuthSettings", "ConsumerSettings", "GuardSettings", "KafkaSecurity", "ProducerSettings", "ScorerConfig",
            "ServingConfig", "TopicNames"]
@@ -272,7 +272,7 @@ class ServingConfig(_Section):
 class ScorerConfig(_Section):
     """The sections of ``fedfraud.yaml`` a ``StreamScorer`` replica reads, and only those.
 
-    ``serving.app.build_app`` cuts it from the whole config and binds it, so a
+    ``fedfraud.serving.app.build_app`` cuts it from the whole config and binds it, so a
     replica is not handed the training, tokenizer or federation settings, and
     what the hot path may read is visible in one type.
     """

@@ -6,13 +6,13 @@ Each micro-batch goes through the same steps::
 
     poll until N records or the oldest waited T ms (latency-bounded batching)
       ──> decode + validate (never raises; dead letters sent at once)
-      ──> score(frame)        (serving.hotpath.HotPath: states, GNN, XGBoost, produce + confirm)
+      ──> score(frame)        (fedfraud.serving.hotpath.HotPath: states, GNN, XGBoost, produce + confirm)
       ──> copies / rejects    (decisions of in-batch copies; DLQ for rows the stages rejected)
-      ──> ack window          (serving.acks.AckWindow: the next batches are scored while the broker acks)
+      ──> ack window          (fedfraud.serving.acks.AckWindow: the next batches are scored while the broker acks)
       ──> commit, in order    (the at-least-once point: only offsets whose batch and predecessors are acked)
 
 A failing batch is retried ``guards.stage_max_attempts`` times, then bisected
-(:mod:`serving.poison`); an outage is retried until it ends, never
+(:mod:`fedfraud.serving.poison`); an outage is retried until it ends, never
 dead-lettered. :meth:`StreamConsumer.problems` is the one source of health.
 """
 
@@ -27,9 +27,9 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from serving.config import ServingConfig
-from serving.acks import AckWindow
-from serving.kafka import (
+from fedfraud.serving.config import ServingConfig
+from fedfraud.serving.acks import AckWindow
+from fedfraud.serving.kafka import (
     DeadLetter,
     DecodedBatch,
     decode_messages,
@@ -38,9 +38,9 @@ from serving.kafka import (
     ingress_validator,
     json_bytes,
 )
-from serving.kafka_consumer import CommitFailed, IngressConsumer, Partition
-from serving.metrics import DurableCounters, PipelineMetrics, StageClock
-from serving.poison import Outage, is_outage, isolate_failures
+from fedfraud.serving.kafka_consumer import CommitFailed, IngressConsumer, Partition
+from fedfraud.serving.metrics import DurableCounters, PipelineMetrics, StageClock
+from fedfraud.serving.poison import Outage, is_outage, isolate_failures
 
 __all__ = ["Score", "StreamConsumer"]
 
@@ -178,7 +178,7 @@ class StreamConsumer:
 
     # ------------------------------------------------------------------ the loop
     def _consume(self) -> None:
-        from serving.kafka import make_consumer, make_producer
+        from fedfraud.serving.kafka import make_consumer, make_producer
 
         s = self.serving
         self._rebalance = r = _Revocations()
@@ -237,7 +237,7 @@ class StreamConsumer:
             return _without(msgs, self._rebalance.revoked)
 
     def _drain(self) -> None:
-        """Confirm and commit every scored batch (:meth:`serving.acks.AckWindow.drain`)."""
+        """Confirm and commit every scored batch (:meth:`fedfraud.serving.acks.AckWindow.drain`)."""
         self._acks.drain()
         self._uncommitted.clear()
 
@@ -309,7 +309,7 @@ class StreamConsumer:
         self.save_counters()
 
     def save_counters(self) -> None:
-        """Persist this replica's counts (:class:`serving.metrics.DurableCounters`); a store error is logged."""
+        """Persist this replica's counts (:class:`fedfraud.serving.metrics.DurableCounters`); a store error is logged."""
         if self.durable is None:
             return
         try:
@@ -364,7 +364,7 @@ class StreamConsumer:
         raise _StageFailed("scoring")
 
     def _bisect(self, d: DecodedBatch, sends: list[Any], blame_all: bool = False) -> list[dict[str, Any]]:
-        """Score ``d`` in halves until the records that fail alone are found (:mod:`serving.poison`).
+        """Score ``d`` in halves until the records that fail alone are found (:mod:`fedfraud.serving.poison`).
 
         Returns one record per frame row, in frame order: a decision, or a
         ``rejected`` record with reason ``processing_error``.

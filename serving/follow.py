@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from training.registry import ModelRegistry, ModelVersion
+from fedfraud.training.registry import ModelRegistry, ModelVersion
 
 __all__ = ["FOLLOWED", "moved"]
 
@@ -23,7 +23,7 @@ def moved(registry: ModelRegistry, follow: Mapping[str, str], loaded: Mapping[st
     """Per kind whose followed name (``follow[kind]``) points at a tag other than ``loaded[kind]``, that version.
 
     Kinds following a pinned version are skipped; a missing kind or name raises
-    :class:`training.registry.RegistryError` (the caller keeps what it serves).
+    :class:`fedfraud.training.registry.RegistryError` (the caller keeps what it serves).
     """
     targets = {kind: registry.get(kind, name) for kind, name in follow.items() if name in FOLLOWED}
     return {kind: target for kind, target in targets.items() if target.tag != loaded[kind]}

@@ -1,15 +1,15 @@
 """The fraud stage: fraud features + XGBoost decision per transaction (one instance per scorer replica).
 
-A plain class: the hot path (:mod:`serving.hotpath`) runs it, benchmarks and
+A plain class: the hot path (:mod:`fedfraud.serving.hotpath`) runs it, benchmarks and
 tests call it. Per micro-batch, it takes the anomaly stage's
-:class:`serving.scored.ScoredBatch`::
+:class:`fedfraud.serving.scored.ScoredBatch`::
 
     fraud-feature state per cardholder (one batched KV read) + AS ──> XGBoost
     ──> ``anomaly-scores`` and ``fraud-decisions`` (score, decision, top reasons,
         both model versions), sent together and flushed once per micro-batch
     ──> states and decision rings (one batched KV write)
 
-Sections are timed with :class:`serving.metrics.StageClock`.
+Sections are timed with :class:`fedfraud.serving.metrics.StageClock`.
 
 Idempotence (at-least-once delivery means redelivery): the stage keeps the
 last decisions per cardholder next to its fraud-feature state
@@ -33,17 +33,17 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from serving.kafka import confirm_sent, json_bytes, json_value, now_us
-from serving.kvstore import KVStore
-from serving.metrics import StageClock
-from serving.scored import ScoredBatch
-from serving.side_work import guarded
+from fedfraud.serving.kafka import confirm_sent, json_bytes, json_value, now_us
+from fedfraud.serving.kvstore import KVStore
+from fedfraud.serving.metrics import StageClock
+from fedfraud.serving.scored import ScoredBatch
+from fedfraud.serving.side_work import guarded
 
 if TYPE_CHECKING:
-    from serving.kafka_producer import Producer
-    from training.fraud.model import FraudModel
-    from training.registry import ModelRegistry
-    from training.retrain.drift import DriftMonitor
+    from fedfraud.serving.kafka_producer import Producer
+    from fedfraud.training.fraud.model import FraudModel
+    from fedfraud.training.registry import ModelRegistry
+    from fedfraud.training.retrain.drift import DriftMonitor
 
 __all__ = ["FraudStage", "fraud_config_for", "load_fraud_model", "pack_fraud_state", "unpack_fraud_state"]
 
@@ -52,7 +52,7 @@ log = logging.getLogger(__name__)
 
 def load_fraud_model(registry: ModelRegistry, version: str = "latest") -> tuple[FraudModel, str]:
     """The fraud model of ``version`` and its registry tag."""
-    from training.fraud.model import FraudModel
+    from fedfraud.training.fraud.model import FraudModel
 
     found = registry.get("fraud", version)
     return FraudModel.from_registry(registry, str(found.version)), found.tag
@@ -62,7 +62,7 @@ def fraud_config_for(version_config: dict[str, Any], fallback: Any) -> Any:
     """The FraudConfig the model was trained with (its registry config), else ``fallback``."""
     from pydantic import ValidationError
 
-    from training.fraud.config import FraudConfig
+    from fedfraud.training.fraud.config import FraudConfig
 
     for candidate in (version_config.get("fraud"), version_config):
         if isinstance(candidate, dict):
@@ -130,7 +130,7 @@ class FraudStage:
 
     def check_layout(self, model: FraudModel) -> None:
         """Raise unless ``model`` reads the feature row this stage builds."""
-        from training.fraud.features import feature_names
+        from fedfraud.training.fraud.features import feature_names
 
         names = feature_names(self.fraud_cfg)
         if tuple(model.input_names) != tuple(names):
@@ -157,7 +157,7 @@ class FraudStage:
         this returns; with it the send futures are appended to ``sends`` for
         the caller to confirm before it commits (the consumer's async acks).
         """
-        from training.fraud.features import FraudInput
+        from fedfraud.training.fraud.features import FraudInput
 
         model, tag, clock = self.model, self.model_tag, self.clock
         with clock.section("fraud.state_read"):
@@ -251,7 +251,7 @@ class FraudStage:
 
     def _read(self, holders: list[str]) -> tuple[dict[str, Any], dict[str, list[dict[str, Any]]]]:
         """Fraud-feature states and decision rings of ``holders`` (one batched read; corrupt → empty)."""
-        from training.fraud.features import CorruptFraudStateError, FraudFeatureState
+        from fedfraud.training.fraud.features import CorruptFraudStateError, FraudFeatureState
 
         states: dict[str, FraudFeatureState] = {}
         rings: dict[str, list[dict[str, Any]]] = {}
@@ -295,8 +295,8 @@ class FraudStage:
         """Send the batch's anomaly scores, decisions and shadow scores; returns the send futures.
 
         At-least-once: the input offsets are committed only after every one of
-        these futures is acknowledged (:func:`serving.kafka.confirm_sent`, or the
-        consumer's :class:`serving.acks.AckWindow`; a ``flush``
+        these futures is acknowledged (:func:`fedfraud.serving.kafka.confirm_sent`, or the
+        consumer's :class:`fedfraud.serving.acks.AckWindow`; a ``flush``
         alone does not report failed sends). Rejected rows (``decision:
         rejected``) are the caller's to dead-letter, not decisions.
         """

@@ -1,12 +1,12 @@
 """The scoring hot path of one replica, in one process: no actor hops between the stages.
 
-    frame ──> AnomalyStage (serving.anomaly_stage: one batched state read, ego-graph updates, one GNN forward,
+    frame ──> AnomalyStage (fedfraud.serving.anomaly_stage: one batched state read, ego-graph updates, one GNN forward,
                             one batched write)
-          ──> ScoredBatch  (serving.scored)
-          ──> FraudStage   (serving.fraud_stage: fraud features, XGBoost, decisions + anomaly scores produced and
+          ──> ScoredBatch  (fedfraud.serving.scored)
+          ──> FraudStage   (fedfraud.serving.fraud_stage: fraud features, XGBoost, decisions + anomaly scores produced and
                             confirmed)
 
-The Kafka consumer thread (:mod:`serving.consumer`) and ``POST /score`` both
+The Kafka consumer thread (:mod:`fedfraud.serving.consumer`) and ``POST /score`` both
 call :meth:`HotPath.score`; a lock makes them take turns, so one cardholder's
 transactions are applied in arrival order within the replica (Kafka keys a
 cardholder to one partition, hence to one replica). Models are swapped
@@ -22,11 +22,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from serving.follow import moved
-from serving.metrics import StageClock
+from fedfraud.serving.follow import moved
+from fedfraud.serving.metrics import StageClock
 
 if TYPE_CHECKING:
-    from serving.config import ScorerConfig
+    from fedfraud.serving.config import ScorerConfig
 
 __all__ = ["HotPath"]
 
@@ -37,13 +37,13 @@ class HotPath:
     """Anomaly + fraud stages of one replica, with their model versions and state stores."""
 
     def __init__(self, cfg: ScorerConfig, bootstrap_servers: str | None, anomaly_loader: str) -> None:
-        from feature_store.online import OnlineStateClient
-        from feature_store.privacy import PrivateFeaturizer
-        from serving.anomaly_stage import AnomalyStage
-        from serving.fraud_stage import FraudStage, fraud_config_for, load_fraud_model
-        from serving.kafka import make_producer
-        from serving.kvstore import open_kv
-        from training.registry import ModelRegistry
+        from fedfraud.feature_store.online import OnlineStateClient
+        from fedfraud.feature_store.privacy import PrivateFeaturizer
+        from fedfraud.serving.anomaly_stage import AnomalyStage
+        from fedfraud.serving.fraud_stage import FraudStage, fraud_config_for, load_fraud_model
+        from fedfraud.serving.kafka import make_producer
+        from fedfraud.serving.kvstore import open_kv
+        from fedfraud.training.registry import ModelRegistry
 
         s = cfg.serving
         self.serving = s
@@ -82,7 +82,7 @@ class HotPath:
 
         Confirmed by the broker before returning, unless ``sends`` is given: then
         the send futures are appended to it for the caller to confirm before it
-        commits (:class:`serving.acks.AckWindow`).
+        commits (:class:`fedfraud.serving.acks.AckWindow`).
         """
         with self._lock:
             scored = self.anomaly.score(frame, produced_us, source)
@@ -102,9 +102,9 @@ class HotPath:
         return out
 
     def loop_figures(self) -> Any:
-        """Drift PSI and shadow counts for ``/metrics`` (:class:`serving.metrics.LoopFigures`)."""
-        from serving.metrics import LoopFigures
-        from serving.side_work import SIDE_ERRORS
+        """Drift PSI and shadow counts for ``/metrics`` (:class:`fedfraud.serving.metrics.LoopFigures`)."""
+        from fedfraud.serving.metrics import LoopFigures
+        from fedfraud.serving.side_work import SIDE_ERRORS
 
         drift, f = self.fraud.drift, self.fraud
         return LoopFigures(drift.psi() if drift else {}, drift.rows if drift else 0, f.shadow_scored,
@@ -114,7 +114,7 @@ class HotPath:
         """A fresh drift window against the training reference of ``fraud_tag`` (None if it has none)."""
         import json
 
-        from training.retrain.drift import DRIFT_FILE, DriftMonitor, DriftReference
+        from fedfraud.training.retrain.drift import DRIFT_FILE, DriftMonitor, DriftReference
 
         path = self.registry.get("fraud", fraud_tag.rsplit(":v", 1)[-1]).path / DRIFT_FILE
         if not path.exists():

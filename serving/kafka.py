@@ -3,17 +3,17 @@
 Topics (DESIGN §2), all keyed by the cardholder's keyed pseudonym so one
 cardholder's messages share a partition and keep their order:
 
-* ``transactions``: value = :meth:`feature_store.schema.Transaction.to_record` as JSON;
+* ``transactions``: value = :meth:`fedfraud.feature_store.schema.Transaction.to_record` as JSON;
   header ``produced-us`` = wall-clock µs when the replay tool sent it (end-to-end latency).
 * ``anomaly-scores``: ``{transaction_id, cardholder, anomaly_score, model, redelivered, scored_us}``.
 * ``fraud-decisions``: :class:`DecisionRecord` as JSON.
 * ``transactions-dlq``: the original bytes base64-encoded with the reject reason
-  (:class:`feature_store.schema.RejectReason` value), detail and source offset;
+  (:class:`fedfraud.feature_store.schema.RejectReason` value), detail and source offset;
   headers ``reason`` and ``detail`` as well so tools can filter without decoding.
 
-The scoring path's clients are librdkafka's (:mod:`serving.kafka_consumer`,
-:mod:`serving.kafka_producer`, re-exported here); their factories apply
-:class:`serving.config.ConsumerSettings` / :class:`serving.config.ProducerSettings`
+The scoring path's clients are librdkafka's (:mod:`fedfraud.serving.kafka_consumer`,
+:mod:`fedfraud.serving.kafka_producer`, re-exported here); their factories apply
+:class:`fedfraud.serving.config.ConsumerSettings` / :class:`fedfraud.serving.config.ProducerSettings`
 and nothing else, so the same code talks to the embedded Tansu broker and to a
 production cluster. The operator tools that read topics end to end (replay's
 ``collect``, the label joiner) still use kafka-python's consumer.
@@ -33,11 +33,11 @@ import numpy as np
 import orjson
 import pandas as pd
 
-from feature_store.schema import MAX_EPOCH_S, RejectReason, Validator, event_order, mask_card_numbers_bytes
+from fedfraud.feature_store.schema import MAX_EPOCH_S, RejectReason, Validator, event_order, mask_card_numbers_bytes
 
-from serving.config import GuardSettings
-from serving.kafka_consumer import IngressConsumer, Record, make_consumer
-from serving.kafka_producer import Delivery, DeliveryError, Producer, confirm_sent, make_producer
+from fedfraud.serving.config import GuardSettings
+from fedfraud.serving.kafka_consumer import IngressConsumer, Record, make_consumer
+from fedfraud.serving.kafka_producer import Delivery, DeliveryError, Producer, confirm_sent, make_producer
 
 
 __all__ = [
@@ -240,13 +240,13 @@ def ingress_validator(guards: GuardSettings) -> Validator:
 
 
 def decode_messages(messages: Iterable[Any], validator: Validator, max_message_bytes: int = 1 << 20) -> DecodedBatch:
-    """Decode JSON values and validate them with :mod:`feature_store.schema` (the only place rows are judged).
+    """Decode JSON values and validate them with :mod:`fedfraud.feature_store.schema` (the only place rows are judged).
 
     No input can raise out of here: an oversized value is ``oversized``
     without being parsed; any exception while parsing one value (bad UTF-8,
     bad JSON, 100,000-deep nesting, a 401-digit number) makes that message
     ``malformed``; schema rejects keep their
-    :class:`~feature_store.schema.RejectReason`; if validating the batch raises,
+    :class:`~fedfraud.feature_store.schema.RejectReason`; if validating the batch raises,
     each record is validated alone and the one that raises is ``malformed``.
     Exact copies of a row within the batch become ``copies``; a second row
     with the same cardholder and id but other content is
@@ -278,7 +278,7 @@ def decode_messages(messages: Iterable[Any], validator: Validator, max_message_b
         return DecodedBatch(empty, np.zeros(0, dtype=np.int64), dead, len(messages))
     accepted_msgs, frame = _validate(kept, records, validator, dead)
     produced = np.asarray([_produced(m) for m in accepted_msgs], dtype=np.int64)
-    # the order feature_store.cardholder.prepare_batch applies rows in, so its sort is the identity
+    # the order fedfraud.feature_store.cardholder.prepare_batch applies rows in, so its sort is the identity
     order = event_order(frame)
     if order is not None:
         frame = frame.iloc[order].reset_index(drop=True)

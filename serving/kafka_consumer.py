@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from serving.config import ConsumerSettings, KafkaSecurity
+from fedfraud.serving.config import ConsumerSettings, KafkaSecurity
 
 __all__ = ["CommitFailed", "IngressConsumer", "Partition", "Record", "make_consumer"]
 
@@ -44,7 +44,7 @@ class CommitFailed(RuntimeError):
 
 @dataclass(frozen=True, slots=True)
 class Record:
-    """One consumed message (the fields :func:`serving.kafka.decode_messages` reads)."""
+    """One consumed message (the fields :func:`fedfraud.serving.kafka.decode_messages` reads)."""
 
     topic: str
     partition: int
@@ -224,7 +224,7 @@ def make_consumer(bootstrap_servers: str, settings: ConsumerSettings, topic: str
                   on_assign: Listener | None = None, on_revoke: Listener | None = None,
                   on_lost: Listener | None = None, security: KafkaSecurity | None = None) -> IngressConsumer:
     """The ingress consumer: manual commits (at-least-once), group or manual partition assignment, with the
-    deployment's :class:`~serving.config.KafkaSecurity`.
+    deployment's :class:`~fedfraud.serving.config.KafkaSecurity`.
     """
     config = {
         **(security or KafkaSecurity()).librdkafka(),

@@ -30,7 +30,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from serving.config import KafkaSecurity, ProducerSettings
+from fedfraud.serving.config import KafkaSecurity, ProducerSettings
 
 __all__ = ["Delivery", "DeliveryError", "Producer", "confirm_sent", "make_producer"]
 
@@ -149,7 +149,7 @@ class Producer:
 def make_producer(bootstrap_servers: str, settings: ProducerSettings, client_id: str = "fedfraud",
                   security: KafkaSecurity | None = None) -> Producer:
     """A producer with the pipeline's durability settings (acks=all, idempotent by default) and the
-    deployment's :class:`~serving.config.KafkaSecurity` (plaintext only when none is given).
+    deployment's :class:`~fedfraud.serving.config.KafkaSecurity` (plaintext only when none is given).
     """
     config: dict[str, Any] = {
         **(security or KafkaSecurity()).librdkafka(),

@@ -7,10 +7,10 @@ interface with two backends (``sqlite`` path or ``redis://`` URL, STYLE §6):
 * ``scores``: the last few (noise key → anomaly score, model tag) of a
   cardholder, written *before* the ego state is pushed, so a transaction whose
   state update already landed (redelivery after a crash) re-emits the score it got;
-* ``fraud``: :class:`training.fraud.features.FraudFeatureState` bytes plus the
+* ``fraud``: :class:`fedfraud.training.fraud.features.FraudFeatureState` bytes plus the
   last few decisions, so a redelivered transaction re-emits its decision
   identically instead of updating the fraud features twice;
-* ``counters``: each replica's delivery counters (:mod:`serving.metrics`), so
+* ``counters``: each replica's delivery counters (:mod:`fedfraud.serving.metrics`), so
   totals survive a restart and add up across replicas.
 """
 
@@ -121,7 +121,7 @@ class RedisKV(KVStore):
                  ssl_ca_certs: str | None = None) -> None:
         import redis
 
-        from feature_store.redis_check import check_redis
+        from fedfraud.feature_store.redis_check import check_redis
 
         parts = urlsplit(url)
         if parts.password is not None or parts.username is not None:

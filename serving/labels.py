@@ -8,7 +8,7 @@ verdict), keyed by transaction id, days after the decision::
 
 :class:`LabelJoiner` reads three topics of the bank (``fraud-decisions``,
 ``shadow-scores``, ``fraud-labels``) from the positions stored in the bank's
-:class:`feature_store.outcomes.OutcomeStore` and writes rows and positions
+:class:`fedfraud.feature_store.outcomes.OutcomeStore` and writes rows and positions
 in one transaction: exactly once per transaction id, whatever crashes. It
 assigns partitions itself instead of joining a consumer group, because the
 positions of record are the store's (Kafka's committed offsets would be a
@@ -28,10 +28,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from feature_store.outcomes import OutcomeStore
-from serving.config import KafkaSecurity, ProducerSettings, TopicNames
-from serving.kafka import DeadLetter, confirm_sent, dlq_headers, dlq_value, json_bytes, make_producer, now_us, \
-    parse_json, wait_for_partitions
+from fedfraud.feature_store.outcomes import OutcomeStore
+from fedfraud.serving.config import KafkaSecurity, ProducerSettings, TopicNames
+from fedfraud.serving.kafka import (
+    DeadLetter, confirm_sent, dlq_headers, dlq_value, json_bytes, make_producer, now_us, parse_json,
+    wait_for_partitions,
+)
 
 __all__ = ["LABELS", "JoinStats", "LabelJoiner", "label_message", "parse_label"]
 

@@ -21,12 +21,12 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from fedfraud.errors import UserError
-from feature_store.schema import CANONICAL_COLUMNS, COORDINATE_DECIMALS
-from serving.config import KafkaSecurity, ProducerSettings
-from serving.kafka import PRODUCED_HEADER, Producer, json_bytes, make_producer, now_us, wait_for_partitions
+from fedfraud.feature_store.schema import CANONICAL_COLUMNS, COORDINATE_DECIMALS
+from fedfraud.serving.config import KafkaSecurity, ProducerSettings
+from fedfraud.serving.kafka import PRODUCED_HEADER, Producer, json_bytes, make_producer, now_us, wait_for_partitions
 
 if TYPE_CHECKING:
-    from feature_store.privacy import PrivateFeaturizer
+    from fedfraud.feature_store.privacy import PrivateFeaturizer
 
 __all__ = ["LabelFeed", "ReplayResult", "ReplayStats", "collect", "load_source", "replay", "replay_and_collect",
            "topic_end_offsets", "wire_records"]
@@ -38,7 +38,7 @@ def load_source(path: Path, bank: int | None = None) -> pd.DataFrame:
     """Transactions of a dataset folder (``bank_<k>/transactions.parquet``; all banks or ``bank``) or a CSV
     with canonical columns, sorted by (timestamp, transaction_id).
     """
-    from feature_store.layout import list_banks, read_bank
+    from fedfraud.feature_store.layout import list_banks, read_bank
 
     path = Path(path)
     if path.is_dir():
@@ -191,7 +191,7 @@ class _LabelQueue:
     def send_due(self, producer: Any, i: int | None) -> None:
         from datetime import UTC, datetime
 
-        from serving.labels import label_message
+        from fedfraud.serving.labels import label_message
 
         end = len(self.due) if i is None else int(np.searchsorted(self.due, self.event_s[i], side="right"))
         for k in range(self.next, end):
@@ -302,7 +302,7 @@ def replay_and_collect(
     producer: Producer | None = None,
 ) -> ReplayResult:
     """Replay ``frame`` and wait until every transaction has a decision (and every ``extra`` a dead letter)."""
-    from serving.config import TopicNames
+    from fedfraud.serving.config import TopicNames
 
     topics = topics or TopicNames()
     dec_start = topic_end_offsets(bootstrap_servers, topics.decisions, security)

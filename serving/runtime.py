@@ -10,7 +10,7 @@
 (one line each, before anything starts), prepares the Feast online store
 (render + apply, idempotent), initialises Ray if nobody did (2 CPUs, no
 dashboard, bound to ``serving.ray_host``), starts Serve's HTTP proxy on
-``cfg.serving.http_port`` and deploys :func:`serving.app.build_app`.
+``cfg.serving.http_port`` and deploys :func:`fedfraud.serving.app.build_app`.
 ``rt.headers`` carries the bearer token for in-process clients (bench, demo, tests).
 """
 
@@ -23,16 +23,16 @@ from typing import TYPE_CHECKING, Any
 
 from fedfraud.credentials import bearer_headers
 from fedfraud.net import LOOPBACK, ray_bind
-from serving.app import APP_NAME, ScoringArgs, build_app
-from serving.auth import api_token
-from serving.broker import EmbeddedBroker
+from fedfraud.serving.app import APP_NAME, ScoringArgs, build_app
+from fedfraud.serving.auth import api_token
+from fedfraud.serving.broker import EmbeddedBroker
 
 if TYPE_CHECKING:
     import pandas as pd
 
     from fedfraud.config import FedfraudConfig
-    from serving.config import AuthSettings
-    from serving.replay import ReplayResult
+    from fedfraud.serving.config import AuthSettings
+    from fedfraud.serving.replay import ReplayResult
 
 __all__ = ["ServingRuntime", "ensure_ray", "start"]
 
@@ -75,7 +75,7 @@ class ServingRuntime:
 
     def featurizer(self) -> Any:
         """The bank's featurizer (pseudonymous Kafka keys for replay)."""
-        from feature_store.privacy import PrivateFeaturizer
+        from fedfraud.feature_store.privacy import PrivateFeaturizer
 
         c = self.config
         return PrivateFeaturizer.for_bank(c.encoder, c.privacy, c.serving.bank_id)
@@ -84,10 +84,10 @@ class ServingRuntime:
                extra: Any = (), progress: bool = False, labels: Any = None) -> ReplayResult:
         """Replay ``frame`` into ``transactions`` and wait for every decision.
 
-        See :func:`serving.replay.replay_and_collect`.
+        See :func:`fedfraud.serving.replay.replay_and_collect`.
         """
-        from serving.kafka import make_producer
-        from serving.replay import replay_and_collect
+        from fedfraud.serving.kafka import make_producer
+        from fedfraud.serving.replay import replay_and_collect
 
         s = self.config.serving
         if self._producer is None:
@@ -142,17 +142,17 @@ TOKENIZER_PREFIX = "/tokenizer"
 
 
 def _mount_tokenizer(registry_root: str, auth: AuthSettings) -> bool:
-    """Deploy :mod:`serving.tokenizer_service` next to the scorer (``/tokenizer/tokenize``) if a tokenizer is
+    """Deploy :mod:`fedfraud.serving.tokenizer_service` next to the scorer (``/tokenizer/tokenize``) if a tokenizer is
     registered; optional part, so its absence is logged, not raised.
     """
     from ray import serve
 
-    from training.registry import ModelRegistry
+    from fedfraud.training.registry import ModelRegistry
 
     if ModelRegistry(registry_root).latest("tokenizer") is None:
         log.info("no tokenizer in registry %s; /tokenizer not mounted", registry_root)
         return False
-    from serving.tokenizer_service import TokenizerServiceArgs, build_tokenizer_app
+    from fedfraud.serving.tokenizer_service import TokenizerServiceArgs, build_tokenizer_app
 
     serve.run(build_tokenizer_app(TokenizerServiceArgs(registry_root=registry_root, auth=auth)), name=TOKENIZER_APP,
               route_prefix=TOKENIZER_PREFIX)
@@ -194,7 +194,7 @@ def start(
     token = api_token(s.auth)  # no API token (and no --insecure-no-auth): one line, before anything starts
     s.kafka_security.librdkafka()  # a missing SASL password stops here, in one line, not in a replica
     if s.fraud_state_path.startswith(("redis://", "rediss://")):  # ... and a refused Redis password too
-        from serving.kvstore import open_kv
+        from fedfraud.serving.kvstore import open_kv
 
         open_kv(s.fraud_state_path, None, s.fraud_state_password_env, s.fraud_state_ca_file).close()
     bootstrap = bootstrap_servers or s.bootstrap_servers
@@ -205,7 +205,7 @@ def start(
         log.info("no --bootstrap-servers: started the embedded Tansu broker at %s (memory only)", bootstrap)
     try:
         if apply_features:
-            from feature_store.feast_store import apply_repo, open_store
+            from fedfraud.feature_store.feast_store import apply_repo, open_store
 
             apply_repo(open_store(config.features))
         ensure_ray(num_cpus, s.ray_host)

@@ -1,7 +1,7 @@
 """What the anomaly stage hands the fraud stage: one micro-batch's private inputs and anomaly scores.
 
-:class:`serving.anomaly_stage.AnomalyStage` builds a :class:`ScoredBatch`;
-:class:`serving.fraud_stage.FraudStage` decides on it. The rows keep the
+:class:`fedfraud.serving.anomaly_stage.AnomalyStage` builds a :class:`ScoredBatch`;
+:class:`fedfraud.serving.fraud_stage.FraudStage` decides on it. The rows keep the
 micro-batch's event-time order.
 """
 
@@ -32,7 +32,7 @@ class ScoredBatch:
     produced_us: np.ndarray
     anomaly_model: str
     scored_us: int = 0
-    content: list[str] = field(default_factory=list)  # canonical-row hashes (serving.kafka.content_hashes); optional
+    content: list[str] = field(default_factory=list)  # canonical-row hashes (fedfraud.serving.kafka.content_hashes); optional
     shadow_anomaly_score: np.ndarray | None = None  # the challenger GNN's AS while one shadows (NaN where none)
     shadow_anomaly_model: str = ""
 

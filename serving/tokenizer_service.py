@@ -1,6 +1,6 @@
 """Ray Serve deployment of the registered tokenizer: ``/tokenize``, ``/detokenize``, ``/tokenizer``.
 
-Every route needs ``Authorization: Bearer <token>`` (:mod:`serving.auth`; ``args.auth`` says where the
+Every route needs ``Authorization: Bearer <token>`` (:mod:`fedfraud.serving.auth`; ``args.auth`` says where the
 replica reads the token).
 
 (No ``from __future__ import annotations`` here: FastAPI must see the real request types.)
@@ -24,11 +24,11 @@ from ray import serve
 from ray.serve import Application
 from tokenizers import Tokenizer
 
-from serving.auth import BearerAuth, api_token, require_bearer
-from serving.config import AuthSettings
-from serving.follow import moved
-from training.registry import ModelRegistry, ModelVersion
-from training.tokenizer.export import TOKENIZER_FILE
+from fedfraud.serving.auth import BearerAuth, api_token, require_bearer
+from fedfraud.serving.config import AuthSettings
+from fedfraud.serving.follow import moved
+from fedfraud.training.registry import ModelRegistry, ModelVersion
+from fedfraud.training.tokenizer.export import TOKENIZER_FILE
 
 __all__ = [
     "TokenizerServiceArgs",
@@ -44,7 +44,7 @@ KIND = "tokenizer"
 
 
 class TokenizerServiceArgs(BaseModel):
-    """Arguments of the tokenizer application (``import_path: serving.tokenizer_service:build_tokenizer_app``)."""
+    """Arguments of the tokenizer application (``import_path: fedfraud.serving.tokenizer_service:build_tokenizer_app``)."""
 
     model_config = ConfigDict(extra="forbid")
 

@@ -28,12 +28,12 @@ def warm_fraud_state(cfg: Any, data: Path, bank: int | None = None) -> int:
     Cards the KV already holds a state for are skipped (serving's state is newer).
     Returns the number of cardholders written.
     """
-    from feature_store.layout import read_bank
-    from feature_store.privacy import PrivateFeaturizer
-    from serving.fraud_stage import fraud_config_for, pack_fraud_state
-    from serving.kvstore import open_kv
-    from training.fraud.features import FraudFeatureState, build_features
-    from training.registry import ModelRegistry, RegistryError
+    from fedfraud.feature_store.layout import read_bank
+    from fedfraud.feature_store.privacy import PrivateFeaturizer
+    from fedfraud.serving.fraud_stage import fraud_config_for, pack_fraud_state
+    from fedfraud.serving.kvstore import open_kv
+    from fedfraud.training.fraud.features import FraudFeatureState, build_features
+    from fedfraud.training.registry import ModelRegistry, RegistryError
 
     t0 = time.perf_counter()
     bank = cfg.serving.bank_id if bank is None else bank

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 
-from feature_store.privacy import FEDERATION_KEY_ENV, SECRET_ENV, SIMULATION_SECRET_ENV
+from fedfraud.feature_store.privacy import FEDERATION_KEY_ENV, SECRET_ENV, SIMULATION_SECRET_ENV
 
 for _name in (SECRET_ENV, FEDERATION_KEY_ENV):  # a bank secret in the developer's shell would change every test
     os.environ.pop(_name, None)

@@ -2,10 +2,10 @@
 
 Everything here is bank-private derived data: cardholders are keyed by a keyed
 pseudonym (blake2b with the bank's secret, never the card number), embeddings
-are the LDP-noised L'/T' of :mod:`feature_store.privacy`, and ``ego_state`` is
-the compact :class:`feature_store.egograph.EgoGraphState` blob.
+are the LDP-noised L'/T' of :mod:`fedfraud.feature_store.privacy`, and ``ego_state`` is
+the compact :class:`fedfraud.feature_store.egograph.EgoGraphState` blob.
 
-Offline rows are written by ``fedfraud features apply`` (:mod:`feature_store.offline`)
+Offline rows are written by ``fedfraud features apply`` (:mod:`fedfraud.feature_store.offline`)
 to ``data/*.parquet``; streaming writes go through the two PushSources. TTLs are
 0 (never expire): the last state of a cardholder stays valid however old.
 """

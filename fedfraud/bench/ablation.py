@@ -82,12 +82,12 @@ def run_ablation(
 
     from fedfraud.bench.detection import DETECTION_SETTINGS
     from fedfraud.config import FedfraudConfig
-    from training.anomaly.data import load_bank_data
-    from training.anomaly.engine import sources_of, train_model
-    from training.anomaly.model import AnomalyModel, score_pairs
-    from training.data.config import IngestConfig
-    from training.data.ingest import ingest_csv
-    from feature_store.layout import list_banks
+    from fedfraud.training.anomaly.data import load_bank_data
+    from fedfraud.training.anomaly.engine import sources_of, train_model
+    from fedfraud.training.anomaly.model import AnomalyModel, score_pairs
+    from fedfraud.training.data.config import IngestConfig
+    from fedfraud.training.data.ingest import ingest_csv
+    from fedfraud.feature_store.layout import list_banks
 
     work = Path(work)
     data = work / "data"

@@ -204,8 +204,8 @@ def run_adversary_bench(
     earlier invocation published under ``work`` with exactly these settings instead of training it again.
     """
     from fedfraud.config import FedfraudConfig
-    from training.federated.task import RunSettings
-    from training.registry import ModelRegistry
+    from fedfraud.training.federated.task import RunSettings
+    from fedfraud.training.registry import ModelRegistry
 
     if not aggregations or not attacks or not epsilons or any(not e > 0 for e in epsilons):
         raise ValueError("need at least one rule, one attack and one ε > 0 (inf: DP off)")
@@ -247,8 +247,8 @@ def reused(data: Path, work: Path, flat: dict[str, Any], tag: str) -> tuple[Path
     """
     import json
 
-    from training.federated.task import RunSettings
-    from training.registry import ModelRegistry
+    from fedfraud.training.federated.task import RunSettings
+    from fedfraud.training.registry import ModelRegistry
 
     registry = work / f"registry-{tag}"
     result = registry / "checkpoints" / "anomaly-federated" / "result.json"
@@ -318,8 +318,8 @@ def run_secagg_cost(
 
     import numpy as np
 
-    from training.federated.secagg import run_secagg
-    from training.federated.task import RunSettings
+    from fedfraud.training.federated.secagg import run_secagg
+    from fedfraud.training.federated.task import RunSettings
 
     work = Path(work)
     data = Path(data) if data is not None else ingested(Path(str(csv)), work)

@@ -179,8 +179,8 @@ class AnomalyBench:
 
 
 def _generate(out: Path, cardholders: int, days: int) -> Path:
-    from training.data.config import GeneratorConfig
-    from training.data.synthetic import generate_dataset
+    from fedfraud.training.data.config import GeneratorConfig
+    from fedfraud.training.data.synthetic import generate_dataset
 
     if not (out / "manifest.json").exists():
         generate_dataset(
@@ -191,7 +191,7 @@ def _generate(out: Path, cardholders: int, days: int) -> Path:
 
 def _run(data: Path, out: Path, pooling: str, mode: str, eps: float, rounds: int, extra: dict[str, Any]) -> BenchRun:
     """Train one model (its own registry under ``out``; ego-graph caches shared across runs)."""
-    from training.federated.task import RunSettings
+    from fedfraud.training.federated.task import RunSettings
 
     flat = {
         **BENCH_SETTINGS,
@@ -206,11 +206,11 @@ def _run(data: Path, out: Path, pooling: str, mode: str, eps: float, rounds: int
     }
     settings = RunSettings.from_flat(flat)
     if mode == "federated":
-        from training.federated.trainer import run_federated
+        from fedfraud.training.federated.trainer import run_federated
 
         result = run_federated(settings)
     else:
-        from training.federated.centralized import run_centralized
+        from fedfraud.training.federated.centralized import run_centralized
 
         result = run_centralized(settings, threads=1)
     logger.info(
@@ -228,13 +228,13 @@ def _run(data: Path, out: Path, pooling: str, mode: str, eps: float, rounds: int
 
 def _external(eval_data: Path, out: Path, model_root: Path) -> dict[str, float]:
     """Ingest a Sparkov CSV into 5 banks and score its test cardholders with the published model."""
-    from feature_store.config import PrivacyConfig
-    from training.anomaly.data import load_bank_data
-    from training.anomaly.engine import evaluate_fraud
-    from training.anomaly.scorer import AnomalyScorer
-    from training.data.config import IngestConfig
-    from training.data.ingest import ingest_csv
-    from feature_store.layout import list_banks
+    from fedfraud.feature_store.config import PrivacyConfig
+    from fedfraud.training.anomaly.data import load_bank_data
+    from fedfraud.training.anomaly.engine import evaluate_fraud
+    from fedfraud.training.anomaly.scorer import AnomalyScorer
+    from fedfraud.training.data.config import IngestConfig
+    from fedfraud.training.data.ingest import ingest_csv
+    from fedfraud.feature_store.layout import list_banks
 
     target = out / "eval-data"
     if not (target / "manifest.json").exists():
@@ -278,7 +278,7 @@ def run_anomaly_bench(
     always uses :data:`BENCH_SETTINGS`; ``overrides`` (e.g. more local epochs)
     apply to the table and ε runs.
     """
-    from training.anomaly.pool import pooling_names
+    from fedfraud.training.anomaly.pool import pooling_names
 
     out = Path(out)
     extra = dict(overrides or {})

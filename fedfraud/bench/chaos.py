@@ -185,12 +185,12 @@ def run_chaos_bench(n_per_fault: int = 600, rate: float = 150.0, outage_s: float
     """Start the stack behind proxies, run each fault once while streaming, audit each on the topics."""
     from fedfraud.bench.serving import COLUMNS, publish_bench_models
     from fedfraud.config import FedfraudConfig
-    from serving.auth import per_run_token
-    from serving.broker import EmbeddedBroker, free_port
-    from serving.runtime import start
-    from training.data.config import GeneratorConfig
-    from training.data.synthetic import generate_frame
-    from training.registry import ModelRegistry
+    from fedfraud.serving.auth import per_run_token
+    from fedfraud.serving.broker import EmbeddedBroker, free_port
+    from fedfraud.serving.runtime import start
+    from fedfraud.training.data.config import GeneratorConfig
+    from fedfraud.training.data.synthetic import generate_frame
+    from fedfraud.training.registry import ModelRegistry
 
     cfg: FedfraudConfig = config or FedfraudConfig()
     tmp = Path(tempfile.mkdtemp(prefix="fedfraud-bench-chaos-"))

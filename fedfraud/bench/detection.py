@@ -8,7 +8,7 @@ Protocol:
 
 * the CSV is ingested into 5 banks (hash partition by cardholder);
 * cardholders are split by a keyed hash: 60% train, 15% validation, 25% test
-  (:func:`feature_store.layout.split_of`); the models train on train
+  (:func:`fedfraud.feature_store.layout.split_of`); the models train on train
   cardholders only and the round is selected on validation loss; labels are
   never used in training or selection;
 * the federated model (Flower simulation on Ray, FedProx) and the centralized
@@ -17,7 +17,7 @@ Protocol:
 * every transaction of the validation and test cardholders is scored by the
   published models through :meth:`AnomalyScorer.score_frame` (the replay
   serving's ego graphs use), and by the causal label-free baselines of
-  :mod:`training.anomaly.baselines`;
+  :mod:`fedfraud.training.anomaly.baselines`;
 * ROC-AUC and PR-AUC on the test cardholders with 95% bootstrap intervals
   over cardholders (paired: the same draws for every detector), the
   federated − best-baseline and federated − centralized differences with
@@ -169,8 +169,8 @@ class DetectionBench:
 
 def ingested(csv: Path, work: Path) -> Path:
     """The CSV ingested into 5 banks (hash partition by cardholder) under ``work/data``, once."""
-    from training.data.config import IngestConfig
-    from training.data.ingest import ingest_csv
+    from fedfraud.training.data.config import IngestConfig
+    from fedfraud.training.data.ingest import ingest_csv
 
     data = Path(work) / "data"
     if not (data / "manifest.json").exists():
@@ -182,7 +182,7 @@ def train_run(data: Path, work: Path, mode: str, flat: dict[str, Any], name: str
     """Train and publish one model into ``work/registry-<name or mode>`` (ego-graph cache shared under ``work``);
     returns the registry and the wall seconds.
     """
-    from training.federated.task import RunSettings
+    from fedfraud.training.federated.task import RunSettings
 
     out = work / f"registry-{name or mode}"
     settings = RunSettings.from_flat(
@@ -190,11 +190,11 @@ def train_run(data: Path, work: Path, mode: str, flat: dict[str, Any], name: str
     )
     start = time.perf_counter()
     if mode == "federated":
-        from training.federated.trainer import run_federated
+        from fedfraud.training.federated.trainer import run_federated
 
         run_federated(settings)
     else:
-        from training.federated.centralized import run_centralized
+        from fedfraud.training.federated.centralized import run_centralized
 
         run_centralized(settings, threads=1)
     return out, time.perf_counter() - start
@@ -210,10 +210,10 @@ def score_split(
     """Every transaction of the cardholders in ``splits``, scored by each model and every baseline
     (``privacy_by_model``: the feature-privacy config a model was trained with, where it differs).
     """
-    from feature_store.privacy import PrivateFeaturizer
-    from training.anomaly.baselines import causal_baselines, isolation_forest_scores
-    from training.anomaly.scorer import AnomalyScorer
-    from feature_store.layout import list_banks, read_bank, split_of
+    from fedfraud.feature_store.privacy import PrivateFeaturizer
+    from fedfraud.training.anomaly.baselines import causal_baselines, isolation_forest_scores
+    from fedfraud.training.anomaly.scorer import AnomalyScorer
+    from fedfraud.feature_store.layout import list_banks, read_bank, split_of
 
     scorers = {name: AnomalyScorer.from_registry(path, device="cpu") for name, path in registries.items()}
     parts = []
@@ -253,7 +253,7 @@ def run_detection_bench(
 ) -> DetectionBench:
     """Ingest (or take ``data``, an ingested or generated dataset), train, score and compare under ``work``."""
     from fedfraud.config import FedfraudConfig
-    from training.federated.task import RunSettings
+    from fedfraud.training.federated.task import RunSettings
 
     work = Path(work)
     data = Path(data) if data is not None else ingested(Path(str(csv)), work)
@@ -267,7 +267,7 @@ def run_detection_bench(
     rows, ms_per_tx = score_split(data, registries, FedfraudConfig().privacy, ("val", "test"))
     bench.timings["scoring wall s (val + test, all models)"] = time.perf_counter() - t0
     bench.timings["score_ms_per_tx"] = ms_per_tx
-    from training.registry import ModelRegistry
+    from fedfraud.training.registry import ModelRegistry
 
     bench.models = {name: ModelRegistry(path).get("anomaly", "latest").tag for name, path in registries.items()}
     detectors = [*registries, *[c for c in rows.columns if c.startswith("baseline:")]]
@@ -376,7 +376,7 @@ def per_scenario(rows: pd.DataFrame, detector: str, labels_root: Path) -> dict[s
     """ROC-AUC of ``detector`` per fraud scenario (its frauds against all legitimate rows), from the generator's
     ``bank_<k>/labels.parquet``; empty when the dataset has none (third-party data).
     """
-    from feature_store.layout import bank_dir
+    from fedfraud.feature_store.layout import bank_dir
 
     banks = sorted(rows["bank"].unique())
     paths = [bank_dir(labels_root, int(b)) / "labels.parquet" for b in banks]

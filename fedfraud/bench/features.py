@@ -7,7 +7,7 @@ Fidelity protocol (closest honest equivalent of thesis §4.6.4 / Table 4.3;
 the thesis does not say how its 100k pairs were drawn):
 
 * every embedding gets its own noise key and a personal ε ~ U(0.01, 1), δ = 1e-4,
-  through the production :class:`~feature_store.privacy.PrivateFeaturizer`;
+  through the production :class:`~fedfraud.feature_store.privacy.PrivateFeaturizer`;
 * *geodesic*: Euclidean distance between the noised location embeddings of two
   points vs their haversine distance, for independent uniform points on the
   sphere (the headline) and for local pairs (≤ 500 km, the card-fraud scale);
@@ -22,9 +22,9 @@ the thesis does not say how its 100k pairs were drawn):
   whole year: that row is a floor, not a target);
 * every section runs for both encoder variants (``EncoderConfig.variant``) and
   both readings of the noise scale ``N(0, δ/ε)``: as the variance (what
-  :mod:`feature_store.privacy` implements, std = sqrt(δ/ε)) and as the standard
+  :mod:`fedfraud.feature_store.privacy` implements, std = sqrt(δ/ε)) and as the standard
   deviation (std = δ/ε, 100x less noise at ε = 0.01), emulated here by passing
-  δ' = δ²/ε to :func:`~feature_store.privacy.private_shuffle`.
+  δ' = δ²/ε to :func:`~fedfraud.feature_store.privacy.private_shuffle`.
 
 Why the thesis variant's numbers are lower than Table 4.3 (measured, see
 docs/benchmarks.md): read literally, both encoders are rank 2 before ``tanh`` (a scalar sin/cos
@@ -53,12 +53,12 @@ from typing import Literal, get_args
 
 import numpy as np
 
-from feature_store.geo import EARTH_RADIUS_KM, bearing_deg, haversine_km
+from fedfraud.feature_store.geo import EARTH_RADIUS_KM, bearing_deg, haversine_km
 import pandas as pd
 
-from feature_store.config import EgoGraphConfig, EncoderConfig, PrivacyConfig
-from feature_store.encoders import encode_location, encode_time, merchant_hash, timestamps_us
-from feature_store.privacy import (
+from fedfraud.feature_store.config import EgoGraphConfig, EncoderConfig, PrivacyConfig
+from fedfraud.feature_store.encoders import encode_location, encode_time, merchant_hash, timestamps_us
+from fedfraud.feature_store.privacy import (
     CHANNEL_LOCATION,
     CHANNEL_TIME,
     PrivateFeaturizer,
@@ -338,7 +338,7 @@ def _latencies(n: int, step: Callable[[int], object]) -> tuple[float, float, flo
 def _throughput(
     bench: FeaturesBench, enc: EncoderConfig, priv: PrivacyConfig, ego: EgoGraphConfig, quick: bool
 ) -> None:
-    from feature_store.egograph import EgoGraphState, build_snapshot_pairs
+    from fedfraud.feature_store.egograph import EgoGraphState, build_snapshot_pairs
 
     feat = PrivateFeaturizer(enc, priv, b"throughput-bench")
     n = 20_000 if quick else 100_000
@@ -470,11 +470,11 @@ def _sparkov_pipe_frame(frame: pd.DataFrame) -> pd.DataFrame:
 
 def _ingest(bench: FeaturesBench, quick: bool) -> None:
     try:
-        from training.data.config import IngestConfig
-        from training.data.ingest import ingest_csv
-        from training.data.sparkov import write_sparkov_csv
+        from fedfraud.training.data.config import IngestConfig
+        from fedfraud.training.data.ingest import ingest_csv
+        from fedfraud.training.data.sparkov import write_sparkov_csv
     except ImportError as exc:
-        bench.ingest_note = f"training.data.ingest / training.data.sparkov not importable ({exc})"
+        bench.ingest_note = f"fedfraud.training.data.ingest / fedfraud.training.data.sparkov not importable ({exc})"
         logger.warning("ingest bench skipped: %s", bench.ingest_note)
         return
     n = 50_000 if quick else 300_000

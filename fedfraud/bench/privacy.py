@@ -30,7 +30,7 @@ from typing import Any
 
 from fedfraud.bench.detection import DETECTION_SETTINGS, bootstrap_splits, ingested, score_split, train_run
 from fedfraud.bench.intervals import Interval, TrainedRunsBench
-from feature_store.config import PrivacyConfig
+from fedfraud.feature_store.config import PrivacyConfig
 
 __all__ = ["PRIVACY_EPSILONS", "PrivacyBench", "PrivacyRun", "run_privacy_bench"]
 
@@ -190,8 +190,8 @@ def run_privacy_bench(
     the calibrated feature mechanism; score validation and test cardholders.
     """
     from fedfraud.config import FedfraudConfig
-    from training.federated.task import RunSettings
-    from training.registry import ModelRegistry
+    from fedfraud.training.federated.task import RunSettings
+    from fedfraud.training.registry import ModelRegistry
 
     if not epsilons or any(not e > 0 for e in epsilons):
         raise ValueError(f"every ε must be > 0 (inf: DP off); got {list(epsilons)}")

@@ -141,18 +141,18 @@ def run_retrain_bench(config: Any = None, cardholders: int = 800, banks: int = 5
     import yaml
 
     from fedfraud.config import FedfraudConfig, update_section
-    from feature_store.feast_store import apply_repo, materialize_repo, open_store
-    from feature_store.offline import write_offline
+    from fedfraud.feature_store.feast_store import apply_repo, materialize_repo, open_store
+    from fedfraud.feature_store.offline import write_offline
     from fedfraud.bench.serving import load_block
-    from feature_store.outcomes import OutcomeStore
-    from serving.labels import LabelJoiner
-    from serving.auth import per_run_token
-    from serving.runtime import start
-    from serving.warm import warm_fraud_state
-    from training.data.config import GeneratorConfig
-    from training.data.holdout import time_holdout, write_records
-    from training.data.synthetic import generate_dataset
-    from training.registry import ModelRegistry
+    from fedfraud.feature_store.outcomes import OutcomeStore
+    from fedfraud.serving.labels import LabelJoiner
+    from fedfraud.serving.auth import per_run_token
+    from fedfraud.serving.runtime import start
+    from fedfraud.serving.warm import warm_fraud_state
+    from fedfraud.training.data.config import GeneratorConfig
+    from fedfraud.training.data.holdout import time_holdout, write_records
+    from fedfraud.training.data.synthetic import generate_dataset
+    from fedfraud.training.registry import ModelRegistry
 
     cfg: FedfraudConfig = config or FedfraudConfig()
     tmp = Path(tempfile.mkdtemp(prefix="fedfraud-bench-retrain-"))
@@ -239,9 +239,9 @@ def run_retrain_bench(config: Any = None, cardholders: int = 800, banks: int = 5
 
 def _send_labels(bootstrap: str, topic: str, frame: Any) -> None:
     """Each transaction's label, as the bank's case system sends it."""
-    from serving.config import ProducerSettings
-    from serving.kafka import confirm_sent, make_producer
-    from serving.labels import label_message
+    from fedfraud.serving.config import ProducerSettings
+    from fedfraud.serving.kafka import confirm_sent, make_producer
+    from fedfraud.serving.labels import label_message
 
     producer = make_producer(bootstrap, ProducerSettings())
     try:
@@ -257,7 +257,7 @@ def _frauds_to_decide(pairs: Any, retrain_cfg: Any) -> dict[str, Any]:
     """The smallest k (labelled frauds, in arrival order) at which the PR-AUC difference's interval excludes 0,
     and the policy's verdict on every pair.
     """
-    from training.retrain.policy import compare, verdict
+    from fedfraud.training.retrain.policy import compare, verdict
 
     if pairs.empty or not pairs["is_fraud"].any():
         return {"transactions": int(len(pairs)), "frauds": 0, "first_decisive_frauds": None, "action": "wait",

@@ -8,7 +8,7 @@ fixed offered loads. Latency uses the ``produced-us`` header stamped by the
 replay tool and ``decided_us`` stamped by the fraud stage when the decision is
 made (before its send and flush, whose wall time the stage profile shows).
 
-The per-stage table is the replicas' :class:`serving.metrics.StageClock` over
+The per-stage table is the replicas' :class:`fedfraud.serving.metrics.StageClock` over
 the backlog: CPU ms per transaction of each section (thread CPU time, so other
 processes on a busy machine do not inflate it) and wall ms per micro-batch.
 
@@ -127,8 +127,8 @@ class ServingBenchResult:
 
 def _ceiling(bootstrap: str, n: int, settings: Any) -> float:
     """Raw consume → produce → commit throughput, the same client and settings as the ingress."""
-    from serving.broker import create_topics
-    from serving.kafka import make_consumer, make_producer
+    from fedfraud.serving.broker import create_topics
+    from fedfraud.serving.kafka import make_consumer, make_producer
 
     src, dst = "bench-raw-in", "bench-raw-out"
     create_topics(bootstrap, {src: settings.partitions, dst: settings.partitions})
@@ -169,11 +169,11 @@ def run_serving_bench(
 ) -> ServingBenchResult:
     """Run all three measurements in one process against one embedded broker and one deployment."""
     from fedfraud.config import FedfraudConfig
-    from serving.auth import per_run_token
-    from serving.runtime import start
-    from training.data.config import GeneratorConfig
-    from training.data.synthetic import generate_frame
-    from training.registry import ModelRegistry
+    from fedfraud.serving.auth import per_run_token
+    from fedfraud.serving.runtime import start
+    from fedfraud.training.data.config import GeneratorConfig
+    from fedfraud.training.data.synthetic import generate_frame
+    from fedfraud.training.registry import ModelRegistry
 
     cfg: FedfraudConfig = config or FedfraudConfig()
     tmp = Path(tempfile.mkdtemp(prefix="fedfraud-bench-serving-"))
@@ -242,19 +242,19 @@ def publish_bench_models(reg: Any, train: Any, cfg: Any) -> None:
     """
     import torch
 
-    from feature_store.privacy import PrivateFeaturizer
-    from training.fraud.config import FraudConfig
-    from training.fraud.features import build_features
-    from training.fraud.model import fit_model
+    from fedfraud.feature_store.privacy import PrivateFeaturizer
+    from fedfraud.training.fraud.config import FraudConfig
+    from fedfraud.training.fraud.features import build_features
+    from fedfraud.training.fraud.model import fit_model
 
     if reg.latest("fraud") is None:
         fcfg = FraudConfig(num_boost_round=50, nthread=1)
         feats = build_features(train, PrivateFeaturizer.for_bank(cfg.encoder, cfg.privacy, 0).transform(train), fcfg)
         fit_model(feats, feats, True, fcfg, "centralized").publish(reg, config={"fraud": fcfg.model_dump()}, metrics={})
     if reg.latest("anomaly") is None:
-        from training.anomaly.config import AnomalyConfig
-        from training.anomaly.model import AnomalyModel
-        from training.anomaly.scorer import publish_anomaly_model
+        from fedfraud.training.anomaly.config import AnomalyConfig
+        from fedfraud.training.anomaly.model import AnomalyModel
+        from fedfraud.training.anomaly.scorer import publish_anomaly_model
 
         log.warning("no trained anomaly model in the registry: benchmarking an untrained one (same cost)")
         torch.manual_seed(0)
@@ -270,7 +270,7 @@ def _http_sequential(rt: Any, rows: Any) -> dict[str, float]:
     """
     import httpx
 
-    from serving.replay import wire_records
+    from fedfraud.serving.replay import wire_records
 
     records = wire_records(rows, rt.featurizer())
     times: list[float] = []

@@ -4,7 +4,7 @@
 it builds a small synthetic bank in a temp folder, writes the offline tables,
 runs ``feast apply`` + materialize into the chosen online store, then times
 
-* :class:`~feature_store.online.OnlineStateClient` (what serving uses):
+* :class:`~fedfraud.feature_store.online.OnlineStateClient` (what serving uses):
   read of 1 and of 64 cardholder states, push of 64 states, 64-state read+push;
 * the same through the SDK (``FeatureStore.get_online_features`` with the
   ``anomaly_scoring_v1`` + activity features, ``FeatureStore.push``), and a
@@ -31,9 +31,9 @@ import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 
-from feature_store.cardholder import CardholderState
-from feature_store.config import EgoGraphConfig, EncoderConfig, PrivacyConfig
-from feature_store.store_config import FeatureStoreConfig
+from fedfraud.feature_store.cardholder import CardholderState
+from fedfraud.feature_store.config import EgoGraphConfig, EncoderConfig, PrivacyConfig
+from fedfraud.feature_store.store_config import FeatureStoreConfig
 
 __all__ = ["StoreBench", "Timing", "measure_store", "run_store_bench", "time_op"]
 
@@ -181,12 +181,12 @@ def measure_store(
     """Build a bench store for ``profile`` (sqlite|redis) in a temp folder and time the online operations."""
     from feast.data_source import PushMode
 
-    from feature_store.feast_store import apply_repo, materialize_repo, open_store
-    from feature_store.offline import CARDHOLDER_FILE, write_offline
-    from feature_store.online import OnlineStateClient
-    from feature_store.store_config import resolve_profile
-    from training.data.config import GeneratorConfig
-    from training.data.synthetic import generate_dataset
+    from fedfraud.feature_store.feast_store import apply_repo, materialize_repo, open_store
+    from fedfraud.feature_store.offline import CARDHOLDER_FILE, write_offline
+    from fedfraud.feature_store.online import OnlineStateClient
+    from fedfraud.feature_store.store_config import resolve_profile
+    from fedfraud.training.data.config import GeneratorConfig
+    from fedfraud.training.data.synthetic import generate_dataset
 
     resolve_profile(profile)
     if quick:

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from fedfraud.net import free_port
-from training.tokenizer.config import TokenizerConfig
+from fedfraud.training.tokenizer.config import TokenizerConfig
 
 __all__ = ["TokenizerBench", "run_tokenizer_bench"]
 
@@ -106,7 +106,7 @@ def _next(names: list[str], name: str) -> str:
 
 
 def _central_time(texts: list[str], vocab: int, specials: list[str]) -> tuple[float, Any]:
-    from training.tokenizer.trainer import train_centralized
+    from fedfraud.training.tokenizer.trainer import train_centralized
 
     start = time.perf_counter()
     tok = train_centralized(texts, vocab, specials)
@@ -120,9 +120,9 @@ def _service_throughput(tok: Any, cfg: TokenizerConfig, texts: list[str], second
 
     from fedfraud.credentials import bearer_headers, new_token, write_secret_file
     from fedfraud.net import ray_bind
-    from serving.config import AuthSettings
-    from serving.tokenizer_service import TokenizerServiceArgs, build_tokenizer_app
-    from training.tokenizer.trainer import publish_tokenizer
+    from fedfraud.serving.config import AuthSettings
+    from fedfraud.serving.tokenizer_service import TokenizerServiceArgs, build_tokenizer_app
+    from fedfraud.training.tokenizer.trainer import publish_tokenizer
 
     batch = texts[:64]
     # direct: encode_batch in-process
@@ -171,11 +171,11 @@ def _service_throughput(tok: Any, cfg: TokenizerConfig, texts: list[str], second
 
 def run_tokenizer_bench(cfg: TokenizerConfig, *, quick: bool = False) -> TokenizerBench:
     """Run everything on one generated corpus (``quick``: small sizes for a smoke run)."""
-    from training.tokenizer.corpus import generate_corpus, group_by_client, write_jsonl
-    from training.tokenizer.evaluate import compare, hf_counter, public_counter, to_markdown
-    from training.tokenizer.export import build_tokenizer
-    from training.tokenizer.pretokenize import CorpusPipeline
-    from training.tokenizer.trainer import train_federated_flower, train_federated_inprocess
+    from fedfraud.training.tokenizer.corpus import generate_corpus, group_by_client, write_jsonl
+    from fedfraud.training.tokenizer.evaluate import compare, hf_counter, public_counter, to_markdown
+    from fedfraud.training.tokenizer.export import build_tokenizer
+    from fedfraud.training.tokenizer.pretokenize import CorpusPipeline
+    from fedfraud.training.tokenizer.trainer import train_federated_flower, train_federated_inprocess
 
     clients_n = 6 if quick else cfg.clients
     docs_n = 30 if quick else cfg.bench_docs_per_client

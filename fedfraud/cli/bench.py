@@ -28,7 +28,7 @@ bench_app = typer.Typer(
 @bench_app.callback()
 def _bench(ctx: typer.Context) -> None:
     """Benchmarks are self-contained runs: with no bank secret set, each draws a random one (announced)."""
-    from feature_store.privacy import per_run_secret
+    from fedfraud.feature_store.privacy import per_run_secret
 
     per_run_secret(config_of(ctx).privacy)
 
@@ -177,7 +177,7 @@ def anomaly(
 
 def _valid_attack(mode: str) -> bool:
     """Whether ``mode`` is an attack the simulated malicious bank knows."""
-    from training.federated.config import AttackConfig
+    from fedfraud.training.federated.config import AttackConfig
 
     try:
         AttackConfig(mode=mode)
@@ -284,7 +284,7 @@ def adversary(
     import math
 
     from fedfraud.bench.adversary import ADVERSARY_ATTACKS, run_adversary_bench
-    from training.federated.config import AGGREGATIONS
+    from fedfraud.training.federated.config import AGGREGATIONS
 
     _one_source(csv, data)
     rules = tuple(aggregation or AGGREGATIONS)

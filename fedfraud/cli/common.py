@@ -22,7 +22,7 @@ def config_of(ctx: typer.Context, needs_secret: bool = False) -> FedfraudConfig:
     if needs_secret:
         import os
 
-        from feature_store.privacy import SIMULATION_SECRET_ENV, require_secret
+        from fedfraud.feature_store.privacy import SIMULATION_SECRET_ENV, require_secret
 
         require_secret(cfg.privacy)
         if cfg.privacy.secret_seed and not os.environ.get(SIMULATION_SECRET_ENV, "").strip():

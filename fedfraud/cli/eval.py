@@ -55,7 +55,7 @@ def stacking(
     """Local / FL / Central, stacked scores and controls, with 95 % cardholder-bootstrap intervals."""
     from fedfraud.cli.bench import emit
     from fedfraud.cli.common import parse_shares
-    from training.fraud.pipeline import stacking_study
+    from fedfraud.training.fraud.pipeline import stacking_study
 
     shares = parse_shares(bank_shares)
     if shares is not None and banks is None:

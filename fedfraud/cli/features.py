@@ -44,9 +44,9 @@ def apply(
     materialize: Annotated[bool, typer.Option("--materialize", help="also load the online store")] = False,
 ) -> None:
     """Write the offline features from --data (optional) and `feast apply` the repo."""
-    from feature_store.feast_store import apply_repo, materialize_repo, open_store
-    from feature_store.offline import write_offline
-    from feature_store.store_config import resolve_profile
+    from fedfraud.feature_store.feast_store import apply_repo, materialize_repo, open_store
+    from fedfraud.feature_store.offline import write_offline
+    from fedfraud.feature_store.store_config import resolve_profile
 
     cfg = config_of(ctx, needs_secret=True)
     profile = store_name or cfg.features.profile
@@ -72,7 +72,7 @@ def apply(
         materialize_repo(store)
         typer.echo("materialized")
         if data is not None:
-            from serving.warm import warm_fraud_state
+            from fedfraud.serving.warm import warm_fraud_state
 
             n = warm_fraud_state(update_section(cfg, "features", repo_dir=str(repo_dir)), data)
             typer.echo(f"fraud-feature state of bank {cfg.serving.bank_id}: {n} cardholders warmed")
@@ -81,7 +81,7 @@ def apply(
 @features_app.command("materialize")
 def materialize(ctx: typer.Context, store_name: StoreOption = None, repo: RepoOption = None) -> None:
     """Load the latest offline row of every cardholder and merchant into the online store."""
-    from feature_store.feast_store import materialize_repo, open_store
+    from fedfraud.feature_store.feast_store import materialize_repo, open_store
 
     cfg = config_of(ctx, needs_secret=True)
     store = open_store(cfg.features, repo, store_name)
@@ -98,8 +98,8 @@ def get(
     repo: RepoOption = None,
 ) -> None:
     """Print a cardholder's online features (state summary, activity, embedding heads)."""
-    from feature_store.online import OnlineStateClient
-    from feature_store.privacy import bank_secret, pseudonymize
+    from fedfraud.feature_store.online import OnlineStateClient
+    from fedfraud.feature_store.privacy import bank_secret, pseudonymize
 
     cfg = config_of(ctx, needs_secret=True)
     client = OnlineStateClient.open(cfg.features, cfg.egograph, repo, store_name)

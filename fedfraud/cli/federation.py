@@ -38,7 +38,7 @@ def certs(
     days: Annotated[int, typer.Option("--days", help="validity of the CA and the certificate")] = 365,
 ) -> None:
     """Generate the federation's TLS material: a CA, the SuperLink's certificate, one auth key pair per bank."""
-    from training.federated.deployment import generate_federation_files
+    from fedfraud.training.federated.deployment import generate_federation_files
 
     if days < 1:
         raise UserError("--days must be at least 1")
@@ -61,7 +61,7 @@ def up(
     ] = False,
 ) -> None:
     """Start a SuperLink (TLS + SuperNode authentication) and one SuperNode per bank, each on its own folder."""
-    from training.federated.deployment import Federation, FederationFiles
+    from fedfraud.training.federated.deployment import Federation, FederationFiles
 
     config_of(ctx, needs_secret=True)  # the SuperNodes' ClientApps key features with it (they inherit it)
     existing_dir(data_dir, "data directory")
@@ -111,10 +111,10 @@ def features(
     """Write this bank's fraud features to ``bank_<k>/fraud-features.npz``, what its SuperNode's fraud ClientApp
     trains on. Each bank runs it on its own data; nothing leaves the bank.
     """
-    from feature_store.layout import bank_dir
-    from training.anomaly.scorer import AnomalyScorer
-    from training.fraud.dataset import bank_features
-    from training.fraud.federated.task import NODE_FEATURES_FILE
+    from fedfraud.feature_store.layout import bank_dir
+    from fedfraud.training.anomaly.scorer import AnomalyScorer
+    from fedfraud.training.fraud.dataset import bank_features
+    from fedfraud.training.fraud.federated.task import NODE_FEATURES_FILE
 
     cfg = config_of(ctx, needs_secret=True)
     existing_dir(data_dir, "data directory")
@@ -129,7 +129,7 @@ def features(
 @federation_app.command("down")
 def down(out: OutOption = Path("out/federation")) -> None:
     """Stop a federation that `federation up --detach` left running under ``--out``."""
-    from training.federated.deployment import stop_federation
+    from fedfraud.training.federated.deployment import stop_federation
 
     stopped = stop_federation(out)
     typer.echo(f"stopped {', '.join(stopped)}")

@@ -28,7 +28,7 @@ def register(app: typer.Typer) -> None:
         raw_csv: Annotated[bool, typer.Option("--raw-csv/--no-raw-csv", help="also write raw/transactions.csv")] = True,
     ) -> None:
         """Generate a synthetic multi-bank dataset (canonical parquet per bank, labels, manifest)."""
-        from training.data.synthetic import generate_dataset
+        from fedfraud.training.data.synthetic import generate_dataset
 
         cfg = update_section(config_of(ctx), "generate", banks=banks, cardholders=cardholders, days=days, seed=seed,
                              fraud_rate=fraud_rate)

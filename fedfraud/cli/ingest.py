@@ -30,8 +30,8 @@ def register(app: typer.Typer) -> None:
         ] = None,
     ) -> None:
         """Validate a transaction CSV and write it as per-bank canonical parquet plus rejects and manifest."""
-        from training.data.ingest import ingest_csv
-        from feature_store.layout import REJECTS_FILE
+        from fedfraud.training.data.ingest import ingest_csv
+        from fedfraud.feature_store.layout import REJECTS_FILE
 
         readable_file(path)
         shares = parse_shares(bank_shares)

@@ -40,10 +40,10 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         import numpy as np
 
-        from feature_store.egograph import EgoGraphState
-        from feature_store.encoders import timestamps_us
-        from feature_store.privacy import PrivateFeaturizer
-        from feature_store.layout import list_banks, read_bank
+        from fedfraud.feature_store.egograph import EgoGraphState
+        from fedfraud.feature_store.encoders import timestamps_us
+        from fedfraud.feature_store.privacy import PrivateFeaturizer
+        from fedfraud.feature_store.layout import list_banks, read_bank
 
         cfg = config_of(ctx, needs_secret=True)
         existing_dir(data, "data directory")

@@ -39,7 +39,7 @@ def _models(
 
 
 def _registry(ctx: typer.Context):  # noqa: ANN202 - ModelRegistry, imported lazily
-    from training.registry import ModelRegistry
+    from fedfraud.training.registry import ModelRegistry
 
     return ModelRegistry(ctx.meta.get("registry") or config_of(ctx).serving.registry_root)
 

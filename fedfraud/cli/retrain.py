@@ -35,8 +35,8 @@ RegistryOption = Annotated[
 
 
 def _outcomes(cfg, data: Path, outcomes: Path | None) -> Path:  # noqa: ANN001 - FedfraudConfig
-    from feature_store.outcomes import OUTCOMES_FILE
-    from feature_store.layout import bank_dir
+    from fedfraud.feature_store.outcomes import OUTCOMES_FILE
+    from fedfraud.feature_store.layout import bank_dir
 
     return outcomes or bank_dir(data, cfg.serving.bank_id) / OUTCOMES_FILE
 
@@ -52,7 +52,7 @@ def run(
     as_json: Annotated[bool, typer.Option("--json", help="print the result as one JSON line")] = False,
 ) -> None:
     """One federated cycle (anomaly GNN, then fraud model) on the window; both registered as challenger."""
-    from training.retrain.cycle import run_cycle
+    from fedfraud.training.retrain.cycle import run_cycle
 
     cfg = update_section(config_of(ctx, needs_secret=True), "retrain", window_days=window_days, rounds=rounds)
     existing_dir(data, "data directory")
@@ -77,7 +77,7 @@ def schedule(
         str | None, typer.Option("--metrics-url", help="serving's /metrics, for the drift trigger")] = None,
 ) -> None:
     """Run cycles on the cron schedule and on drift, and the promotion policy, until interrupted."""
-    from training.retrain.schedule import RetrainScheduler
+    from fedfraud.training.retrain.schedule import RetrainScheduler
 
     cfg = update_section(config_of(ctx, needs_secret=True), "retrain", schedule=cron, metrics_url=metrics_url)
     existing_dir(data, "data directory")
@@ -100,7 +100,7 @@ def evaluate(
     dry_run: Annotated[bool, typer.Option("--dry-run", help="report the verdict without moving aliases")] = False,
 ) -> None:
     """Challenger vs champion on the labelled outcomes: promote, keep (retire the challenger) or wait."""
-    from training.retrain.policy import decide_promotion
+    from fedfraud.training.retrain.policy import decide_promotion
 
     cfg = config_of(ctx, needs_secret=True)
     store = _outcomes(cfg, data, outcomes)
@@ -122,8 +122,8 @@ def join(
                                    "until interrupted)")] = None,
 ) -> None:
     """Join fraud-labels to the bank's decisions and shadow scores, exactly once per transaction id."""
-    from feature_store.outcomes import OutcomeStore
-    from serving.labels import LabelJoiner
+    from fedfraud.feature_store.outcomes import OutcomeStore
+    from fedfraud.serving.labels import LabelJoiner
 
     cfg = config_of(ctx, needs_secret=True)
     bootstrap = bootstrap_servers or cfg.serving.bootstrap_servers

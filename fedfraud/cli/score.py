@@ -30,7 +30,7 @@ def register(app: typer.Typer) -> None:
         workers: Annotated[int, typer.Option("--workers", help="scoring processes (one per core)", min=1)] = 1,
     ) -> None:
         """Score every transaction: anomaly score; fraud score, decision and reasons when a fraud model exists."""
-        from serving.batch import score_path
+        from fedfraud.serving.batch import score_path
 
         cfg = config_of(ctx, needs_secret=True)
         report = score_path(

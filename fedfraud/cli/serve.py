@@ -33,7 +33,7 @@ def serve_command(
     ``serving.auth.token_file``); without a token configured the command refuses to start.
     """
     from fedfraud.config import update_section
-    from serving.runtime import start
+    from fedfraud.serving.runtime import start
 
     cfg = config_of(ctx, needs_secret=True)
     no_auth = cfg.serving.auth.model_copy(update={"disabled": True}) if insecure_no_auth else None

@@ -32,8 +32,8 @@ def stream_command(
     ] = False,
 ) -> None:
     """Produce transactions keyed by pseudonymous cardholder, stamping the produce time for latency."""
-    from feature_store.privacy import PrivateFeaturizer
-    from serving.replay import LabelFeed, load_source, replay
+    from fedfraud.feature_store.privacy import PrivateFeaturizer
+    from fedfraud.serving.replay import LabelFeed, load_source, replay
 
     cfg = config_of(ctx, needs_secret=True)
     bootstrap = bootstrap_servers or cfg.serving.bootstrap_servers

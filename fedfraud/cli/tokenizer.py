@@ -27,7 +27,7 @@ CorpusOption = Annotated[
 
 def _clients(corpus: Path | None, cfg, work: Path) -> tuple[Path, dict[str, list[str]]]:  # noqa: ANN001
     """A JSONL corpus path for the Flower clients plus ``{client: raw texts}``."""
-    from training.tokenizer.corpus import (
+    from fedfraud.training.tokenizer.corpus import (
         Document,
         generate_corpus,
         group_by_client,
@@ -64,9 +64,9 @@ def train(
     cfg = update_section(config_of(ctx), "tokenizer", vocab_size=vocab_size, mode=mode).tokenizer
     if backend not in ("flower", "inprocess"):
         raise UserError(f"unknown backend {backend!r}; valid: flower, inprocess")
-    from training.tokenizer.evaluate import compare, hf_counter
-    from training.tokenizer.pretokenize import CorpusPipeline
-    from training.tokenizer.trainer import publish_tokenizer, train_federated_flower, train_federated_inprocess
+    from fedfraud.training.tokenizer.evaluate import compare, hf_counter
+    from fedfraud.training.tokenizer.pretokenize import CorpusPipeline
+    from fedfraud.training.tokenizer.trainer import publish_tokenizer, train_federated_flower, train_federated_inprocess
 
     work.mkdir(parents=True, exist_ok=True)
     path, clients = _clients(corpus, cfg, work)
@@ -115,11 +115,11 @@ def evaluate(
     cfg = config_of(ctx).tokenizer
     from tokenizers import Tokenizer
 
-    from training.registry import ModelRegistry
-    from training.tokenizer.evaluate import compare, hf_counter, public_counter, to_markdown
-    from training.tokenizer.export import TOKENIZER_FILE
-    from training.tokenizer.pretokenize import CorpusPipeline
-    from training.tokenizer.trainer import train_centralized
+    from fedfraud.training.registry import ModelRegistry
+    from fedfraud.training.tokenizer.evaluate import compare, hf_counter, public_counter, to_markdown
+    from fedfraud.training.tokenizer.export import TOKENIZER_FILE
+    from fedfraud.training.tokenizer.pretokenize import CorpusPipeline
+    from fedfraud.training.tokenizer.trainer import train_centralized
 
     found = ModelRegistry(registry).get("tokenizer", version)
     fed = Tokenizer.from_file(str(found.file(TOKENIZER_FILE)))
@@ -164,7 +164,7 @@ def serve_cmd(
     from ray import serve
 
     from fedfraud.net import ray_bind
-    from serving.tokenizer_service import TokenizerServiceArgs, build_tokenizer_app
+    from fedfraud.serving.tokenizer_service import TokenizerServiceArgs, build_tokenizer_app
 
     serving_cfg = config_of(ctx).serving
     auth = serving_cfg.auth.model_copy(update={"disabled": True}) if insecure_no_auth else serving_cfg.auth

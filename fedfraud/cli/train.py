@@ -33,7 +33,7 @@ def anomaly(
         typer.Option(
             "--pooling",
             # not listed here: reading the operators' registry imports torch, and --help stays fast
-            help="pooling operator registered in training.anomaly.pool, e.g. topk or asap; an unknown name lists all",
+            help="pooling operator registered in fedfraud.training.anomaly.pool, e.g. topk or asap; an unknown name lists all",
         ),
     ] = None,
     rounds: Annotated[int | None, typer.Option("--rounds", min=1, help="federated rounds")] = None,
@@ -54,7 +54,7 @@ def anomaly(
     ray_cpus: Annotated[int | None, typer.Option("--ray-cpus", min=1, help="CPUs of the local Ray instance")] = None,
 ) -> None:
     """Train the anomaly GNN (FedProx over the banks by default) and publish it to the registry under --out."""
-    from training.federated.task import RunSettings
+    from fedfraud.training.federated.task import RunSettings
 
     cfg = config_of(ctx, needs_secret=True)
     existing_dir(data, "data directory")
@@ -73,11 +73,11 @@ def anomaly(
     cfg = update_section(cfg, "privacy", epsilon_max=epsilon_max)
     settings = RunSettings.from_config(cfg, data, out, resume=resume)
     if centralized:
-        from training.federated.centralized import run_centralized
+        from fedfraud.training.federated.centralized import run_centralized
 
         result = run_centralized(settings)
     else:
-        from training.federated.trainer import run_federated
+        from fedfraud.training.federated.trainer import run_federated
 
         result = run_federated(settings)
     s = result.summary
@@ -106,7 +106,7 @@ def fraud(
     ] = None,
 ) -> None:
     """Train the XGBoost fraud model on fraud features + the federated anomaly score and publish it (kind fraud)."""
-    from training.fraud.pipeline import train_and_publish
+    from fedfraud.training.fraud.pipeline import train_and_publish
 
     cfg = update_section(
         config_of(ctx, needs_secret=True),

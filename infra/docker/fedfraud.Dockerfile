@@ -22,7 +22,7 @@ ARG TORCH_INDEX_URL=""
 COPY --from=wheel /wheels /tmp/wheels
 RUN python -m pip install --no-cache-dir ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"} torch==2.13.0 \
  && python -m pip install --no-cache-dir /tmp/wheels/*.whl \
- && python -c "import fedfraud, serving.app, feast, psycopg, ray.serve" \
+ && python -c "import fedfraud, fedfraud.serving.app, feast, psycopg, ray.serve" \
  && rm -rf /tmp/wheels
 # Ray's image runs as user ray; the Feast repo is rendered into this folder at start-up (features.repo_dir).
 WORKDIR /work

@@ -63,8 +63,8 @@ def ray_session():
 @pytest.fixture(scope="session")
 def kafka_broker():
     """The embedded Tansu broker with the pipeline's topics (memory only, stopped at session end)."""
-    from serving.broker import EmbeddedBroker
-    from serving.config import ServingConfig
+    from fedfraud.serving.broker import EmbeddedBroker
+    from fedfraud.serving.config import ServingConfig
 
     s = ServingConfig()
     with EmbeddedBroker(topics={t: s.partitions for t in s.topics.all()}) as broker:

@@ -1,8 +1,8 @@
 """`fedfraud score` and serving share one scorer: identical anomaly scores, on a real Feast (SQLite) store.
 
 A tiny next-event model is trained and published; then bank 0 is scored twice:
-by batch scoring (``serving.batch.score_path``) and by the serving stage
-(``serving.anomaly_stage.AnomalyStage``) reading and writing cardholder states
+by batch scoring (``fedfraud.serving.batch.score_path``) and by the serving stage
+(``fedfraud.serving.anomaly_stage.AnomalyStage``) reading and writing cardholder states
 through Feast in micro-batches, as the Kafka consumer does.
 """
 
@@ -18,16 +18,16 @@ import torch
 
 from fedfraud.cli.app import main
 from fedfraud.config import FedfraudConfig
-from training.anomaly.config import AnomalyConfig
-from training.anomaly.data import load_bank_data
-from training.anomaly.engine import evaluate_task, sources_of, train_model
-from training.anomaly.model import AnomalyModel
-from training.anomaly.run import RoundRecord, publish_run
-from training.federated.accountant import dp_off_card
-from training.data.config import GeneratorConfig
-from feature_store.layout import read_bank
-from training.data.synthetic import generate_dataset
-from training.registry import ModelRegistry
+from fedfraud.training.anomaly.config import AnomalyConfig
+from fedfraud.training.anomaly.data import load_bank_data
+from fedfraud.training.anomaly.engine import evaluate_task, sources_of, train_model
+from fedfraud.training.anomaly.model import AnomalyModel
+from fedfraud.training.anomaly.run import RoundRecord, publish_run
+from fedfraud.training.federated.accountant import dp_off_card
+from fedfraud.training.data.config import GeneratorConfig
+from fedfraud.feature_store.layout import read_bank
+from fedfraud.training.data.synthetic import generate_dataset
+from fedfraud.training.registry import ModelRegistry
 
 pytestmark = pytest.mark.integration
 
@@ -53,13 +53,13 @@ def published(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 
 def test_batch_scores_equal_serving_scores(published: tuple[Path, Path], tmp_path: Path) -> None:
-    from feature_store.feast_store import apply_repo, open_store
-    from feature_store.offline import write_offline
-    from feature_store.online import OnlineStateClient
-    from feature_store.privacy import PrivateFeaturizer
-    from serving.batch import score_path
-    from serving.kvstore import open_kv
-    from serving.anomaly_stage import AnomalyStage, load_anomaly_scorer
+    from fedfraud.feature_store.feast_store import apply_repo, open_store
+    from fedfraud.feature_store.offline import write_offline
+    from fedfraud.feature_store.online import OnlineStateClient
+    from fedfraud.feature_store.privacy import PrivateFeaturizer
+    from fedfraud.serving.batch import score_path
+    from fedfraud.serving.kvstore import open_kv
+    from fedfraud.serving.anomaly_stage import AnomalyStage, load_anomaly_scorer
 
     data, registry = published
     out = tmp_path / "scores.parquet"

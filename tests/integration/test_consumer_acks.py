@@ -13,7 +13,7 @@ pytestmark = pytest.mark.integration
 
 
 def _topic(broker, partitions: int = 1) -> str:
-    from serving.broker import create_topics
+    from fedfraud.serving.broker import create_topics
 
     name = f"t-{uuid.uuid4().hex[:8]}"
     create_topics(broker.bootstrap_servers, {name: partitions})
@@ -21,8 +21,8 @@ def _topic(broker, partitions: int = 1) -> str:
 
 
 def _consumer(broker, topic: str):
-    from serving.config import ConsumerSettings
-    from serving.kafka import make_consumer
+    from fedfraud.serving.config import ConsumerSettings
+    from fedfraud.serving.kafka import make_consumer
 
     return make_consumer(broker.bootstrap_servers, ConsumerSettings(assignment="manual"), topic,
                          group_id=f"g-{uuid.uuid4().hex[:8]}")
@@ -39,9 +39,9 @@ def _poll_all(consumer, n: int, timeout_s: float = 20.0) -> list:
 def test_a_cardholder_never_has_more_uncommitted_transactions_than_the_replay_rings_hold(kafka_broker):
     """40 messages of one cardholder and 5 of another: a batch is cut at the window and the partition is
     sought back, so the cut-off messages come again on the next poll, in order, and nothing is skipped."""
-    from serving.config import ServingConfig
-    from serving.consumer import StreamConsumer
-    from serving.kafka import make_producer
+    from fedfraud.serving.config import ServingConfig
+    from fedfraud.serving.consumer import StreamConsumer
+    from fedfraud.serving.kafka import make_producer
 
     topic = _topic(kafka_broker)
     s = ServingConfig()
@@ -75,9 +75,9 @@ class _NoPending:
 
 
 def test_offsets_are_committed_in_order_and_only_once_the_broker_acknowledged(kafka_broker):
-    from serving.acks import AckWindow
-    from serving.config import ServingConfig
-    from serving.kafka import DeliveryError, make_producer
+    from fedfraud.serving.acks import AckWindow
+    from fedfraud.serving.config import ServingConfig
+    from fedfraud.serving.kafka import DeliveryError, make_producer
 
     topic = _topic(kafka_broker)
     out_topic = _topic(kafka_broker)
@@ -109,7 +109,7 @@ def test_offsets_are_committed_in_order_and_only_once_the_broker_acknowledged(ka
 
     # a send that never reaches its broker (every connection to it cut): DeliveryError, offset never committed
     from fedfraud.tcpproxy import TcpProxy
-    from serving.broker import EmbeddedBroker, free_port
+    from fedfraud.serving.broker import EmbeddedBroker, free_port
 
     broker_port = free_port()
     proxy = TcpProxy(broker_port).start()
@@ -131,8 +131,8 @@ def test_lag_from_fetched_end_offsets_counts_what_is_left_to_read(kafka_broker):
     records not yet read. (The embedded Tansu broker's ListOffsets answer can trail its log, so the broker's
     own figure is not the reference here: reading the records is.)
     """
-    from serving.config import ProducerSettings
-    from serving.kafka import make_producer
+    from fedfraud.serving.config import ProducerSettings
+    from fedfraud.serving.kafka import make_producer
 
     topic = _topic(kafka_broker, partitions=2)
     producer = make_producer(kafka_broker.bootstrap_servers, ProducerSettings(), client_id="test-lag")

@@ -24,11 +24,11 @@ from fedfraud.config import FedfraudConfig
 from fedfraud.credentials import new_token
 from fedfraud.errors import UserError
 from fedfraud.net import free_port
-from feature_store.feast_store import DATA_DIR, materialize_repo, open_store, render_repo
-from feature_store.offline import CARDHOLDER_FILE, write_offline
-from feature_store.store_config import FeatureStoreConfig
-from training.data.config import GeneratorConfig
-from training.data.synthetic import generate_dataset
+from fedfraud.feature_store.feast_store import DATA_DIR, materialize_repo, open_store, render_repo
+from fedfraud.feature_store.offline import CARDHOLDER_FILE, write_offline
+from fedfraud.feature_store.store_config import FeatureStoreConfig
+from fedfraud.training.data.config import GeneratorConfig
+from fedfraud.training.data.synthetic import generate_dataset
 
 pytestmark = pytest.mark.integration
 

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from fedfraud.cli.app import main
-from training.data.config import GeneratorConfig
-from feature_store.layout import read_bank
-from training.data.synthetic import generate_dataset
+from fedfraud.training.data.config import GeneratorConfig
+from fedfraud.feature_store.layout import read_bank
+from fedfraud.training.data.synthetic import generate_dataset
 
 pytestmark = pytest.mark.integration
 

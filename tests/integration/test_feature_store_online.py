@@ -15,13 +15,13 @@ import pandas as pd
 import pytest
 
 from fedfraud.config import FedfraudConfig
-from feature_store.cardholder import prepare_batch
-from feature_store.egograph import EgoGraphState
-from feature_store.offline import CARDHOLDER_FILE, bank_tables, write_offline
-from feature_store.privacy import PrivateFeaturizer
-from training.data.config import GeneratorConfig
-from feature_store.layout import read_bank
-from training.data.synthetic import generate_dataset
+from fedfraud.feature_store.cardholder import prepare_batch
+from fedfraud.feature_store.egograph import EgoGraphState
+from fedfraud.feature_store.offline import CARDHOLDER_FILE, bank_tables, write_offline
+from fedfraud.feature_store.privacy import PrivateFeaturizer
+from fedfraud.training.data.config import GeneratorConfig
+from fedfraud.feature_store.layout import read_bank
+from fedfraud.training.data.synthetic import generate_dataset
 
 pytestmark = pytest.mark.integration
 
@@ -48,8 +48,8 @@ def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module", params=["sqlite", "redis"])
 def built(request: pytest.FixtureRequest, dataset: Path, tmp_path_factory: pytest.TempPathFactory):
     """Offline tables of bank 0 written, `feast apply` + materialize into the profile's online store."""
-    from feature_store.feast_store import apply_repo, materialize_repo, open_store
-    from feature_store.online import OnlineStateClient
+    from fedfraud.feature_store.feast_store import apply_repo, materialize_repo, open_store
+    from fedfraud.feature_store.online import OnlineStateClient
 
     profile = request.param
     if profile == "redis" and not _redis_up():
@@ -174,7 +174,7 @@ def test_corrupt_blob_is_rebuilt_not_raised(built, blob: bytes, caplog: pytest.L
         }
     )
     store.write_to_online_store("cardholder_ego_state", frame)  # through the real store, via the SDK
-    with caplog.at_level(logging.WARNING, logger="feature_store.online"):
+    with caplog.at_level(logging.WARNING, logger="fedfraud.feature_store.online"):
         (state,) = client.read_states([holder])
     assert state.found and state.rebuilt
     assert state.ego == EgoGraphState(cfg.egograph)

@@ -12,15 +12,15 @@ import pandas as pd
 import pytest
 import torch
 
-from training.anomaly.run import Checkpoint, checkpoint_dir
-from training.anomaly.scorer import AnomalyScorer
-from training.data.config import GeneratorConfig
-from feature_store.layout import bank_dir
-from training.data.synthetic import generate_dataset
-from training.federated.centralized import run_centralized
-from training.federated.task import RunSettings, build_model
-from training.federated.trainer import run_federated
-from training.registry import ModelRegistry
+from fedfraud.training.anomaly.run import Checkpoint, checkpoint_dir
+from fedfraud.training.anomaly.scorer import AnomalyScorer
+from fedfraud.training.data.config import GeneratorConfig
+from fedfraud.feature_store.layout import bank_dir
+from fedfraud.training.data.synthetic import generate_dataset
+from fedfraud.training.federated.centralized import run_centralized
+from fedfraud.training.federated.task import RunSettings, build_model
+from fedfraud.training.federated.trainer import run_federated
+from fedfraud.training.registry import ModelRegistry
 from tests.integration.tiny_run import TINY_RUN
 
 pytestmark = pytest.mark.integration
@@ -137,8 +137,8 @@ def test_the_server_cannot_name_the_merchants_a_bank_trained_on(runs):
     """The merchant table gets sparse updates: a bank's reply changes only the rows its batches touched. With the
     public unkeyed hash the server could name those merchants; under the federation's key it cannot.
     """
-    from feature_store.encoders import merchant_bucket
-    from feature_store.privacy import PrivateFeaturizer
+    from fedfraud.feature_store.encoders import merchant_bucket
+    from fedfraud.feature_store.privacy import PrivateFeaturizer
 
     settings = runs["settings"]
     initial = build_model(settings).state_dict()["encoder.merchant.weight"]

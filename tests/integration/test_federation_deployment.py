@@ -21,15 +21,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from feature_store.layout import bank_dir
+from fedfraud.feature_store.layout import bank_dir
 from fedfraud.pki import write_ssh_key_pair
-from training.data.config import GeneratorConfig
-from training.data.synthetic import generate_dataset
-from training.fraud.config import FraudConfig
-from training.fraud.features import FraudFeatures
-from training.fraud.federated.task import NODE_FEATURES_FILE
+from fedfraud.training.data.config import GeneratorConfig
+from fedfraud.training.data.synthetic import generate_dataset
+from fedfraud.training.fraud.config import FraudConfig
+from fedfraud.training.fraud.features import FraudFeatures
+from fedfraud.training.fraud.federated.task import NODE_FEATURES_FILE
 from tests.integration.test_federated_anomaly import SMALL as SIMULATION_SMALL
-from training.federated.deployment import Federation, flwr_env, generate_federation_files, run_app
+from fedfraud.training.federated.deployment import Federation, flwr_env, generate_federation_files, run_app
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

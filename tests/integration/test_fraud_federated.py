@@ -11,22 +11,22 @@ import pandas as pd
 import pytest
 
 from fedfraud.cli.app import main
-from feature_store.config import EgoGraphConfig, EncoderConfig, PrivacyConfig
-from training.anomaly.config import AnomalyConfig
-from training.anomaly.model import AnomalyModel
-from training.anomaly.scorer import publish_anomaly_model
-from training.data.config import GeneratorConfig, IngestConfig
-from training.data.ingest import ingest_csv
-from training.data.synthetic import RAW_CSV, generate_dataset
-from training.fraud.config import FraudConfig
-from training.anomaly.scorer import AnomalyScorer
-from training.fraud.dataset import bank_features
-from training.fraud.features import FraudFeatures
-from training.fraud.federated.hist import HistJob, federated_hist_train
-from training.fraud.federated.wire import RecordingProxy
-from training.fraud.model import FraudModel
-from training.fraud.train import train_centralized
-from training.registry import ModelRegistry
+from fedfraud.feature_store.config import EgoGraphConfig, EncoderConfig, PrivacyConfig
+from fedfraud.training.anomaly.config import AnomalyConfig
+from fedfraud.training.anomaly.model import AnomalyModel
+from fedfraud.training.anomaly.scorer import publish_anomaly_model
+from fedfraud.training.data.config import GeneratorConfig, IngestConfig
+from fedfraud.training.data.ingest import ingest_csv
+from fedfraud.training.data.synthetic import RAW_CSV, generate_dataset
+from fedfraud.training.fraud.config import FraudConfig
+from fedfraud.training.anomaly.scorer import AnomalyScorer
+from fedfraud.training.fraud.dataset import bank_features
+from fedfraud.training.fraud.features import FraudFeatures
+from fedfraud.training.fraud.federated.hist import HistJob, federated_hist_train
+from fedfraud.training.fraud.federated.wire import RecordingProxy
+from fedfraud.training.fraud.model import FraudModel
+from fedfraud.training.fraud.train import train_centralized
+from fedfraud.training.registry import ModelRegistry
 
 pytestmark = pytest.mark.integration
 
@@ -186,8 +186,8 @@ def test_bagging_variant_is_still_selectable(world):
 
 def test_default_anomaly_adapter_crossfits_with_the_anomaly_api(world):
     from fedfraud.config import load_config
-    from feature_store.layout import list_banks, read_bank
-    from training.fraud.stacking import anomaly_fit_and_score, cardholder_folds, crossfit_anomaly_scores
+    from fedfraud.feature_store.layout import list_banks, read_bank
+    from fedfraud.training.fraud.stacking import anomaly_fit_and_score, cardholder_folds, crossfit_anomaly_scores
 
     frames = {b: read_bank(world["data"], b) for b in list_banks(world["data"])}
     # a fold seed whose complement folds keep train and test cardholders in both tiny banks
@@ -209,15 +209,15 @@ def test_server_refuses_a_bank_with_an_untrusted_certificate(tmp_path, free_port
     import sys
 
     from fedfraud.net import wait_for_port
-    from training.fraud.federated.hist import _child_env, make_tls_files
-    from training.fraud.model import xgb_params
+    from fedfraud.training.fraud.federated.hist import _child_env, make_tls_files
+    from fedfraud.training.fraud.model import xgb_params
 
     good, bad = make_tls_files(tmp_path / "a"), make_tls_files(tmp_path / "b")
     banks = _integer_banks((200,))
     np.savez(tmp_path / "rank_0.npz", X=banks[0].X, label=banks[0].label, split=banks[0].split.astype(str),
              names=np.asarray(NAMES))
     server = subprocess.Popen(
-        [sys.executable, "-m", "training.fraud.federated.hist", "server", "--port", str(free_port), "--world", "1",
+        [sys.executable, "-m", "fedfraud.training.fraud.federated.hist", "server", "--port", str(free_port), "--world", "1",
          "--timeout", "60", "--server-key", str(good.server_key), "--server-cert", str(good.server_cert),
          "--client-cert", str(good.client_cert)], env=_child_env(), stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL)
@@ -229,7 +229,7 @@ def test_server_refuses_a_bank_with_an_untrusted_certificate(tmp_path, free_port
                 "tls": {"server_cert": str(good.server_cert), "client_key": str(bad.client_key),
                         "client_cert": str(bad.client_cert)}}
         (tmp_path / "spec.json").write_text(json.dumps(spec), encoding="utf-8")
-        worker = subprocess.Popen([sys.executable, "-m", "training.fraud.federated.hist", "worker",
+        worker = subprocess.Popen([sys.executable, "-m", "fedfraud.training.fraud.federated.hist", "worker",
                                    str(tmp_path / "spec.json")], env=_child_env(), stdout=subprocess.DEVNULL,
                                   stderr=subprocess.DEVNULL)
         try:

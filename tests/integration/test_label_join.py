@@ -16,8 +16,8 @@ pytestmark = [pytest.mark.integration]
 
 
 def _produce(bootstrap: str, topic: str, values: list[bytes]) -> None:
-    from serving.config import ProducerSettings
-    from serving.kafka import confirm_sent, make_producer
+    from fedfraud.serving.config import ProducerSettings
+    from fedfraud.serving.kafka import confirm_sent, make_producer
 
     producer = make_producer(bootstrap, ProducerSettings())
     try:
@@ -33,11 +33,11 @@ def _join(bootstrap: str, outcomes, idle_s: float = 3.0) -> subprocess.Popen:
 
 
 def test_labels_join_exactly_once_across_a_kill_and_bad_labels_go_to_the_dlq(tmp_path, kafka_broker):
-    from feature_store.outcomes import OutcomeStore
-    from serving.config import TopicNames
-    from serving.kafka import json_bytes
-    from serving.labels import label_message
-    from serving.replay import collect, topic_end_offsets
+    from fedfraud.feature_store.outcomes import OutcomeStore
+    from fedfraud.serving.config import TopicNames
+    from fedfraud.serving.kafka import json_bytes
+    from fedfraud.serving.labels import label_message
+    from fedfraud.serving.replay import collect, topic_end_offsets
 
     topics = TopicNames()
     bootstrap = kafka_broker.bootstrap_servers

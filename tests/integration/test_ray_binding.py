@@ -21,12 +21,12 @@ ROOT = Path(__file__).resolve().parents[2]
 LOOPBACK = {"127.0.0.1", "::1", "::ffff:127.0.0.1"}
 
 START = {
-    "serving": "from serving.runtime import ensure_ray\nensure_ray(1)\n",
+    "serving": "from fedfraud.serving.runtime import ensure_ray\nensure_ray(1)\n",
     "federated simulation": (
         "from flwr.server.superlink.fleet.vce.backend.raybackend import RayBackend\n"
         "from fedfraud.config import FedfraudConfig\n"
-        "from training.federated.task import RunSettings\n"
-        "from training.federated.trainer import backend_config\n"
+        "from fedfraud.training.federated.task import RunSettings\n"
+        "from fedfraud.training.federated.trainer import backend_config\n"
         "settings = RunSettings.from_config(FedfraudConfig(), 'data', 'out')\n"
         "RayBackend(backend_config(settings, 1))\n"
     ),

@@ -101,16 +101,16 @@ def cluster():
 def deployed(cluster, tmp_path_factory, api_token):
     """Models in a registry, Feast applied, the broker up, and infra/serve_config.yaml deployed to the cluster."""
     from fedfraud.config import load_config
-    from feature_store.feast_store import apply_repo, open_store
-    from serving.broker import EmbeddedBroker
+    from fedfraud.feature_store.feast_store import apply_repo, open_store
+    from fedfraud.serving.broker import EmbeddedBroker
     from tests.integration.test_streaming_pipeline import COLUMNS, publish_anomaly
-    from training.data.config import GeneratorConfig
-    from training.data.synthetic import generate_frame
-    from training.fraud.config import FraudConfig
-    from training.fraud.features import build_features
-    from training.fraud.model import fit_model
-    from training.registry import ModelRegistry
-    from feature_store.privacy import PrivateFeaturizer
+    from fedfraud.training.data.config import GeneratorConfig
+    from fedfraud.training.data.synthetic import generate_frame
+    from fedfraud.training.fraud.config import FraudConfig
+    from fedfraud.training.fraud.features import build_features
+    from fedfraud.training.fraud.model import fit_model
+    from fedfraud.training.registry import ModelRegistry
+    from fedfraud.feature_store.privacy import PrivateFeaturizer
 
     tmp = tmp_path_factory.mktemp("ray-cluster")
     http_port = free_port()
@@ -178,8 +178,8 @@ def _wait_ready(url: str, timeout_s: float) -> None:
 
 
 def test_two_nodes_two_replicas_two_partitions_every_record_decided_once(cluster, deployed, api_token) -> None:
-    from feature_store.privacy import PrivateFeaturizer
-    from serving.replay import collect, replay_and_collect
+    from fedfraud.feature_store.privacy import PrivateFeaturizer
+    from fedfraud.serving.replay import collect, replay_and_collect
 
     cfg, frame, broker, url = deployed
     s = cfg.serving

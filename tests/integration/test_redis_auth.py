@@ -49,7 +49,7 @@ def secured(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
             "--dir", str(folder)]
     ca_file = None
     if request.param == "password+tls":
-        from training.fraud.federated.hist import make_tls_files
+        from fedfraud.training.fraud.federated.hist import make_tls_files
 
         tls = make_tls_files(folder / "tls")
         ca_file = str(tls.server_cert)  # self-signed: the server certificate is its own CA
@@ -80,9 +80,9 @@ def _kv_url(server: SecuredRedis) -> str:
 
 def test_the_right_password_works_end_to_end(secured: SecuredRedis, tmp_path: Path,
                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    from feature_store.feast_store import apply_repo, open_store
-    from feature_store.online import OnlineStateClient
-    from serving.kvstore import RedisKV, open_kv
+    from fedfraud.feature_store.feast_store import apply_repo, open_store
+    from fedfraud.feature_store.online import OnlineStateClient
+    from fedfraud.serving.kvstore import RedisKV, open_kv
 
     monkeypatch.setenv(PASSWORD_ENV, secured.password)
     features = _features(secured, tmp_path / "repo")
@@ -118,8 +118,8 @@ def test_the_right_password_works_end_to_end(secured: SecuredRedis, tmp_path: Pa
 def test_a_wrong_or_missing_password_fails_at_start_up_in_one_line(secured: SecuredRedis, password: str | None,
                                                                    tmp_path: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    from feature_store.feast_store import open_store
-    from serving.kvstore import open_kv
+    from fedfraud.feature_store.feast_store import open_store
+    from fedfraud.serving.kvstore import open_kv
 
     if password is None:
         monkeypatch.delenv(PASSWORD_ENV, raising=False)

@@ -32,17 +32,17 @@ SMALL = ["anomaly.samples_per_epoch=48", "anomaly.local_epochs=1", "anomaly.max_
 @pytest.fixture(scope="module")
 def world(tmp_path_factory, ray_session, kafka_broker, api_token):
     from fedfraud.config import load_config, update_section
-    from feature_store.feast_store import apply_repo, materialize_repo, open_store
-    from feature_store.offline import write_offline
-    from serving.broker import free_port
-    from serving.runtime import start
-    from serving.warm import warm_fraud_state
-    from training.data.config import GeneratorConfig
-    from training.data.holdout import time_holdout, write_records
-    from training.data.synthetic import generate_dataset
-    from training.federated.task import RunSettings
-    from training.federated.trainer import run_federated
-    from training.fraud.pipeline import train_and_publish
+    from fedfraud.feature_store.feast_store import apply_repo, materialize_repo, open_store
+    from fedfraud.feature_store.offline import write_offline
+    from fedfraud.serving.broker import free_port
+    from fedfraud.serving.runtime import start
+    from fedfraud.serving.warm import warm_fraud_state
+    from fedfraud.training.data.config import GeneratorConfig
+    from fedfraud.training.data.holdout import time_holdout, write_records
+    from fedfraud.training.data.synthetic import generate_dataset
+    from fedfraud.training.federated.task import RunSettings
+    from fedfraud.training.federated.trainer import run_federated
+    from fedfraud.training.fraud.pipeline import train_and_publish
 
     tmp = tmp_path_factory.mktemp("loop")
     world_cfg = GeneratorConfig(banks=2, cardholders=160, days=30, fraud_rate=0.02, seed=21)
@@ -92,8 +92,8 @@ def _psi(url: str, headers: dict[str, str]) -> dict[str, float]:
 
 
 def test_drift_gauges_then_a_drifted_stream_triggers_a_retrain(world):
-    from training.registry import ModelRegistry
-    from training.retrain.schedule import RetrainScheduler
+    from fedfraud.training.registry import ModelRegistry
+    from fedfraud.training.retrain.schedule import RetrainScheduler
 
     cfg, rt = world["cfg"], world["rt"]
     normal = world["parts"][0]
@@ -127,7 +127,7 @@ def test_drift_gauges_then_a_drifted_stream_triggers_a_retrain(world):
 def test_the_challenger_shadows_every_transaction_and_never_decides(world):
     import httpx
 
-    from serving.replay import collect, topic_end_offsets
+    from fedfraud.serving.replay import collect, topic_end_offsets
 
     rt, cfg = world["rt"], world["cfg"]
     deadline = time.monotonic() + 60
@@ -153,10 +153,10 @@ def test_the_challenger_shadows_every_transaction_and_never_decides(world):
 
 
 def test_labels_come_back_and_join_to_the_shadow_pairs(world):
-    from feature_store.outcomes import OutcomeStore
-    from serving.labels import LabelJoiner
-    from serving.replay import LabelFeed
-    from training.retrain.policy import decide_promotion
+    from fedfraud.feature_store.outcomes import OutcomeStore
+    from fedfraud.serving.labels import LabelJoiner
+    from fedfraud.serving.replay import LabelFeed
+    from fedfraud.training.retrain.policy import decide_promotion
 
     cfg, part = world["cfg"], world["shadowed"]
     more = world["parts"][3]
@@ -164,9 +164,9 @@ def test_labels_come_back_and_join_to_the_shadow_pairs(world):
     # the next transactions stream with their own label feed; the shadowed part's labels come from the case system
     result = world["rt"].replay(more, rate=0, timeout_s=120, labels=feed)
     assert result.stats.labels_sent == int(more["is_fraud"].notna().sum())
-    from serving.config import ProducerSettings
-    from serving.kafka import confirm_sent, make_producer
-    from serving.labels import label_message
+    from fedfraud.serving.config import ProducerSettings
+    from fedfraud.serving.kafka import confirm_sent, make_producer
+    from fedfraud.serving.labels import label_message
 
     producer = make_producer(world["bootstrap"], ProducerSettings())
     confirm_sent(producer, [producer.send(cfg.serving.topics.labels, value=label_message(
@@ -189,7 +189,7 @@ def test_labels_come_back_and_join_to_the_shadow_pairs(world):
 
 
 def test_a_cycle_is_idempotent_never_overlaps_and_resumes_after_a_kill(world):
-    from training.registry import ModelRegistry
+    from fedfraud.training.registry import ModelRegistry
 
     reg = ModelRegistry(world["registry"])
     cfg_file = world["tmp"] / "cycle.yaml"

@@ -9,11 +9,11 @@ against the initial model's: a surviving federation has learned something (lower
 import numpy as np
 import pytest
 
-from training.data.config import GeneratorConfig
-from training.data.synthetic import generate_dataset
-from training.anomaly.engine import evaluate_selection
-from training.federated.task import RunSettings, bank_data, build_model
-from training.federated.trainer import run_federated
+from fedfraud.training.data.config import GeneratorConfig
+from fedfraud.training.data.synthetic import generate_dataset
+from fedfraud.training.anomaly.engine import evaluate_selection
+from fedfraud.training.federated.task import RunSettings, bank_data, build_model
+from fedfraud.training.federated.trainer import run_federated
 from tests.integration.tiny_run import TINY_RUN
 
 pytestmark = [pytest.mark.integration, pytest.mark.long]

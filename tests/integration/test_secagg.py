@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 from flwr.common import parameters_to_ndarrays
 
-from training.data.config import GeneratorConfig
-from training.data.synthetic import generate_dataset
-from training.federated.secagg import run_secagg
-from training.federated.task import RunSettings
+from fedfraud.training.data.config import GeneratorConfig
+from fedfraud.training.data.synthetic import generate_dataset
+from fedfraud.training.federated.secagg import run_secagg
+from fedfraud.training.federated.task import RunSettings
 from tests.integration.tiny_run import TINY_RUN
 
 pytestmark = [pytest.mark.integration, pytest.mark.long]

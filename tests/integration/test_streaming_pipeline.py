@@ -27,9 +27,9 @@ COLUMNS = ["transaction_id", "cardholder_id", "merchant_id", "timestamp", "amoun
 
 def publish_anomaly(registry, cfg, seed: int):
     """A real AnomalyModel (fresh weights: serving's guarantees do not depend on training) in the registry."""
-    from training.anomaly.config import AnomalyConfig
-    from training.anomaly.model import AnomalyModel
-    from training.anomaly.scorer import publish_anomaly_model
+    from fedfraud.training.anomaly.config import AnomalyConfig
+    from fedfraud.training.anomaly.model import AnomalyModel
+    from fedfraud.training.anomaly.scorer import publish_anomaly_model
 
     torch.manual_seed(seed)
     acfg = AnomalyConfig()
@@ -40,8 +40,8 @@ def publish_anomaly(registry, cfg, seed: int):
 
 @pytest.fixture(scope="module")
 def frame():
-    from training.data.config import GeneratorConfig
-    from training.data.synthetic import generate_frame
+    from fedfraud.training.data.config import GeneratorConfig
+    from fedfraud.training.data.synthetic import generate_frame
 
     data, _ = generate_frame(GeneratorConfig(banks=1, cardholders=80, days=45, seed=11))
     return data.sort_values(["timestamp", "transaction_id"]).reset_index(drop=True)[COLUMNS]
@@ -50,12 +50,12 @@ def frame():
 @pytest.fixture(scope="module")
 def runtime(tmp_path_factory, frame, ray_session, kafka_broker, api_token):
     from fedfraud.config import load_config
-    from feature_store.privacy import PrivateFeaturizer
-    from serving.runtime import start
-    from training.fraud.config import FraudConfig
-    from training.fraud.features import build_features
-    from training.fraud.model import fit_model
-    from training.registry import ModelRegistry
+    from fedfraud.feature_store.privacy import PrivateFeaturizer
+    from fedfraud.serving.runtime import start
+    from fedfraud.training.fraud.config import FraudConfig
+    from fedfraud.training.fraud.features import build_features
+    from fedfraud.training.fraud.model import fit_model
+    from fedfraud.training.registry import ModelRegistry
 
     tmp = tmp_path_factory.mktemp("serving")
     cfg = load_config(overrides=[f"features.repo_dir={tmp / 'repo'}", f"serving.registry_root={tmp / 'registry'}",
@@ -195,7 +195,7 @@ def test_promote_and_rollback_mid_stream_lose_and_double_nothing(runtime, frame)
 def test_killing_the_scoring_replica_loses_and_double_counts_nothing(runtime, frame):
     import ray
 
-    from feature_store.online import OnlineStateClient
+    from fedfraud.feature_store.online import OnlineStateClient
 
     part = _slice(frame, 2400, 3400)
     cfg = runtime.config
@@ -238,7 +238,7 @@ def test_killing_the_scoring_replica_loses_and_double_counts_nothing(runtime, fr
 
 def _records_of(runtime, rows: pd.DataFrame) -> list[dict]:
     """The wire records the bank's producer sends: card tokens, coarse coordinates."""
-    from serving.replay import wire_records
+    from fedfraud.serving.replay import wire_records
 
     return wire_records(rows, runtime.featurizer())
 
@@ -274,8 +274,8 @@ def test_duplicates_on_the_topics_copies_marked_and_a_conflicting_reuse_dead_let
     goes to the DLQ as conflicting_duplicate (in one batch or across batches)."""
     import json
 
-    from serving.kafka import json_bytes, make_producer
-    from serving.replay import collect, topic_end_offsets
+    from fedfraud.serving.kafka import json_bytes, make_producer
+    from fedfraud.serving.replay import collect, topic_end_offsets
 
     cfg = runtime.config
     topics, servers = cfg.serving.topics, runtime.bootstrap_servers
@@ -392,7 +392,7 @@ def test_no_card_number_or_exact_coordinate_on_any_topic_or_in_the_online_store(
     import re
     import struct
 
-    from serving.kafka import json_bytes
+    from fedfraud.serving.kafka import json_bytes
 
     part = _slice(frame, 3600, 4200)
     leaked = {**_records_of(runtime, _slice(frame, 4200, 4201))[0], "cardholder_id": str(frame["cardholder_id"][4200])}

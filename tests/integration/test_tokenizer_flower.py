@@ -4,11 +4,11 @@ import json
 
 import pytest
 
-from training.tokenizer.bpe import reference_bpe, words_to_bytes
-from training.tokenizer.config import TokenizerConfig
-from training.tokenizer.corpus import generate_corpus, group_by_client, write_jsonl
-from training.tokenizer.pretokenize import CorpusPipeline
-from training.tokenizer.trainer import train_federated_flower
+from fedfraud.training.tokenizer.bpe import reference_bpe, words_to_bytes
+from fedfraud.training.tokenizer.config import TokenizerConfig
+from fedfraud.training.tokenizer.corpus import generate_corpus, group_by_client, write_jsonl
+from fedfraud.training.tokenizer.pretokenize import CorpusPipeline
+from fedfraud.training.tokenizer.trainer import train_federated_flower
 
 pytestmark = pytest.mark.integration
 

@@ -6,9 +6,9 @@ import httpx
 import pytest
 
 from fedfraud.net import free_port
-from training.tokenizer.config import TokenizerConfig
-from training.tokenizer.export import build_tokenizer
-from training.tokenizer.trainer import publish_tokenizer
+from fedfraud.training.tokenizer.config import TokenizerConfig
+from fedfraud.training.tokenizer.export import build_tokenizer
+from fedfraud.training.tokenizer.trainer import publish_tokenizer
 
 pytestmark = pytest.mark.integration
 
@@ -28,8 +28,8 @@ def service(tmp_path_factory, api_token):
     from ray import serve
 
     from fedfraud.net import ray_bind
-    from serving.config import AuthSettings
-    from serving.tokenizer_service import TokenizerServiceArgs, build_tokenizer_app
+    from fedfraud.serving.config import AuthSettings
+    from fedfraud.serving.tokenizer_service import TokenizerServiceArgs, build_tokenizer_app
 
     root = tmp_path_factory.mktemp("registry")
     _publish(root, MERGES_V1)

@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 import torch
 
-from feature_store.config import EgoGraphConfig, EncoderConfig, PrivacyConfig
-from feature_store.privacy import PrivateFeaturizer
-from training.anomaly.config import AnomalyConfig
-from training.anomaly.data import load_bank_data
-from training.anomaly.engine import (
+from fedfraud.feature_store.config import EgoGraphConfig, EncoderConfig, PrivacyConfig
+from fedfraud.feature_store.privacy import PrivateFeaturizer
+from fedfraud.training.anomaly.config import AnomalyConfig
+from fedfraud.training.anomaly.data import load_bank_data
+from fedfraud.training.anomaly.engine import (
     anomaly_metrics,
     evaluate_fraud,
     evaluate_selection,
@@ -18,14 +18,14 @@ from training.anomaly.engine import (
     sources_of,
     train_model,
 )
-from training.anomaly.model import AnomalyModel
-from training.anomaly.run import RoundRecord, publish_run, summarize_banks
-from training.anomaly.scorer import AnomalyScorer
-from training.data.config import GeneratorConfig
-from feature_store.layout import read_bank
-from training.data.synthetic import generate_dataset
-from training.federated.accountant import dp_card, gaussian_epsilon
-from training.registry import ModelRegistry
+from fedfraud.training.anomaly.model import AnomalyModel
+from fedfraud.training.anomaly.run import RoundRecord, publish_run, summarize_banks
+from fedfraud.training.anomaly.scorer import AnomalyScorer
+from fedfraud.training.data.config import GeneratorConfig
+from fedfraud.feature_store.layout import read_bank
+from fedfraud.training.data.synthetic import generate_dataset
+from fedfraud.training.federated.accountant import dp_card, gaussian_epsilon
+from fedfraud.training.registry import ModelRegistry
 
 ENC = EncoderConfig(dim=32, merchant_buckets=512)
 EGO = EgoGraphConfig()

@@ -5,7 +5,7 @@ import pytest
 import torch
 from torch_geometric.data import Data
 
-from training.anomaly.negatives import CONFIGURATIONS, FeaturePool, NegativeSampler, check_graph
+from fedfraud.training.anomaly.negatives import CONFIGURATIONS, FeaturePool, NegativeSampler, check_graph
 
 
 def _graph(n: int, e: int, seed: int) -> Data:

@@ -4,15 +4,15 @@ import pytest
 import torch
 from torch_geometric.data import Batch, Data
 
-from feature_store.config import EncoderConfig
+from fedfraud.feature_store.config import EncoderConfig
 from fedfraud.errors import ConfigError
-from training.anomaly.config import AnomalyConfig
-from training.anomaly.model import AnomalyModel
-from training.anomaly.pool import GraphPooling, PoolResult, base, pooling_names, resolve_pooling
-from training.anomaly.pool.cluster import ClusterPool
-from training.anomaly.pool.topk import TopKPool
-from training.federated.task import RunSettings
-from training.anomaly.temporal import TemporalMessage
+from fedfraud.training.anomaly.config import AnomalyConfig
+from fedfraud.training.anomaly.model import AnomalyModel
+from fedfraud.training.anomaly.pool import GraphPooling, PoolResult, base, pooling_names, resolve_pooling
+from fedfraud.training.anomaly.pool.cluster import ClusterPool
+from fedfraud.training.anomaly.pool.topk import TopKPool
+from fedfraud.training.federated.task import RunSettings
+from fedfraud.training.anomaly.temporal import TemporalMessage
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 

@@ -10,8 +10,8 @@ from typer.testing import CliRunner
 
 from fedfraud.cli.app import app, main
 from fedfraud.errors import UserError
-from feature_store.config import EncoderConfig, PrivacyConfig
-from feature_store.privacy import (
+from fedfraud.feature_store.config import EncoderConfig, PrivacyConfig
+from fedfraud.feature_store.privacy import (
     FEDERATION_KEY_ENV,
     SECRET_ENV,
     SIMULATION_SECRET_ENV,

@@ -10,9 +10,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from feature_store.config import EncoderConfig, PrivacyConfig
-from feature_store.privacy import PrivateFeaturizer, pseudonymize
-from feature_store.schema import (
+from fedfraud.feature_store.config import EncoderConfig, PrivacyConfig
+from fedfraud.feature_store.privacy import PrivateFeaturizer, pseudonymize
+from fedfraud.feature_store.schema import (
     COORDINATE_DECIMALS,
     RejectReason,
     Validator,
@@ -21,8 +21,8 @@ from feature_store.schema import (
     mask_card_numbers,
     mask_card_numbers_bytes,
 )
-from serving.config import GuardSettings
-from serving.kafka import decode_messages, dlq_value, ingress_validator
+from fedfraud.serving.config import GuardSettings
+from fedfraud.serving.kafka import decode_messages, dlq_value, ingress_validator
 from tests.unit.test_serving_codec import Msg  # a ConsumerRecord-shaped message
 
 CARD = "4539578763621486"  # Luhn-valid

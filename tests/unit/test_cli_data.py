@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from fedfraud.cli.app import main
-from feature_store.layout import read_manifest
+from fedfraud.feature_store.layout import read_manifest
 
 SAMPLE = Path(__file__).parents[1] / "fixtures" / "tabformer_sample.csv"
 
@@ -87,7 +87,7 @@ def test_stream_and_inspect_errors_are_one_line(tmp_path: Path, capsys: pytest.C
     if setup == "corrupt":
         (tmp_path / "ds" / "bank_0" / "transactions.parquet").write_bytes(b"not a parquet file")
     if setup == "ok":
-        from serving.replay import load_source
+        from fedfraud.serving.replay import load_source
 
         load_source(tmp_path / "ds").head(3).to_csv(tmp_path / "ok.csv", index=False)
     code = main([a.format(d=tmp_path) for a in argv])

@@ -5,7 +5,7 @@ import math
 import dp_accounting
 import pytest
 
-from training.federated.accountant import (
+from fedfraud.training.federated.accountant import (
     DPRound,
     dp_card,
     epsilon_spent,
@@ -13,8 +13,8 @@ from training.federated.accountant import (
     noise_for_epsilon,
     plan_noise,
 )
-from training.federated.config import DPConfig
-from training.federated.strategy import banks_per_round
+from fedfraud.training.federated.config import DPConfig
+from fedfraud.training.federated.strategy import banks_per_round
 
 
 def test_epsilon_grows_with_rounds_and_shrinks_with_noise():

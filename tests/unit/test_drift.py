@@ -1,11 +1,11 @@
-"""PSI and the sliding drift window (training.retrain.drift)."""
+"""PSI and the sliding drift window (fedfraud.training.retrain.drift)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from training.retrain.drift import DriftMonitor, DriftReference, psi
+from fedfraud.training.retrain.drift import DriftMonitor, DriftReference, psi
 
 
 def _reference(rng: np.random.Generator, n: int = 5000) -> tuple[DriftReference, np.ndarray]:

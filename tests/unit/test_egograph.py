@@ -8,18 +8,18 @@ import pytest
 import torch
 from torch_geometric.data import Batch, Data
 
-from feature_store.config import EgoGraphConfig, EncoderConfig, PrivacyConfig
-from feature_store.egograph import (
+from fedfraud.feature_store.config import EgoGraphConfig, EncoderConfig, PrivacyConfig
+from fedfraud.feature_store.egograph import (
     CorruptStateError,
     EgoGraphState,
     _graph,
     active_cardholders,
     build_snapshot_pairs,
 )
-from feature_store.encoders import merchant_hash
-from feature_store.privacy import PrivateFeaturizer
-from feature_store.schema import frame_to_transactions
-from feature_store.layout import split_of
+from fedfraud.feature_store.encoders import merchant_hash
+from fedfraud.feature_store.privacy import PrivateFeaturizer
+from fedfraud.feature_store.schema import frame_to_transactions
+from fedfraud.feature_store.layout import split_of
 
 ENC, PRIV = EncoderConfig(), PrivacyConfig()
 FEAT = PrivateFeaturizer(ENC, PRIV, b"bank-test-secret")
@@ -243,8 +243,8 @@ def test_graph_carries_no_raw_values():
 def test_collate_graphs_matches_pyg_batch(pooling):
     """The scoring path's direct concatenation builds PyG's batch inputs and the same embeddings, a graph
     without edges among them (scoring never embeds a 0-node graph; PyG's collate cannot mix one with others)."""
-    from training.anomaly.config import AnomalyConfig
-    from training.anomaly.model import AnomalyModel, collate_graphs
+    from fedfraud.training.anomaly.config import AnomalyConfig
+    from fedfraud.training.anomaly.model import AnomalyModel, collate_graphs
 
     graphs = []
     for stream in ([(1, A, 0)], [(1, A, 0), (2, B, 1), (3, A, 2), (4, C, 3)], [(5, D, 0), (6, B, 5)]):

@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from fedfraud.bench.features import encoder_fidelity, haversine_km
-from feature_store.config import EncoderConfig, PrivacyConfig
-from feature_store.encoders import (
+from fedfraud.feature_store.config import EncoderConfig, PrivacyConfig
+from fedfraud.feature_store.encoders import (
     MerchantEmbedding,
     encode_location,
     encode_time,
@@ -98,7 +98,7 @@ def test_time_shape_range_and_periodicity(cfg):
 def test_calendar_decomposition_matches_numpy():
     # days across leap years and the month boundary must decompose like datetime64 does
     secs = np.arange(-86_400 * 800, 86_400 * 20_000, 86_400 * 37 + 3_671, dtype=np.int64)
-    from feature_store.encoders import _calendar
+    from fedfraud.feature_store.encoders import _calendar
 
     hour, minute, second, day, month = _calendar(secs)
     dt = secs.astype("datetime64[s]")

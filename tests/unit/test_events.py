@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from feature_store.events import (
+from fedfraud.feature_store.events import (
     CATEGORY_SLOTS,
     EVENT_FEATURES,
     EVENT_SIZE,
@@ -18,9 +18,9 @@ from feature_store.events import (
     raw_event,
     update_history,
 )
-from training.anomaly.config import HEAD_SIZES, AnomalyConfig
-from training.anomaly.event_negatives import FAMILIES, EventNegativeSampler, parse_mix
-from training.anomaly.heads import event_targets
+from fedfraud.training.anomaly.config import HEAD_SIZES, AnomalyConfig
+from fedfraud.training.anomaly.event_negatives import FAMILIES, EventNegativeSampler, parse_mix
+from fedfraud.training.anomaly.heads import event_targets
 
 DAY = 86_400.0
 T0 = 1_735_689_600.0  # 2025-01-01 00:00 UTC, a Wednesday

@@ -8,9 +8,9 @@ import pytest
 from pydantic import ValidationError
 from scipy import stats
 
-from feature_store.config import EncoderConfig, PrivacyConfig
-from feature_store.encoders import encode_location, encode_time
-from feature_store.privacy import (
+from fedfraud.feature_store.config import EncoderConfig, PrivacyConfig
+from fedfraud.feature_store.encoders import encode_location, encode_time
+from fedfraud.feature_store.privacy import (
     KM_PER_DEGREE,
     PrivateFeaturizer,
     feature_ldp_card,

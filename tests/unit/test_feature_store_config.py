@@ -4,8 +4,8 @@ import pytest
 
 from fedfraud.config import load_config
 from fedfraud.errors import ConfigError, UserError
-from feature_store.activity import Activity
-from feature_store.store_config import FeatureStoreConfig, RedisProfile, SqliteProfile, resolve_profile
+from fedfraud.feature_store.activity import Activity
+from fedfraud.feature_store.store_config import FeatureStoreConfig, RedisProfile, SqliteProfile, resolve_profile
 
 
 def test_profiles_resolve_by_name() -> None:

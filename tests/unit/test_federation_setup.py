@@ -12,9 +12,9 @@ from cryptography.hazmat.primitives.serialization import load_ssh_private_key, l
 
 from fedfraud.cli.app import main
 from fedfraud.errors import ConfigError
-from training.federated.deployment import FederationFiles, generate_federation_files
-from training.federated.task import RunSettings, on_node
-from training.fraud.federated.server_app import DEFAULT_SETTINGS
+from fedfraud.training.federated.deployment import FederationFiles, generate_federation_files
+from fedfraud.training.federated.task import RunSettings, on_node
+from fedfraud.training.fraud.federated.server_app import DEFAULT_SETTINGS
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -57,8 +57,8 @@ def test_cli_certs_then_down_without_a_federation(tmp_path, capsys):
 def test_fraud_app_config_is_the_server_defaults():
     flwr = tomllib.loads((ROOT / "apps" / "fraud" / "pyproject.toml").read_text())["tool"]["flwr"]
     assert flwr["app"]["components"] == {
-        "serverapp": "training.fraud.federated.server_app:app",
-        "clientapp": "training.fraud.federated.client_app:app",
+        "serverapp": "fedfraud.training.fraud.federated.server_app:app",
+        "clientapp": "fedfraud.training.fraud.federated.client_app:app",
     }
     assert flwr["app"]["config"] == DEFAULT_SETTINGS
 
@@ -82,7 +82,7 @@ def test_no_legacy_federations_section():
 def test_a_bank_writes_the_features_its_supernode_trains_on(tmp_path, capsys):
     """`federation features` turns one bank's own folder into the file its fraud ClientApp loads."""
     from fedfraud.cli.app import main
-    from training.fraud.federated.task import load_node_features
+    from fedfraud.training.fraud.federated.task import load_node_features
 
     data = tmp_path / "data"
     assert main(["generate", "--out", str(data), "--cardholders", "30", "--days", "10", "--banks", "2"]) == 0

@@ -4,13 +4,13 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from feature_store.config import EncoderConfig, PrivacyConfig
-from feature_store.privacy import PrivateFeaturizer
-from training.data.config import GeneratorConfig
-from training.data.synthetic import generate_frame
-from training.fraud.config import FraudConfig
-from training.fraud.dataset import fraud_split
-from training.fraud.features import (
+from fedfraud.feature_store.config import EncoderConfig, PrivacyConfig
+from fedfraud.feature_store.privacy import PrivateFeaturizer
+from fedfraud.training.data.config import GeneratorConfig
+from fedfraud.training.data.synthetic import generate_frame
+from fedfraud.training.fraud.config import FraudConfig
+from fedfraud.training.fraud.dataset import fraud_split
+from fedfraud.training.fraud.features import (
     ANOMALY_FEATURE,
     CorruptFraudStateError,
     FraudFeatures,

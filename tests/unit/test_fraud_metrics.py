@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 from sklearn.metrics import average_precision_score
 
-from training.fraud.metrics import (
+from fedfraud.training.fraud.metrics import (
     best_f1_threshold,
     classification_metrics,
     f1_score,

@@ -3,16 +3,16 @@ import math
 import numpy as np
 import pytest
 
-from feature_store.config import EncoderConfig, PrivacyConfig
-from feature_store.privacy import PrivateFeaturizer
-from training.data.config import GeneratorConfig
-from training.data.synthetic import generate_frame
-from training.fraud.config import FraudConfig
-from training.fraud.dataset import fraud_split
-from training.fraud.features import ANOMALY_FEATURE, FraudFeatures, build_features
-from training.fraud.model import FraudModel, used_features
-from training.fraud.train import train_centralized, train_local
-from training.registry import ModelRegistry
+from fedfraud.feature_store.config import EncoderConfig, PrivacyConfig
+from fedfraud.feature_store.privacy import PrivateFeaturizer
+from fedfraud.training.data.config import GeneratorConfig
+from fedfraud.training.data.synthetic import generate_frame
+from fedfraud.training.fraud.config import FraudConfig
+from fedfraud.training.fraud.dataset import fraud_split
+from fedfraud.training.fraud.features import ANOMALY_FEATURE, FraudFeatures, build_features
+from fedfraud.training.fraud.model import FraudModel, used_features
+from fedfraud.training.fraud.train import train_centralized, train_local
+from fedfraud.training.registry import ModelRegistry
 
 CFG = FraudConfig(num_boost_round=15, max_depth=3, validation_fraction=0.3)
 

@@ -5,11 +5,11 @@ import pandas as pd
 import pytest
 
 from fedfraud.cli.app import main
-from training.data.config import IngestConfig
-from training.data.partition import share_banks
-from training.fraud.bootstrap import RankedScores, bootstrap_counts, interval, weighted_metrics
-from training.fraud.metrics import classification_metrics
-from training.fraud.stacking import (
+from fedfraud.training.data.config import IngestConfig
+from fedfraud.training.data.partition import share_banks
+from fedfraud.training.fraud.bootstrap import RankedScores, bootstrap_counts, interval, weighted_metrics
+from fedfraud.training.fraud.metrics import classification_metrics
+from fedfraud.training.fraud.stacking import (
     cardholder_folds,
     crossfit_anomaly_scores,
     permuted_within_bank,

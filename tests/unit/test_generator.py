@@ -8,11 +8,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from training.data.config import GeneratorConfig
-from feature_store.geo import haversine_km
-from feature_store.layout import TRANSACTIONS_FILE, bank_dir, list_banks, read_bank, read_manifest
-from training.data.synthetic import FRAUD_SCENARIOS, REGIONS, generate_dataset, generate_frame
-from training.data.writer import LABELS_FILE
+from fedfraud.training.data.config import GeneratorConfig
+from fedfraud.feature_store.geo import haversine_km
+from fedfraud.feature_store.layout import TRANSACTIONS_FILE, bank_dir, list_banks, read_bank, read_manifest
+from fedfraud.training.data.synthetic import FRAUD_SCENARIOS, REGIONS, generate_dataset, generate_frame
+from fedfraud.training.data.writer import LABELS_FILE
 
 CONFIG = GeneratorConfig(banks=4, cardholders=300, days=30, seed=11, fraud_rate=0.01)
 

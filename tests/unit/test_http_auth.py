@@ -11,8 +11,8 @@ from fastapi import HTTPException
 from fedfraud.cli.app import main
 from fedfraud.credentials import API_TOKEN_ENV, read_secret, write_secret_file
 from fedfraud.errors import UserError
-from serving.auth import TOKEN_FILE, BearerAuth, api_token, per_run_token
-from serving.config import AuthSettings
+from fedfraud.serving.auth import TOKEN_FILE, BearerAuth, api_token, per_run_token
+from fedfraud.serving.config import AuthSettings
 
 
 @pytest.fixture

@@ -141,13 +141,13 @@ def test_serve_config_is_valid_for_ray_and_for_the_app(name: str, config: dict[s
     from ray.serve.schema import ServeDeploySchema
 
     from fedfraud.config import FedfraudConfig
-    from serving.app import ScoringArgs
+    from fedfraud.serving.app import ScoringArgs
 
     ServeDeploySchema.model_validate(config)
     partitions = {d["metadata"]["name"]: d["spec"]["partitions"] for _, d in _all_documents()
                   if d["kind"] == "KafkaTopic"}
     for app in config["applications"]:
-        assert app["import_path"] == "serving.app:build_app"
+        assert app["import_path"] == "fedfraud.serving.app:build_app"
         args = ScoringArgs.model_validate(app["args"])
         cfg = FedfraudConfig.model_validate(args.config)
         assert cfg.features.registry.type == "sql", "replicas share one Feast registry, not a file per pod"

@@ -11,14 +11,14 @@ import pytest
 from pydantic import ValidationError
 
 from fedfraud.errors import UserError
-from serving.config import ConsumerSettings, KafkaSecurity, ProducerSettings
+from fedfraud.serving.config import ConsumerSettings, KafkaSecurity, ProducerSettings
 
 PASSWORD_ENV = "FEDFRAUD_TEST_KAFKA_PASSWORD"
 
 
 @pytest.fixture
 def tls(tmp_path):
-    from training.fraud.federated.hist import make_tls_files
+    from fedfraud.training.fraud.federated.hist import make_tls_files
 
     return make_tls_files(tmp_path)
 
@@ -68,7 +68,7 @@ def test_inconsistent_settings_are_refused(bad):
 def test_every_client_factory_hands_the_settings_to_librdkafka(tls, monkeypatch):
     """The producer and the ingress consumer are built with SASL_SSL and mutual TLS; librdkafka loads the
     certificate files when it builds a client, so a wrong CA path fails here, proving the settings arrive."""
-    from serving.kafka import make_consumer, make_producer
+    from fedfraud.serving.kafka import make_consumer, make_producer
 
     monkeypatch.setenv(PASSWORD_ENV, "s3cret")
     sec = _sasl_ssl(tls)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from feature_store.config import EncoderConfig, PrivacyConfig
-from feature_store.encoders import merchant_bucket
-from feature_store.privacy import FEDERATION_KEY_ENV, PrivateFeaturizer
+from fedfraud.feature_store.config import EncoderConfig, PrivacyConfig
+from fedfraud.feature_store.encoders import merchant_bucket
+from fedfraud.feature_store.privacy import FEDERATION_KEY_ENV, PrivateFeaturizer
 
 IDS = [f"merchant-{i}" for i in range(2000)]
 ENC = EncoderConfig()

@@ -1,4 +1,4 @@
-"""Every replica's metrics on any replica's /metrics (serving.metrics.MetricsBoard over the real SQLite KV)."""
+"""Every replica's metrics on any replica's /metrics (fedfraud.serving.metrics.MetricsBoard over the real SQLite KV)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import time
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from serving.kvstore import SqliteKV
-from serving.metrics import MetricsBoard, PipelineMetrics
+from fedfraud.serving.kvstore import SqliteKV
+from fedfraud.serving.metrics import MetricsBoard, PipelineMetrics
 
 
 def _samples(text: bytes, name: str) -> dict[str, float]:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from feature_store.outcomes import OutcomeStore
-from serving.labels import label_message, parse_label
+from fedfraud.feature_store.outcomes import OutcomeStore
+from fedfraud.serving.labels import label_message, parse_label
 
 
 def _label(tx: str, fraud: bool) -> dict:

@@ -14,8 +14,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from feature_store.schema import RejectReason, Validator
-from serving.kafka import DecodedBatch, decode_messages, dlq_value
+from fedfraud.feature_store.schema import RejectReason, Validator
+from fedfraud.serving.kafka import DecodedBatch, decode_messages, dlq_value
 from tests.unit.test_serving_codec import Msg  # a ConsumerRecord-shaped message
 
 NOW = 1_800_000_000.0  # 2027-01-15, the validator's clock in these tests
@@ -151,7 +151,7 @@ def _scorer(poison: set[int], calls: list[list[int]], done: list[int]):
 
 @pytest.mark.parametrize("poison", [{0}, {37}, {99}, {3, 64}])
 def test_bisection_pins_each_poison_record_and_scores_every_other_row_once_in_order(poison: set[int]) -> None:
-    from serving.poison import isolate_failures
+    from fedfraud.serving.poison import isolate_failures
 
     calls: list[list[int]] = []
     done: list[int] = []
@@ -162,7 +162,7 @@ def test_bisection_pins_each_poison_record_and_scores_every_other_row_once_in_or
 
 
 def test_bisection_blames_no_record_in_an_outage() -> None:
-    from serving.poison import Outage, isolate_failures
+    from fedfraud.serving.poison import Outage, isolate_failures
 
     def store_down(rows: list[int]) -> None:
         raise ConnectionError("Error 111 connecting to 127.0.0.1:6379. Connection refused.")
@@ -178,7 +178,7 @@ def test_bisection_blames_no_record_in_an_outage() -> None:
 
 
 def test_outage_is_recognised_through_a_wrapping_exception() -> None:
-    from serving.poison import is_outage
+    from fedfraud.serving.poison import is_outage
 
     class RayTaskError(RuntimeError):  # the shape Ray gives a remote exception: a wrapper with a cause
         pass
@@ -213,7 +213,7 @@ def test_review_probes_bad_stamps_huge_keys_and_separator_lookalikes() -> None:
 
 
 def test_rows_that_all_fail_alone_are_blamed_once_the_caller_has_waited() -> None:
-    from serving.poison import isolate_failures
+    from fedfraud.serving.poison import isolate_failures
 
     def two_poison(rows: list[int]) -> None:
         raise ValueError("both rows are poison")
@@ -223,7 +223,7 @@ def test_rows_that_all_fail_alone_are_blamed_once_the_caller_has_waited() -> Non
 
 def test_records_of_partitions_revoked_during_the_batch_window_are_dropped() -> None:
     """Review finding: a rebalance between the polls of one batch could make two replicas score a partition."""
-    from serving.consumer import _Revocations, _without
+    from fedfraud.serving.consumer import _Revocations, _without
 
     revocations = _Revocations()
     revocations.on_partitions_revoked([("transactions", 1)])

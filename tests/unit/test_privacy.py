@@ -5,9 +5,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from feature_store.config import EncoderConfig, PrivacyConfig
-from feature_store.encoders import encode_location, encode_time
-from feature_store.privacy import (
+from fedfraud.feature_store.config import EncoderConfig, PrivacyConfig
+from fedfraud.feature_store.encoders import encode_location, encode_time
+from fedfraud.feature_store.privacy import (
     SECRET_ENV,
     PrivateFeatures,
     PrivateFeaturizer,

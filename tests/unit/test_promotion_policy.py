@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from feature_store.outcomes import OutcomeStore
-from training.registry import ModelRegistry
-from training.retrain.config import RetrainConfig
-from training.retrain.policy import decide_promotion
+from fedfraud.feature_store.outcomes import OutcomeStore
+from fedfraud.training.registry import ModelRegistry
+from fedfraud.training.retrain.config import RetrainConfig
+from fedfraud.training.retrain.policy import decide_promotion
 
 CFG = RetrainConfig(min_frauds=20, bootstrap_reps=200)
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from fedfraud.cli.app import main
-from training.registry import ModelRegistry, RegistryError
+from fedfraud.training.registry import ModelRegistry, RegistryError
 
 
 def _publish(reg: ModelRegistry, n: int, kind: str = "fraud") -> None:

@@ -10,10 +10,10 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
-from feature_store.outcomes import OUTCOMES_FILE, OutcomeStore
-from feature_store.layout import TRANSACTIONS_FILE, bank_dir, read_bank
-from training.data.writer import canonical_table
-from training.retrain.cycle import RetrainBusy, cycle_lock, window_dataset
+from fedfraud.feature_store.outcomes import OUTCOMES_FILE, OutcomeStore
+from fedfraud.feature_store.layout import TRANSACTIONS_FILE, bank_dir, read_bank
+from fedfraud.training.data.writer import canonical_table
+from fedfraud.training.retrain.cycle import RetrainBusy, cycle_lock, window_dataset
 
 
 def _bank(root, bank: int, days: int, labelled: bool) -> pd.DataFrame:
@@ -51,7 +51,7 @@ def test_a_second_cycle_cannot_take_the_lock(tmp_path):
     holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
         import sys, time
         from pathlib import Path
-        from training.retrain.cycle import cycle_lock
+        from fedfraud.training.retrain.cycle import cycle_lock
         with cycle_lock(Path({str(tmp_path)!r})):
             print("held", flush=True)
             time.sleep(60)

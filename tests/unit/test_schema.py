@@ -7,7 +7,7 @@ import math
 import pandas as pd
 import pytest
 
-from feature_store.schema import (
+from fedfraud.feature_store.schema import (
     ARROW_SCHEMA,
     CANONICAL_COLUMNS,
     MAX_TEXT_LEN,

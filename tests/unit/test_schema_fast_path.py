@@ -15,8 +15,8 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from feature_store import schema
-from feature_store.schema import Validator
+from fedfraud.feature_store import schema
+from fedfraud.feature_store.schema import Validator
 
 NOW = 1_800_000_000.0  # fixed wall clock: 2027-01-15
 

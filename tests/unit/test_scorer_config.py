@@ -1,13 +1,13 @@
 """The scorer deployment's own config section (issue 19: each deployment receives only its typed section).
 
-``serving.app.build_app`` binds :class:`serving.config.ScorerConfig`, cut from the whole config by field name;
+``fedfraud.serving.app.build_app`` binds :class:`fedfraud.serving.config.ScorerConfig`, cut from the whole config by field name;
 the replicas rebuild it from JSON. The deployment itself runs in ``tests/integration/test_streaming_pipeline.py``.
 """
 
 from __future__ import annotations
 
 from fedfraud.config import FedfraudConfig, apply_overrides
-from serving.config import ScorerConfig
+from fedfraud.serving.config import ScorerConfig
 
 
 def test_every_scorer_section_is_the_same_typed_section_of_the_whole_config() -> None:

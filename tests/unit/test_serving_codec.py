@@ -8,10 +8,10 @@ from dataclasses import dataclass
 
 import pytest
 
-from feature_store.schema import Validator
-from serving.config import ConsumerSettings
-from serving.kafka import PRODUCED_HEADER, decode_messages, dlq_value
-from serving.kvstore import SqliteKV
+from fedfraud.feature_store.schema import Validator
+from fedfraud.serving.config import ConsumerSettings
+from fedfraud.serving.kafka import PRODUCED_HEADER, decode_messages, dlq_value
+from fedfraud.serving.kvstore import SqliteKV
 
 
 @dataclass
@@ -65,8 +65,8 @@ def test_consumer_settings_reject_a_request_timeout_a_join_can_outlive():
 @pytest.mark.parametrize("backend", ["sqlite", "redis"])
 def test_durable_counters_add_up_across_replicas_and_survive_a_restart(tmp_path, backend):
     """Issue 14: totals came from one replica's memory and reset on restart."""
-    from serving.kvstore import RedisKV
-    from serving.metrics import DurableCounters
+    from fedfraud.serving.kvstore import RedisKV
+    from fedfraud.serving.metrics import DurableCounters
 
     if backend == "redis":
         kv = RedisKV("redis://127.0.0.1:6379/13")

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from serving.follow import moved
-from training.registry import ModelRegistry, RegistryError
+from fedfraud.serving.follow import moved
+from fedfraud.training.registry import ModelRegistry, RegistryError
 
 
 def _publish(reg: ModelRegistry, kind: str) -> str:

@@ -10,13 +10,13 @@ import pandas as pd
 import pytest
 
 from fedfraud.errors import UserError
-from training.data.config import IngestConfig
-from training.data.csvio import read_header
-from training.data.ingest import detect_format, ingest_csv
-from feature_store.layout import REJECTS_FILE, list_banks, read_bank, read_manifest
-from feature_store.schema import COORDINATE_DECIMALS
-from training.data.partition import state_bank_map
-from training.data.sparkov import write_sparkov_csv
+from fedfraud.training.data.config import IngestConfig
+from fedfraud.training.data.csvio import read_header
+from fedfraud.training.data.ingest import detect_format, ingest_csv
+from fedfraud.feature_store.layout import REJECTS_FILE, list_banks, read_bank, read_manifest
+from fedfraud.feature_store.schema import COORDINATE_DECIMALS
+from fedfraud.training.data.partition import state_bank_map
+from fedfraud.training.data.sparkov import write_sparkov_csv
 
 STATES = ["NY", "CA", "TX", "IL", "WA", "FL"]
 

@@ -8,13 +8,13 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from training.data.config import IngestConfig
-from training.data.csvio import read_header
-from training.data.geo import US_CENTER, geo_tables
-from training.data.ingest import detect_format, ingest_csv
-from feature_store.layout import REJECTS_FILE, list_banks, read_bank, read_manifest
-from feature_store.schema import COORDINATE_DECIMALS
-from training.data.tabformer import home_states
+from fedfraud.training.data.config import IngestConfig
+from fedfraud.training.data.csvio import read_header
+from fedfraud.training.data.geo import US_CENTER, geo_tables
+from fedfraud.training.data.ingest import detect_format, ingest_csv
+from fedfraud.feature_store.layout import REJECTS_FILE, list_banks, read_bank, read_manifest
+from fedfraud.feature_store.schema import COORDINATE_DECIMALS
+from fedfraud.training.data.tabformer import home_states
 
 SAMPLE = Path(__file__).parents[1] / "fixtures" / "tabformer_sample.csv"
 

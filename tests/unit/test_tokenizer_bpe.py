@@ -4,7 +4,7 @@ from pydantic import ValidationError
 
 from fedfraud.config import load_config
 from fedfraud.errors import ConfigError
-from training.tokenizer.bpe import (
+from fedfraud.training.tokenizer.bpe import (
     ClientState,
     FedBPEServer,
     ReleaseParams,
@@ -12,9 +12,9 @@ from training.tokenizer.bpe import (
     train_in_process,
     words_to_bytes,
 )
-from training.tokenizer.config import TokenizerConfig
-from training.tokenizer.corpus import generate_corpus, group_by_client, write_jsonl
-from training.tokenizer.pretokenize import CorpusPipeline, pretokenize
+from fedfraud.training.tokenizer.config import TokenizerConfig
+from fedfraud.training.tokenizer.corpus import generate_corpus, group_by_client, write_jsonl
+from fedfraud.training.tokenizer.pretokenize import CorpusPipeline, pretokenize
 
 TINY = {
     "a": ["the lower newest widest low", "newer lowest"],
@@ -90,7 +90,7 @@ def test_batch_grows_with_vocabulary_and_stays_conflict_free():
 def test_counted_corpus_survives_in_node_state(tmp_path):
     from flwr.app import RecordDict
 
-    from training.tokenizer import task
+    from fedfraud.training.tokenizer import task
 
     path = write_jsonl(tmp_path / "c.jsonl", generate_corpus(2, 5, seed=3))
     store = RecordDict()

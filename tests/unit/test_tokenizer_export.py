@@ -3,10 +3,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer
 
-from training.tokenizer.bpe import ClientState, FedBPEServer, ReleaseParams, train_in_process, words_to_bytes
-from training.tokenizer.export import build_tokenizer, save_tokenizer
-from training.tokenizer.metrics import evaluate_texts
-from training.tokenizer.pretokenize import CorpusPipeline
+from fedfraud.training.tokenizer.bpe import ClientState, FedBPEServer, ReleaseParams, train_in_process, words_to_bytes
+from fedfraud.training.tokenizer.export import build_tokenizer, save_tokenizer
+from fedfraud.training.tokenizer.metrics import evaluate_texts
+from fedfraud.training.tokenizer.pretokenize import CorpusPipeline
 
 DOCS = {
     "a": ["Payment of the balance was refused by the bank.", "The bank refused the payment twice."],

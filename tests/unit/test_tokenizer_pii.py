@@ -3,8 +3,10 @@ from pathlib import Path
 import pytest
 
 from fedfraud.errors import UserError
-from training.tokenizer.corpus import read_jsonl
-from training.tokenizer.pii import PIIDetector, PIISpan, evaluate_detector, iban_ok, luhn_ok, resolve_recognizer, wipe
+from fedfraud.training.tokenizer.corpus import read_jsonl
+from fedfraud.training.tokenizer.pii import (
+    PIIDetector, PIISpan, evaluate_detector, iban_ok, luhn_ok, resolve_recognizer, wipe,
+)
 
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "tokenizer" / "pii_labelled.jsonl"
 

@@ -4,11 +4,11 @@ import numpy as np
 import pytest
 
 from fedfraud.cli.app import main
-from training.registry import ModelRegistry
-from training.tokenizer.bpe import ClientState, ReleaseParams, words_to_bytes
-from training.tokenizer.corpus import generate_corpus
-from training.tokenizer.pretokenize import CorpusPipeline
-from training.tokenizer.privacy import composed_epsilon, default_delta, tokenizer_privacy
+from fedfraud.training.registry import ModelRegistry
+from fedfraud.training.tokenizer.bpe import ClientState, ReleaseParams, words_to_bytes
+from fedfraud.training.tokenizer.corpus import generate_corpus
+from fedfraud.training.tokenizer.pretokenize import CorpusPipeline
+from fedfraud.training.tokenizer.privacy import composed_epsilon, default_delta, tokenizer_privacy
 
 BOUND = 64
 DOCS = [d.text for d in generate_corpus(1, 12, pii_rate=0.0, seed=2)]

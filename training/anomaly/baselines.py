@@ -23,8 +23,8 @@ import numpy as np
 import pandas as pd
 from sklearn.ensemble import IsolationForest
 
-from feature_store.encoders import timestamps_us
-from feature_store.events import category_slot
+from fedfraud.feature_store.encoders import timestamps_us
+from fedfraud.feature_store.events import category_slot
 
 __all__ = ["BASELINES", "causal_baselines", "isolation_forest_scores"]
 

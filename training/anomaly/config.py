@@ -10,7 +10,7 @@ __all__ = ["HEAD_SIZES", "AnomalyConfig", "parse_heads"]
 
 #: Discretised fields of the next transaction and their number of classes.
 HEAD_SIZES: dict[str, int] = {
-    "category": 32,  # feature_store.events.CATEGORY_SLOTS (a test checks they agree)
+    "category": 32,  # fedfraud.feature_store.events.CATEGORY_SLOTS (a test checks they agree)
     "amount": 48,
     "hour": 24,
     "gap": 32,
@@ -44,9 +44,9 @@ class AnomalyConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    # Checked against the operators' own registry (training.anomaly.pool) where a run is built, not here:
+    # Checked against the operators' own registry (fedfraud.training.anomaly.pool) where a run is built, not here:
     # reading the registry imports torch and PyG (seconds), which every CLI command would pay to load a config.
-    pooling: str = Field("topk", description="pooling operator, one of training.anomaly.pool.pooling_names()")
+    pooling: str = Field("topk", description="pooling operator, one of fedfraud.training.anomaly.pool.pooling_names()")
     layers: int = Field(2, ge=1, le=10, description="GCN layers, each followed by pooling")
     hidden: int = Field(64, ge=8, description="node embedding size of the GCN layers")
     ratio: float = Field(0.5, gt=0.0, le=1.0, description="fraction of nodes kept by each pooling step")
@@ -65,7 +65,7 @@ class AnomalyConfig(BaseModel):
         "next-event",
         description=(
             "how the newest transaction is scored against G_{t-1}. 'next-event' (default): likelihood of the "
-            "transaction under a factorised next-event model of q_{t-1} (training.anomaly.heads); 'contrastive': "
+            "transaction under a factorised next-event model of q_{t-1} (fedfraud.training.anomaly.heads); 'contrastive': "
             "a discriminator of (history, event) against event negatives; 'thesis': f(q_{t-1}, q_t) with "
             "q = Σ_l [mean_l ‖ max_l] (thesis §4.4, Table 4.1); 'thesis-newest': that plus the newest node's "
             "first-layer embedding. Chosen by measurement on validation cardholders (docs/anomaly.md)"
@@ -73,11 +73,11 @@ class AnomalyConfig(BaseModel):
     )
     heads: str = Field(
         "category,amount,hour,gap",
-        description="next-event fields, comma-separated, of training.anomaly.heads.HEAD_SIZES",
+        description="next-event fields, comma-separated, of fedfraud.training.anomaly.heads.HEAD_SIZES",
     )
     negatives: str = Field(
         "swap=1,amount=1,burst=1,geo=1,hour=1,category=1,new-high=1,spell=1",
-        description="contrastive readout: mix of event-negative families (training.anomaly.event_negatives)",
+        description="contrastive readout: mix of event-negative families (fedfraud.training.anomaly.event_negatives)",
     )
     val_fraction: float = Field(
         0.15, ge=0.0, lt=0.75, description="share of all cardholders held out of training for model selection"
@@ -92,7 +92,7 @@ class AnomalyConfig(BaseModel):
         le=1.0,
         description=(
             "thesis readouts: share of graph negatives that change only the newest node/edge by one transaction's "
-            "worth (0 = the thesis's 10-50% perturbations only; see training.anomaly.negatives)"
+            "worth (0 = the thesis's 10-50% perturbations only; see fedfraud.training.anomaly.negatives)"
         ),
     )
     aux_weight: float = Field(1.0, ge=0.0, description="weight of a pooling operator's auxiliary loss (DiffPool)")
@@ -112,7 +112,7 @@ class AnomalyConfig(BaseModel):
     def _check(self) -> AnomalyConfig:
         if self.perturb_min > self.perturb_max:
             raise ValueError("perturb_min must be <= perturb_max")
-        from training.anomaly.event_negatives import parse_mix
+        from fedfraud.training.anomaly.event_negatives import parse_mix
         parse_heads(self.heads)
         parse_mix(self.negatives)
         return self

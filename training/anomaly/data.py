@@ -1,7 +1,7 @@
 """One bank's anomaly-training data, built inside the bank from its own parquet.
 
 :func:`load_bank_data` replays the bank's transactions through
-:func:`feature_store.egograph.iter_snapshot_pairs` (the same code serving
+:func:`fedfraud.feature_store.egograph.iter_snapshot_pairs` (the same code serving
 uses) and keeps bounded, seeded samples:
 
 * ``train``: real transitions of training cardholders (reservoir of
@@ -36,13 +36,13 @@ import torch
 from torch_geometric.data import Data
 
 from fedfraud.errors import UserError
-from feature_store.config import EgoGraphConfig, EncoderConfig, PrivacyConfig
-from feature_store.egograph import SnapshotPair, active_cardholders, iter_snapshot_pairs
-from feature_store.events import HISTORY_SIZE, RAW_EVENT_SIZE
-from feature_store.privacy import PrivateFeaturizer, mu_gdp
-from training.anomaly.config import AnomalyConfig
-from training.anomaly.negatives import FeaturePool, NegativeSampler
-from feature_store.layout import TRANSACTIONS_FILE, bank_dir, list_banks, read_bank, split_of
+from fedfraud.feature_store.config import EgoGraphConfig, EncoderConfig, PrivacyConfig
+from fedfraud.feature_store.egograph import SnapshotPair, active_cardholders, iter_snapshot_pairs
+from fedfraud.feature_store.events import HISTORY_SIZE, RAW_EVENT_SIZE
+from fedfraud.feature_store.privacy import PrivateFeaturizer, mu_gdp
+from fedfraud.training.anomaly.config import AnomalyConfig
+from fedfraud.training.anomaly.negatives import FeaturePool, NegativeSampler
+from fedfraud.feature_store.layout import TRANSACTIONS_FILE, bank_dir, list_banks, read_bank, split_of
 
 __all__ = ["BankData", "BankPrivacy", "PairSet", "check_dataset", "load_bank_data"]
 

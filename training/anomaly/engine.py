@@ -2,7 +2,7 @@
 
 One optimizer step takes ``batch_size`` real transitions (G_{t-1}, G_t),
 draws one negative G̃_t per pair with the source bank's
-:class:`~training.anomaly.negatives.NegativeSampler`, embeds the three graph
+:class:`~fedfraud.training.anomaly.negatives.NegativeSampler`, embeds the three graph
 lists in one encoder pass and minimises
 ``BCE(f(q_{t-1}, q_t), 1) + BCE(f(q_{t-1}, q̃_t), 0) + aux_weight·aux + (μ/2)‖w − w_global‖²``
 (the last term only in FedProx clients).
@@ -27,12 +27,12 @@ from torch import Tensor
 from torch_geometric.data import Batch
 from tqdm.auto import tqdm
 
-from training.anomaly.config import AnomalyConfig
-from training.anomaly.data import BankData, PairSet
-from training.anomaly.event_negatives import EventNegativeSampler, parse_mix
-from training.anomaly.heads import ContrastiveHead, event_targets
-from training.anomaly.model import AnomalyModel, eval_mode, score_pairs
-from training.anomaly.negatives import NegativeSampler
+from fedfraud.training.anomaly.config import AnomalyConfig
+from fedfraud.training.anomaly.data import BankData, PairSet
+from fedfraud.training.anomaly.event_negatives import EventNegativeSampler, parse_mix
+from fedfraud.training.anomaly.heads import ContrastiveHead, event_targets
+from fedfraud.training.anomaly.model import AnomalyModel, eval_mode, score_pairs
+from fedfraud.training.anomaly.negatives import NegativeSampler
 
 __all__ = [
     "TASK_METRICS",
@@ -264,7 +264,7 @@ def anomaly_metrics(is_anomaly: np.ndarray, score: np.ndarray, threshold: float 
 
     The thesis's Table 4.1 bundle for telling real transitions from perturbed ones, sent as a Flower
     MetricRecord; the fraud model's bundle (PR-AUC, recall at an FPR, its threshold rule) is
-    :func:`training.fraud.metrics.classification_metrics`.
+    :func:`fedfraud.training.fraud.metrics.classification_metrics`.
     """
     y = np.asarray(is_anomaly, dtype=bool)
     pred = np.asarray(score) > threshold

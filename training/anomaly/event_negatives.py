@@ -1,7 +1,7 @@
 """Label-free negatives for the contrastive readout: the newest transaction changed the way fraud changes it.
 
 Each negative keeps the cardholder's real history (prior) and replaces the
-raw event (:mod:`feature_store.events`) by one of these families, mixed by
+raw event (:mod:`fedfraud.feature_store.events`) by one of these families, mixed by
 ``AnomalyConfig.negatives`` (``"swap=1,amount=1,..."``); the relative
 features are then recomputed against the real history:
 
@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from feature_store.events import CATEGORY_SLOTS, Ev, Hist
+from fedfraud.feature_store.events import CATEGORY_SLOTS, Ev, Hist
 
 __all__ = ["FAMILIES", "EventNegativeSampler", "parse_mix"]
 

@@ -33,9 +33,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from feature_store.events import EVENT_SIZE, Ev, Hist, event_features
-from feature_store.geo import haversine_km
-from training.anomaly.config import HEAD_SIZES
+from fedfraud.feature_store.events import EVENT_SIZE, Ev, Hist, event_features
+from fedfraud.feature_store.geo import haversine_km
+from fedfraud.training.anomaly.config import HEAD_SIZES
 
 __all__ = ["ContrastiveHead", "NextEventHead", "event_targets", "nll_to_score"]
 
@@ -122,5 +122,5 @@ class ContrastiveHead(nn.Module):
 
     @staticmethod
     def features(prior: np.ndarray, event: np.ndarray, device: torch.device) -> Tensor:
-        """:func:`feature_store.events.event_features` as a tensor on ``device``."""
+        """:func:`fedfraud.feature_store.events.event_features` as a tensor on ``device``."""
         return torch.from_numpy(event_features(prior, event)).to(device)

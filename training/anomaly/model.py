@@ -35,13 +35,13 @@ from torch_geometric.data import Batch, Data
 from torch_geometric.nn import GCNConv, global_max_pool, global_mean_pool
 from torch_geometric.utils import scatter, to_undirected
 
-from feature_store.config import EncoderConfig
-from feature_store.encoders import MerchantEmbedding
-from feature_store.events import SUMMARY_SIZE
-from training.anomaly.config import AnomalyConfig, parse_heads
-from training.anomaly.heads import ContrastiveHead, NextEventHead, event_targets, nll_to_score
-from training.anomaly.pool import GraphPooling, resolve_pooling
-from training.anomaly.temporal import TemporalMessage
+from fedfraud.feature_store.config import EncoderConfig
+from fedfraud.feature_store.encoders import MerchantEmbedding
+from fedfraud.feature_store.events import SUMMARY_SIZE
+from fedfraud.training.anomaly.config import AnomalyConfig, parse_heads
+from fedfraud.training.anomaly.heads import ContrastiveHead, NextEventHead, event_targets, nll_to_score
+from fedfraud.training.anomaly.pool import GraphPooling, resolve_pooling
+from fedfraud.training.anomaly.temporal import TemporalMessage
 
 __all__ = [
     "AnomalyModel",
@@ -89,7 +89,7 @@ class GraphEncoder(nn.Module):
             width = cfg.hidden
             size = max(1, math.ceil(size * cfg.ratio))
         self.newest = cfg.readout == "thesis-newest"
-        # event readouts: the graph-level event history (feature_store.events.history_summary) joins the readout
+        # event readouts: the graph-level event history (fedfraud.feature_store.events.history_summary) joins the readout
         self.history = nn.Linear(SUMMARY_SIZE, cfg.hidden) if cfg.uses_events else None
         self.out_dim = (3 if self.newest or self.history is not None else 2) * cfg.hidden
         self.reset_parameters()
@@ -163,8 +163,8 @@ class AnomalyModel(nn.Module):
     """Encoder + readout head; the whole state_dict is what the federation averages.
 
     The head depends on ``cfg.readout``: :class:`Discriminator` for the thesis
-    readouts, :class:`~training.anomaly.heads.NextEventHead` or
-    :class:`~training.anomaly.heads.ContrastiveHead` for the event readouts.
+    readouts, :class:`~fedfraud.training.anomaly.heads.NextEventHead` or
+    :class:`~fedfraud.training.anomaly.heads.ContrastiveHead` for the event readouts.
     """
 
     def __init__(self, cfg: AnomalyConfig, encoder_cfg: EncoderConfig, max_nodes: int) -> None:
@@ -321,7 +321,7 @@ def score_pairs(
     """Anomaly scores of aligned transitions; a graph object shared by two pairs is embedded once.
 
     Event readouts score (G_{t-1}, newest event) and need ``prior`` / ``event``
-    (``[n, ·]``, :mod:`feature_store.events`); they never embed G_t.
+    (``[n, ·]``, :mod:`fedfraud.feature_store.events`); they never embed G_t.
     """
     if model.uses_events:
         if prior is None or event is None or len(prior) != len(previous) or len(event) != len(previous):

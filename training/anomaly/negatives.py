@@ -45,7 +45,7 @@ import torch
 from torch import Tensor
 from torch_geometric.data import Data
 
-from training.anomaly.config import AnomalyConfig
+from fedfraud.training.anomaly.config import AnomalyConfig
 
 __all__ = ["CONFIGURATIONS", "FeaturePool", "NegativeSample", "NegativeSampler", "check_graph"]
 

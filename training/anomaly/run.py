@@ -25,11 +25,11 @@ import torch
 from torch import Tensor
 
 from fedfraud.errors import UserError
-from feature_store.config import EgoGraphConfig, EncoderConfig
-from training.anomaly.config import AnomalyConfig
-from training.anomaly.data import BankPrivacy
-from training.anomaly.scorer import publish_anomaly_model
-from training.registry import ModelRegistry, ModelVersion
+from fedfraud.feature_store.config import EgoGraphConfig, EncoderConfig
+from fedfraud.training.anomaly.config import AnomalyConfig
+from fedfraud.training.anomaly.data import BankPrivacy
+from fedfraud.training.anomaly.scorer import publish_anomaly_model
+from fedfraud.training.registry import ModelRegistry, ModelVersion
 
 __all__ = [
     "CHECKPOINT_FILE",
@@ -329,7 +329,7 @@ def publish_run(
 ) -> ModelVersion:
     """Publish the selected weights with config, final metrics (mean/std and per bank), history and privacy
     (``client_dp``: the accountant's card of the run's releases, or a plain ``dp: off``; ``feature_ldp``: the
-    feature mechanism inside the banks, :func:`feature_store.privacy.feature_ldp_card`).
+    feature mechanism inside the banks, :func:`fedfraud.feature_store.privacy.feature_ldp_card`).
     """
     if not history:
         raise ValueError("nothing to publish: no completed round")

@@ -29,10 +29,10 @@ import torch
 from torch import Tensor
 from torch_geometric.data import Data
 
-from feature_store.config import EgoGraphConfig, EncoderConfig
-from feature_store.egograph import FeatureSource, SnapshotPair, iter_snapshot_pairs
-from training.anomaly.config import AnomalyConfig
-from training.anomaly.model import (
+from fedfraud.feature_store.config import EgoGraphConfig, EncoderConfig
+from fedfraud.feature_store.egograph import FeatureSource, SnapshotPair, iter_snapshot_pairs
+from fedfraud.training.anomaly.config import AnomalyConfig
+from fedfraud.training.anomaly.model import (
     AnomalyModel,
     embed_graphs,
     pick_device,
@@ -40,7 +40,7 @@ from training.anomaly.model import (
     score_event_embeddings,
     score_pairs,
 )
-from training.registry import ModelRegistry, ModelVersion
+from fedfraud.training.registry import ModelRegistry, ModelVersion
 
 __all__ = ["KIND", "MODEL_FILE", "AnomalyScorer", "publish_anomaly_model"]
 
@@ -121,7 +121,7 @@ class AnomalyScorer:
 
         Numpy in and out, like :meth:`score` and :meth:`score_events`: serving keeps
         q in its state stores as numpy, so it calls this scorer directly
-        (``serving.anomaly_stage.GraphScorer``) with no wrapper.
+        (``fedfraud.serving.anomaly_stage.GraphScorer``) with no wrapper.
         """
         with torch.inference_mode():
             return embed_graphs(self.model, list(graphs), self.batch_size).float().cpu().numpy()
@@ -141,7 +141,7 @@ class AnomalyScorer:
         """Anomaly scores of newest events against q_{t-1} (event readouts), float64 ``[n]``.
 
         ``prior`` / ``event`` are :attr:`EgoGraphState.prior` / ``last_event``
-        of each transaction (:mod:`feature_store.events`).
+        of each transaction (:mod:`fedfraud.feature_store.events`).
         """
         with torch.inference_mode():
             out = score_event_embeddings(self.model, self._on_device(q_prev), prior, event)

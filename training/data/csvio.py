@@ -3,7 +3,7 @@
 Why not a plain ``pd.read_csv``: the files are multi-GB, so they are streamed
 in chunks with a progress bar; every value stays text (``dtype=object``, no
 NA guessing) and undecodable bytes survive as lone surrogates, so the
-canonical :class:`~feature_store.schema.Validator` - not pandas - decides
+canonical :class:`~fedfraud.feature_store.schema.Validator` - not pandas - decides
 what is bad. This module never drops or judges a row.
 """
 

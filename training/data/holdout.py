@@ -15,8 +15,8 @@ from pathlib import Path
 import pandas as pd
 import pyarrow.parquet as pq
 
-from feature_store.layout import TRANSACTIONS_FILE, bank_dir, list_banks, read_bank
-from training.data.writer import canonical_table
+from fedfraud.feature_store.layout import TRANSACTIONS_FILE, bank_dir, list_banks, read_bank
+from fedfraud.training.data.writer import canonical_table
 
 __all__ = ["HoldoutSplit", "time_holdout"]
 

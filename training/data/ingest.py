@@ -1,8 +1,8 @@
 """CSV → canonical multi-bank dataset: the pipeline behind ``fedfraud ingest``.
 
 read_header → pick loader (by name or by header) → stream chunks →
-:class:`~feature_store.schema.Validator` (the only judge of rows) →
-partition accepted rows by cardholder → :class:`~training.data.writer.DatasetWriter`.
+:class:`~fedfraud.feature_store.schema.Validator` (the only judge of rows) →
+partition accepted rows by cardholder → :class:`~fedfraud.training.data.writer.DatasetWriter`.
 ``accepted + rejected == data rows in the file`` always holds.
 """
 
@@ -19,12 +19,12 @@ import numpy as np
 import pandas as pd
 
 from fedfraud.errors import UserError
-from feature_store.schema import ValidationResult, Validator
-from training.data import sparkov, tabformer
-from training.data.config import IngestConfig
-from training.data.csvio import REGION_HINT, CsvHeader, RawChunk, read_header
-from training.data.partition import partitioner, share_banks
-from training.data.writer import DatasetSummary, DatasetWriter
+from fedfraud.feature_store.schema import ValidationResult, Validator
+from fedfraud.training.data import sparkov, tabformer
+from fedfraud.training.data.config import IngestConfig
+from fedfraud.training.data.csvio import REGION_HINT, CsvHeader, RawChunk, read_header
+from fedfraud.training.data.partition import partitioner, share_banks
+from fedfraud.training.data.writer import DatasetSummary, DatasetWriter
 
 __all__ = ["LOADERS", "IngestReport", "detect_format", "ingest_csv", "loader", "validate_chunk"]
 

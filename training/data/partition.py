@@ -23,7 +23,7 @@ from collections.abc import Callable
 import numpy as np
 import pandas as pd
 
-from training.data.geo import geo_tables
+from fedfraud.training.data.geo import geo_tables
 
 __all__ = ["PARTITIONERS", "hash_banks", "partitioner", "region_banks", "share_banks", "state_bank_map"]
 

@@ -23,9 +23,9 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.csv as pa_csv
 
-from feature_store.schema import CANONICAL_COLUMNS
-from training.data.csvio import REGION_HINT, CsvHeader, RawChunk, iter_csv
-from training.data.geo import GEO_EXACT
+from fedfraud.feature_store.schema import CANONICAL_COLUMNS
+from fedfraud.training.data.csvio import REGION_HINT, CsvHeader, RawChunk, iter_csv
+from fedfraud.training.data.geo import GEO_EXACT
 
 __all__ = [
     "FORMAT_NAME",

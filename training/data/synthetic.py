@@ -29,18 +29,18 @@ from pathlib import Path
 
 import numpy as np
 
-from feature_store.geo import haversine_km
+from fedfraud.feature_store.geo import haversine_km
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 from tqdm.auto import tqdm
 
-from feature_store.schema import CANONICAL_COLUMNS, Validator, luhn_ok
-from training.data.config import GeneratorConfig
-from training.data.geo import GEO_EXACT
-from feature_store.layout import TRANSACTIONS_FILE, bank_dir
-from training.data.sparkov import write_sparkov_csv
-from training.data.writer import LABELS_FILE, DatasetWriter
+from fedfraud.feature_store.schema import CANONICAL_COLUMNS, Validator, luhn_ok
+from fedfraud.training.data.config import GeneratorConfig
+from fedfraud.training.data.geo import GEO_EXACT
+from fedfraud.feature_store.layout import TRANSACTIONS_FILE, bank_dir
+from fedfraud.training.data.sparkov import write_sparkov_csv
+from fedfraud.training.data.writer import LABELS_FILE, DatasetWriter
 
 __all__ = [
     "CATEGORIES",
@@ -642,7 +642,7 @@ def _sparkov_rows(frame: pd.DataFrame, persona: pd.DataFrame) -> pd.DataFrame:
 
 
 def generate_dataset(out: Path, config: GeneratorConfig, raw_csv: bool = True, progress: bool = True) -> GenerateReport:
-    """Generate a multi-bank dataset under ``out`` (layout of :mod:`feature_store.layout`).
+    """Generate a multi-bank dataset under ``out`` (layout of :mod:`fedfraud.feature_store.layout`).
 
     Writes ``bank_<k>/transactions.parquet`` (canonical), ``bank_<k>/labels.parquet``
     (transaction_id, scenario; row-aligned), ``manifest.json``, ``rejects.jsonl``

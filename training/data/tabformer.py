@@ -10,7 +10,7 @@ both, and flags how (``geo_source``):
   country in ``Merchant State``).
 
 ``online`` and ``unknown`` rows are placed at the centroid of the cardholder's
-*home state*, else at :data:`~training.data.geo.US_CENTER`. The home state is
+*home state*, else at :data:`~fedfraud.training.data.geo.US_CENTER`. The home state is
 the US state where the cardholder made most physical purchases over the
 whole file (ties: alphabetical), found in a cheap pre-pass over four
 columns. Whole-file rather than "seen so far" keeps the result independent
@@ -34,10 +34,12 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 import pandas as pd
 
-from feature_store.schema import CANONICAL_COLUMNS
-from training.data.csvio import REGION_HINT, CsvHeader, RawChunk, iter_csv
-from training.data.geo import GEO_CITY, GEO_ONLINE, GEO_STATE, GEO_UNKNOWN, US_CENTER, geo_tables, normalize_place
-from training.data.sparkov import epoch_or_text
+from fedfraud.feature_store.schema import CANONICAL_COLUMNS
+from fedfraud.training.data.csvio import REGION_HINT, CsvHeader, RawChunk, iter_csv
+from fedfraud.training.data.geo import (
+    GEO_CITY, GEO_ONLINE, GEO_STATE, GEO_UNKNOWN, US_CENTER, geo_tables, normalize_place,
+)
+from fedfraud.training.data.sparkov import epoch_or_text
 
 __all__ = ["COLUMNS", "FORMAT_NAME", "home_states", "matches", "read_chunks", "to_canonical"]
 

@@ -1,4 +1,4 @@
-"""Writes a multi-bank dataset in the layout of :mod:`feature_store.layout`.
+"""Writes a multi-bank dataset in the layout of :mod:`fedfraud.feature_store.layout`.
 
 Chunks arrive unsorted and interleaved across banks, so :class:`DatasetWriter`
 spills each (chunk, bank) slice to a small part file and, at
@@ -28,8 +28,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from feature_store.schema import ARROW_SCHEMA, CANONICAL_COLUMNS
-from feature_store.layout import MANIFEST_FILE, REJECTS_FILE, TRANSACTIONS_FILE, bank_dir
+from fedfraud.feature_store.schema import ARROW_SCHEMA, CANONICAL_COLUMNS
+from fedfraud.feature_store.layout import MANIFEST_FILE, REJECTS_FILE, TRANSACTIONS_FILE, bank_dir
 
 __all__ = ["LABELS_FILE", "BankStats", "DatasetSummary", "DatasetWriter", "canonical_table"]
 

@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from training.federated.config import DPConfig
+from fedfraud.training.federated.config import DPConfig
 
 __all__ = [
     "ACCOUNTANT",
@@ -134,7 +134,7 @@ class DPRound:
     """One released round as the accountant sees it (``noise_multiplier`` 0: released without noise).
 
     ``sensitivity``: the aggregation rule's L2 sensitivity in units of the mean's C/banks (1 for FedAvg; larger
-    for the robust rules, :func:`training.federated.strategy.dp_sensitivity_factor`); the noise was scaled by it,
+    for the robust rules, :func:`fedfraud.training.federated.strategy.dp_sensitivity_factor`); the noise was scaled by it,
     so ``noise_multiplier`` is still the z the accountant composes.
     """
 

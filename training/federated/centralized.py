@@ -13,14 +13,14 @@ import time
 
 import torch
 
-from feature_store.privacy import feature_ldp_card
-from training.anomaly.engine import sources_of, train_model
-from training.anomaly.model import pick_device
-from training.anomaly.run import Checkpoint, RoundRecord, checkpoint_dir, log_round, publish_run
-from training.federated.accountant import dp_off_card
-from training.federated.task import RunSettings, bank_data, build_model, local_test, lr_factor
-from training.federated.trainer import RunResult, prepare
-from training.registry import ModelRegistry
+from fedfraud.feature_store.privacy import feature_ldp_card
+from fedfraud.training.anomaly.engine import sources_of, train_model
+from fedfraud.training.anomaly.model import pick_device
+from fedfraud.training.anomaly.run import Checkpoint, RoundRecord, checkpoint_dir, log_round, publish_run
+from fedfraud.training.federated.accountant import dp_off_card
+from fedfraud.training.federated.task import RunSettings, bank_data, build_model, local_test, lr_factor
+from fedfraud.training.federated.trainer import RunResult, prepare
+from fedfraud.training.registry import ModelRegistry
 
 __all__ = ["run_centralized"]
 

@@ -12,7 +12,7 @@ already-summed result per round. It has none of the default path's
 checkpoints, robust rules or publishing; it is what ``fedfraud bench
 adversary --secagg`` times and what the SecAgg+ integration test inspects.
 
-SecAgg+ and DP: the server-side noise of :class:`~training.federated.strategy.BankLevelDP`
+SecAgg+ and DP: the server-side noise of :class:`~fedfraud.training.federated.strategy.BankLevelDP`
 needs only the sum, and clipping happens in the bank, so the two compose: the
 clipping mod must run inside the SecAgg+ mod (clip, then mask). The server can
 then no longer check what a bank sent: a bank that skips the clip (the
@@ -41,7 +41,7 @@ from flwr.server.strategy import FedAvg
 from flwr.server.workflow import DefaultWorkflow, SecAggPlusWorkflow
 from flwr.serverapp import Grid, ServerApp
 
-from training.federated.task import RunSettings, bank_data, build_model, local_train
+from fedfraud.training.federated.task import RunSettings, bank_data, build_model, local_train
 
 __all__ = ["SecAggRun", "run_secagg"]
 
@@ -126,7 +126,7 @@ def run_secagg(settings: RunSettings, secagg: bool = True, observer: FitObserver
     """
     from flwr.simulation import run_simulation
 
-    from training.federated.trainer import backend_config, prepare
+    from fedfraud.training.federated.trainer import backend_config, prepare
 
     banks = len(prepare(settings, "federated"))
     result = SecAggRun(secagg, banks)

@@ -18,10 +18,10 @@ from flwr.app import ArrayRecord, ConfigRecord, Context
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import Strategy
 
-from feature_store.privacy import feature_ldp_card
-from training.anomaly.run import Checkpoint, checkpoint_dir, publish_run
-from training.federated.accountant import DPRound, dp_card, plan_noise
-from training.federated.strategy import (
+from fedfraud.feature_store.privacy import feature_ldp_card
+from fedfraud.training.anomaly.run import Checkpoint, checkpoint_dir, publish_run
+from fedfraud.training.federated.accountant import DPRound, dp_card, plan_noise
+from fedfraud.training.federated.strategy import (
     EQUAL_WEIGHT_KEY,
     AnomalyFedProx,
     BankLevelDP,
@@ -30,9 +30,9 @@ from training.federated.strategy import (
     banks_per_round,
     dp_sensitivity_factor,
 )
-from training.federated.grid import wait_for_nodes
-from training.federated.task import MODEL_KEYS, RunSettings, build_model
-from training.registry import ModelRegistry
+from fedfraud.training.federated.grid import wait_for_nodes
+from fedfraud.training.federated.task import MODEL_KEYS, RunSettings, build_model
+from fedfraud.training.registry import ModelRegistry
 
 __all__ = ["RESULT_FILE", "app", "build_server_app", "run_federation"]
 

@@ -24,9 +24,9 @@ from flwr.serverapp.strategy import (
 )
 from tqdm.auto import tqdm
 
-from training.anomaly.run import Checkpoint, RoundRecord, log_round
-from training.federated.accountant import DPRound
-from training.federated.config import FederatedConfig
+from fedfraud.training.anomaly.run import Checkpoint, RoundRecord, log_round
+from fedfraud.training.federated.accountant import DPRound
+from fedfraud.training.federated.config import FederatedConfig
 
 __all__ = [
     "EQUAL_WEIGHT_KEY",

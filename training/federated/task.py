@@ -24,10 +24,10 @@ import torch
 from pydantic import BaseModel, ValidationError
 
 from fedfraud.errors import ConfigError
-from feature_store.config import EgoGraphConfig, EncoderConfig, PrivacyConfig
-from training.anomaly.config import AnomalyConfig
-from training.anomaly.data import BankData, load_bank_data
-from training.anomaly.engine import (
+from fedfraud.feature_store.config import EgoGraphConfig, EncoderConfig, PrivacyConfig
+from fedfraud.training.anomaly.config import AnomalyConfig
+from fedfraud.training.anomaly.data import BankData, load_bank_data
+from fedfraud.training.anomaly.engine import (
     TrainStats,
     evaluate_fraud,
     evaluate_selection,
@@ -35,10 +35,10 @@ from training.anomaly.engine import (
     sources_of,
     train_model,
 )
-from training.anomaly.model import AnomalyModel, pick_device
-from training.anomaly.pool import pooling_names
-from training.anomaly.run import checkpoint_dir
-from training.federated.config import FederatedConfig
+from fedfraud.training.anomaly.model import AnomalyModel, pick_device
+from fedfraud.training.anomaly.pool import pooling_names
+from fedfraud.training.anomaly.run import checkpoint_dir
+from fedfraud.training.federated.config import FederatedConfig
 
 if TYPE_CHECKING:
     from fedfraud.config import FedfraudConfig

@@ -16,12 +16,12 @@ import torch
 
 from fedfraud.errors import UserError
 from fedfraud.net import ray_bind
-from training.anomaly.data import check_dataset
-from training.anomaly.run import Checkpoint, checkpoint_dir
-from training.federated.accountant import plan_noise
-from training.federated.server_app import RESULT_FILE, build_server_app
-from training.federated.strategy import ReplyObserver
-from training.federated.task import MODEL_KEYS, RunSettings
+from fedfraud.training.anomaly.data import check_dataset
+from fedfraud.training.anomaly.run import Checkpoint, checkpoint_dir
+from fedfraud.training.federated.accountant import plan_noise
+from fedfraud.training.federated.server_app import RESULT_FILE, build_server_app
+from fedfraud.training.federated.strategy import ReplyObserver
+from fedfraud.training.federated.task import MODEL_KEYS, RunSettings
 
 __all__ = ["RunResult", "backend_config", "prepare", "run_federated"]
 
@@ -94,7 +94,7 @@ def run_federated(settings: RunSettings, observer: ReplyObserver | None = None) 
     """Run the federation (one SuperNode per bank) and publish the model; returns the run's summary."""
     from flwr.simulation import run_simulation
 
-    from training.federated.client_app import app as client_app
+    from fedfraud.training.federated.client_app import app as client_app
 
     banks = prepare(settings, "federated")
     settings = RunSettings.from_flat({**settings.to_flat(), "num-banks": len(banks)})

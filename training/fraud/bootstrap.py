@@ -49,7 +49,7 @@ class RankedScores:
 def weighted_metrics(ranked: RankedScores, weight: np.ndarray, max_fpr: float = 0.01) -> dict[str, float]:
     """PR-AUC (average precision), recall at ``max_fpr`` and F1 at the decision, rows weighted by ``weight``.
 
-    With all weights 1 these equal :func:`training.fraud.metrics.classification_metrics`.
+    With all weights 1 these equal :func:`fedfraud.training.fraud.metrics.classification_metrics`.
     """
     w = np.asarray(weight, dtype=np.float64)[ranked.order]
     y = ranked.label

@@ -14,7 +14,7 @@ class FraudConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    # -- features (one incremental state per cardholder, see training.fraud.features)
+    # -- features (one incremental state per cardholder, see fedfraud.training.fraud.features)
     velocity_windows_s: tuple[int, ...] = Field(
         (3600, 86_400, 604_800), min_length=1, description="rolling windows (seconds) for count and amount velocity"
     )

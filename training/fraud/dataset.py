@@ -2,7 +2,7 @@
 
 Split by cardholder, never by row, so no cardholder's history leaks between
 fitting and evaluation: ``test`` is the project-wide 25 % test split
-(:func:`feature_store.layout.split_of`, the same cardholders the anomaly model
+(:func:`fedfraud.feature_store.layout.split_of`, the same cardholders the anomaly model
 never trained on); of the remaining cardholders ``validation_fraction`` go to
 ``valid`` (where the decision threshold is chosen) by an independent hash.
 """
@@ -22,12 +22,12 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from fedfraud.errors import UserError
-from feature_store.config import EncoderConfig, PrivacyConfig
-from feature_store.privacy import PrivateFeaturizer
-from training.data.config import IngestConfig
-from feature_store.layout import list_banks, read_bank, split_of
-from training.fraud.config import FraudConfig
-from training.fraud.features import FraudFeatures, build_features
+from fedfraud.feature_store.config import EncoderConfig, PrivacyConfig
+from fedfraud.feature_store.privacy import PrivateFeaturizer
+from fedfraud.training.data.config import IngestConfig
+from fedfraud.feature_store.layout import list_banks, read_bank, split_of
+from fedfraud.training.fraud.config import FraudConfig
+from fedfraud.training.fraud.features import FraudFeatures, build_features
 
 __all__ = [
     "AnomalyScorerLike",
@@ -102,7 +102,7 @@ def bank_features(
 @contextmanager
 def materialize(data: Path, ingest_cfg: IngestConfig) -> Iterator[Path]:
     """A dataset directory for ``data``: itself if it is one, else a CSV ingested into a temporary directory."""
-    from training.data.ingest import ingest_csv
+    from fedfraud.training.data.ingest import ingest_csv
 
     data = Path(data)
     if data.is_dir():

@@ -5,7 +5,7 @@ Variants, all scored on every bank's **test** cardholders (never used to fit
 a model, pick a threshold or fit a stacked score's model):
 
 * ``Local``: each bank alone (its own rows, its own threshold);
-* ``FL``: histogram-based federated XGBoost (:mod:`training.fraud.federated.hist`);
+* ``FL``: histogram-based federated XGBoost (:mod:`fedfraud.training.fraud.federated.hist`);
 * ``Central``: all banks' rows pooled (the upper bound FL should reach);
 * ``FL+<score>``: FL with a stacked score in the ``anomaly_score`` column:
   ``AS`` (the anomaly score, cross-fitted over cardholder folds), ``Pos``
@@ -20,7 +20,7 @@ a model, pick a threshold or fit a stacked score's model):
 * optionally ``FL-bagging`` (the Flower FedXgbBagging baseline).
 
 Noise: every metric comes with a 95 % interval from a bootstrap over test
-**cardholders** (:mod:`training.fraud.bootstrap`), averaged over the model
+**cardholders** (:mod:`fedfraud.training.fraud.bootstrap`), averaged over the model
 seeds; differences are paired (same replicates). Decisions use the pooled
 intervals; per-bank figures are printed for the bank's-eye view.
 """
@@ -37,11 +37,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from training.fraud.bootstrap import METRICS, Interval, RankedScores, bootstrap_counts, interval, metric_draws
-from training.fraud.config import FraudConfig
-from training.fraud.features import ANOMALY_FEATURE, FraudFeatures
-from training.fraud.metrics import ClassificationMetrics, classification_metrics
-from training.fraud.model import FraudModel
+from fedfraud.training.fraud.bootstrap import METRICS, Interval, RankedScores, bootstrap_counts, interval, metric_draws
+from fedfraud.training.fraud.config import FraudConfig
+from fedfraud.training.fraud.features import ANOMALY_FEATURE, FraudFeatures
+from fedfraud.training.fraud.metrics import ClassificationMetrics, classification_metrics
+from fedfraud.training.fraud.model import FraudModel
 
 __all__ = ["StudyReport", "evaluate_model", "run_study", "with_score"]
 
@@ -204,8 +204,8 @@ def run_study(
         num_cpus: Ray CPUs for the bagging simulation.
         info: provenance printed in the report header.
     """
-    from training.fraud.federated.hist import HistJob, federated_hist_train
-    from training.fraud.train import train_centralized, train_federated, train_local
+    from fedfraud.training.fraud.federated.hist import HistJob, federated_hist_train
+    from fedfraud.training.fraud.train import train_centralized, train_federated, train_local
 
     started, load_start = time.perf_counter(), _load()
     seeds = cfg.eval_seeds if seeds is None else seeds

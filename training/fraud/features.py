@@ -7,7 +7,7 @@ and folds the transaction into the state. Serving calls it per message;
 training (:func:`build_features`) replays each cardholder's history through
 the very same method, so offline and online features cannot drift.
 
-Inputs are only what the bank has after :mod:`feature_store.privacy`: the
+Inputs are only what the bank has after :mod:`fedfraud.feature_store.privacy`: the
 bank's own amount, MCC and timestamp, the merchant bucket, the noised
 location L' and time T' embeddings, and the federated anomaly score. Raw
 coordinates never enter a feature; distances are computed between noised
@@ -55,10 +55,10 @@ import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
-from training.fraud.config import FraudConfig
+from fedfraud.training.fraud.config import FraudConfig
 
-if TYPE_CHECKING:  # feature_store.encoders imports torch; simulation workers only need the state
-    from feature_store.privacy import PrivateFeatures
+if TYPE_CHECKING:  # fedfraud.feature_store.encoders imports torch; simulation workers only need the state
+    from fedfraud.feature_store.privacy import PrivateFeatures
 
 __all__ = [
     "ANOMALY_FEATURE",
@@ -128,7 +128,7 @@ def _cosine_distance(a: np.ndarray, b: np.ndarray) -> float:
 class FraudInput:
     """One transaction as the fraud features see it (private features only).
 
-    ``location``/``time`` are the rows of L'/T' (:class:`~feature_store.privacy.PrivateFeatures`);
+    ``location``/``time`` are the rows of L'/T' (:class:`~fedfraud.feature_store.privacy.PrivateFeatures`);
     ``anomaly_score`` is NaN when no anomaly score exists (first transaction, no model).
     """
 
@@ -318,7 +318,7 @@ class FraudFeatures:
         transaction_id: object ``[n]``.
         cardholder: object ``[n]`` keyed pseudonyms.
         label: float32 ``[n]``, 1 fraud / 0 legit / NaN unknown.
-        split: object ``[n]`` in {"train", "valid", "test"} (see :mod:`training.fraud.dataset`).
+        split: object ``[n]`` in {"train", "valid", "test"} (see :mod:`fedfraud.training.fraud.dataset`).
     """
 
     X: np.ndarray
@@ -382,7 +382,7 @@ class FraudFeatures:
 def fraud_inputs(frame: pd.DataFrame, private: PrivateFeatures,
                  anomaly_scores: np.ndarray | None = None) -> Iterator[FraudInput]:
     """:class:`FraudInput` of every row of a canonical frame, in order (serving uses it on a micro-batch)."""
-    from feature_store.encoders import timestamps_us
+    from fedfraud.feature_store.encoders import timestamps_us
 
     if len(frame) != len(private):
         raise ValueError(f"frame has {len(frame)} rows, private features {len(private)}")
@@ -418,7 +418,7 @@ def build_features(
         states: per-pseudonym states to continue from; updated in place (this is how serving is warmed).
         progress: show a progress bar.
     """
-    from feature_store.encoders import timestamps_us
+    from fedfraud.feature_store.encoders import timestamps_us
 
     n = len(frame)
     names = feature_names(cfg)

@@ -2,11 +2,11 @@
 
 Serving calls, per transaction::
 
-    row = state.update(FraudInput(...))          # training.fraud.features
+    row = state.update(FraudInput(...))          # fedfraud.training.fraud.features
     decision = model.predict(row)                # FraudDecision(score, decision, top_reasons)
 
 ``predict`` takes the *full* feature row (every name of
-:func:`~training.fraud.features.feature_names`) and picks the columns the
+:func:`~fedfraud.training.fraud.features.feature_names`) and picks the columns the
 model was trained on, so a model without the anomaly score and one with it
 are called the same way. Reasons are XGBoost SHAP contributions
 (``pred_contribs=True``) in log-odds: for a fraud decision the features that
@@ -25,11 +25,11 @@ from typing import Any, Literal
 
 import numpy as np
 
-from training.federated.accountant import dp_off_card
-from training.fraud.config import FraudConfig
-from training.fraud.features import ANOMALY_FEATURE, FraudFeatures
-from training.fraud.metrics import best_f1_threshold
-from training.registry import ModelRegistry, ModelVersion
+from fedfraud.training.federated.accountant import dp_off_card
+from fedfraud.training.fraud.config import FraudConfig
+from fedfraud.training.fraud.features import ANOMALY_FEATURE, FraudFeatures
+from fedfraud.training.fraud.metrics import best_f1_threshold
+from fedfraud.training.registry import ModelRegistry, ModelVersion
 
 __all__ = [
     "MODEL_FILE",
@@ -241,7 +241,7 @@ class FraudModel:
             "",
             f"Decision: `score >= {self.threshold:.4f}` is fraud; the threshold maximises F1 on validation "
             "cardholders (held out of training by a hash of the cardholder).",
-            "Inputs: the full feature row of `training.fraud.features.feature_names` (private features only).",
+            "Inputs: the full feature row of `fedfraud.training.fraud.features.feature_names` (private features only).",
             "",
             "**Privacy**: differential privacy is **off** for this model: no (ε, δ). XGBoost trees and the "
             "federated histograms and sketches are not noised (see the Privacy section and docs/privacy.md).",

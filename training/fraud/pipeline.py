@@ -11,16 +11,16 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from training.fraud.dataset import dataset_features, materialize
-from training.fraud.features import ANOMALY_FEATURE, FraudFeatures
-from training.fraud.metrics import classification_metrics
-from training.registry import ModelRegistry, ModelVersion
-from training.retrain.drift import DRIFT_FILE
+from fedfraud.training.fraud.dataset import dataset_features, materialize
+from fedfraud.training.fraud.features import ANOMALY_FEATURE, FraudFeatures
+from fedfraud.training.fraud.metrics import classification_metrics
+from fedfraud.training.registry import ModelRegistry, ModelVersion
+from fedfraud.training.retrain.drift import DRIFT_FILE
 
 if TYPE_CHECKING:
     from fedfraud.config import FedfraudConfig
-    from training.fraud.evaluate import StudyReport
-    from training.fraud.model import FraudModel
+    from fedfraud.training.fraud.evaluate import StudyReport
+    from fedfraud.training.fraud.model import FraudModel
 
 __all__ = ["load_fraud_banks", "stacking_study", "train_and_publish"]
 
@@ -33,7 +33,7 @@ def load_fraud_banks(cfg: FedfraudConfig, data: Path, registry: Path, anomaly_ve
 
     ``stack`` keeps a CSV's temporary dataset alive for as long as the caller needs it.
     """
-    from training.anomaly.scorer import AnomalyScorer
+    from fedfraud.training.anomaly.scorer import AnomalyScorer
 
     scorer = AnomalyScorer.from_registry(registry, anomaly_version)
     tag = scorer.tag
@@ -55,14 +55,14 @@ def stacking_study(cfg: FedfraudConfig, data: Path, registry: Path, anomaly_vers
     """``fedfraud eval stacking``: Local / FL / Central and stacked scores, with cardholder-bootstrap intervals.
 
     ``anomaly_source``: ``crossfit`` (AS cross-fitted over cardholder folds with the default adapter of
-    :mod:`training.fraud.stacking`), ``registry`` (the published anomaly model: in-sample on its own
+    :mod:`fedfraud.training.fraud.stacking`), ``registry`` (the published anomaly model: in-sample on its own
     training cardholders, kept only for comparison) or ``none``.
     """
     from fedfraud.errors import UserError
-    from feature_store.layout import list_banks, read_bank
-    from training.fraud.dataset import anomaly_scores_for, bank_features
-    from training.fraud.evaluate import run_study
-    from training.fraud.stacking import (
+    from fedfraud.feature_store.layout import list_banks, read_bank
+    from fedfraud.training.fraud.dataset import anomaly_scores_for, bank_features
+    from fedfraud.training.fraud.evaluate import run_study
+    from fedfraud.training.fraud.stacking import (
         anomaly_fit_and_score,
         cardholder_folds,
         crossfit_anomaly_scores,
@@ -97,8 +97,8 @@ def stacking_study(cfg: FedfraudConfig, data: Path, registry: Path, anomaly_vers
                        f"{an.readout}, centralized, {fc.crossfit_anomaly_rounds} round(s) x {an.local_epochs} epochs x "
                        f"{an.samples_per_epoch} transitions per bank)")
         elif anomaly_source == "registry":
-            from feature_store.privacy import PrivateFeaturizer
-            from training.anomaly.scorer import AnomalyScorer
+            from fedfraud.feature_store.privacy import PrivateFeaturizer
+            from fedfraud.training.anomaly.scorer import AnomalyScorer
 
             scorer = AnomalyScorer.from_registry(registry, anomaly_version)
             tag = scorer.tag
@@ -128,7 +128,7 @@ def stacking_study(cfg: FedfraudConfig, data: Path, registry: Path, anomaly_vers
 
 
 def _train_variant(cfg: FedfraudConfig, banks: dict[int, FraudFeatures], bank: int) -> FraudModel:
-    from training.fraud.train import train_centralized, train_federated, train_local
+    from fedfraud.training.fraud.train import train_centralized, train_federated, train_local
 
     fc = cfg.fraud
     if fc.variant == "local":
@@ -142,7 +142,7 @@ def _train_variant(cfg: FedfraudConfig, banks: dict[int, FraudFeatures], bank: i
     if fc.variant == "federated-bagging":
         key = "as" if fc.use_anomaly_score else "base"
         return train_federated(banks, fc, (key,))[key]
-    from training.fraud.federated.hist import HistJob, federated_hist_train
+    from fedfraud.training.fraud.federated.hist import HistJob, federated_hist_train
 
     extra = None
     if fc.use_anomaly_score:
@@ -161,8 +161,8 @@ def _drift_reference(model: Any, banks: dict[int, FraudFeatures], bank: int, roo
     observed, so a reference that starts where the data starts would show drift
     by construction. The reference stays with the bank's model version.
     """
-    from feature_store.layout import read_bank
-    from training.retrain.drift import DriftReference
+    from fedfraud.feature_store.layout import read_bank
+    from fedfraud.training.retrain.drift import DriftReference
 
     ids = [bank] if bank in banks else sorted(banks)
     parts = []
@@ -204,7 +204,7 @@ def train_and_publish(cfg: FedfraudConfig, data: Path, out: Path, bank: int = 0,
         }
         if cfg.fraud.variant != "local" and bank in banks:
             # the bank's-eye figure: what joining the federation buys this bank on its own test cardholders
-            from training.fraud.train import train_local
+            from fedfraud.training.fraud.train import train_local
 
             own = banks[bank].of_split("test")
             if 0 < own.label.sum() < len(own):

@@ -127,7 +127,7 @@ def spend_ratio_score(frame: pd.DataFrame, window_s: int = 86_400) -> np.ndarray
     24-hour spends + 1)``, per row of ``frame`` in its order. Label-free and causal (only earlier rows
     and this one); NaN on a cardholder's first transaction.
     """
-    from feature_store.encoders import timestamps_us
+    from fedfraud.feature_store.encoders import timestamps_us
 
     n = len(frame)
     if n == 0:
@@ -164,11 +164,11 @@ def anomaly_fit_and_score(cfg: FedfraudConfig, rounds: int = 1, threads: int = 1
 
     def fit_and_score(train_frames: dict[int, pd.DataFrame],
                       score_frames: dict[int, pd.DataFrame]) -> dict[int, np.ndarray]:
-        from feature_store.privacy import PrivateFeaturizer
-        from training.anomaly.scorer import AnomalyScorer
-        from training.data.writer import DatasetWriter
-        from training.federated.centralized import run_centralized
-        from training.federated.task import RunSettings
+        from fedfraud.feature_store.privacy import PrivateFeaturizer
+        from fedfraud.training.anomaly.scorer import AnomalyScorer
+        from fedfraud.training.data.writer import DatasetWriter
+        from fedfraud.training.federated.centralized import run_centralized
+        from fedfraud.training.federated.task import RunSettings
 
         with tempfile.TemporaryDirectory(prefix="fedfraud-crossfit-") as tmp:
             data, registry = Path(tmp) / "data", Path(tmp) / "artifacts"

@@ -1,13 +1,13 @@
 """Train the fraud model: each bank alone, federated, centralized (upper bound).
 
 Federated has two implementations: histogram federation
-(:mod:`training.fraud.federated.hist`, the default: the centralized model's
+(:mod:`fedfraud.training.fraud.federated.hist`, the default: the centralized model's
 trees without pooling rows) and Flower FedXgbBagging (:func:`train_federated`,
 kept for comparison as variant ``federated-bagging``).
 
-All three share the features (:mod:`training.fraud.features`), the XGBoost
-parameters (:func:`training.fraud.model.xgb_params`) and the threshold rule
-(max F1 on validation cardholders, :mod:`training.fraud.metrics`); only where
+All three share the features (:mod:`fedfraud.training.fraud.features`), the XGBoost
+parameters (:func:`fedfraud.training.fraud.model.xgb_params`) and the threshold rule
+(max F1 on validation cardholders, :mod:`fedfraud.training.fraud.metrics`); only where
 the data sits differs.
 """
 
@@ -20,9 +20,9 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from training.fraud.config import FraudConfig
-from training.fraud.features import FraudFeatures
-from training.fraud.model import FraudModel, fit_model, used_features
+from fedfraud.training.fraud.config import FraudConfig
+from fedfraud.training.fraud.features import FraudFeatures
+from fedfraud.training.fraud.model import FraudModel, fit_model, used_features
 
 __all__ = ["FEATURE_SETS", "train_centralized", "train_federated", "train_local"]
 
@@ -55,7 +55,7 @@ def train_federated(
     """FedXgbBagging across the banks in a Flower simulation (one SuperNode per bank, Ray backend).
 
     Variant ``federated-bagging``; the default ``federated`` is histogram federation
-    (:func:`training.fraud.federated.hist.federated_hist_train`).
+    (:func:`fedfraud.training.fraud.federated.hist.federated_hist_train`).
 
     Returns one model per feature set (``"base"``: no AS, ``"as"``: with AS),
     each with the threshold the server chose from the banks' validation histograms.
@@ -65,9 +65,9 @@ def train_federated(
 
     from fedfraud.net import ray_bind
 
-    from training.fraud.federated.client_app import app as client_app
-    from training.fraud.federated.server_app import build_server_app
-    from training.fraud.federated.task import bank_file, write_index
+    from fedfraud.training.fraud.federated.client_app import app as client_app
+    from fedfraud.training.fraud.federated.server_app import build_server_app
+    from fedfraud.training.fraud.federated.task import bank_file, write_index
 
     unknown = [f for f in feature_sets if f not in FEATURE_SETS]
     if unknown:

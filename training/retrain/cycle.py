@@ -17,7 +17,7 @@ Guarantees:
   behind (never served: serving follows aliases), and the step runs again.
 
 Labels: each bank's window takes ``is_fraud`` from the labels that came back
-(``bank_<k>/outcomes.sqlite``, written by :mod:`serving.labels`) where the
+(``bank_<k>/outcomes.sqlite``, written by :mod:`fedfraud.serving.labels`) where the
 offline row has none. Unlabelled rows older than ``label_maturity_days``
 count as genuine; younger unlabelled rows are left out of the window.
 """
@@ -40,10 +40,10 @@ import pandas as pd
 import pyarrow.parquet as pq
 
 from fedfraud.errors import UserError
-from feature_store.outcomes import OUTCOMES_FILE, OutcomeStore
-from feature_store.layout import TRANSACTIONS_FILE, bank_dir, list_banks, read_bank
-from training.data.writer import canonical_table
-from training.registry import ModelRegistry
+from fedfraud.feature_store.outcomes import OUTCOMES_FILE, OutcomeStore
+from fedfraud.feature_store.layout import TRANSACTIONS_FILE, bank_dir, list_banks, read_bank
+from fedfraud.training.data.writer import canonical_table
+from fedfraud.training.registry import ModelRegistry
 
 if TYPE_CHECKING:
     from fedfraud.config import FedfraudConfig
@@ -176,9 +176,9 @@ def run_cycle(cfg: FedfraudConfig, data: Path, registry: Path, *, bank: int | No
 
     ``bank`` is the bank whose fraud model is published (default ``serving.bank_id``).
     """
-    from training.federated.task import RunSettings
-    from training.federated.trainer import run_federated
-    from training.fraud.pipeline import train_and_publish
+    from fedfraud.training.federated.task import RunSettings
+    from fedfraud.training.federated.trainer import run_federated
+    from fedfraud.training.fraud.pipeline import train_and_publish
 
     data, registry = Path(data), Path(registry)
     if not list_banks(data):

@@ -22,10 +22,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from feature_store.outcomes import OutcomeStore
-from training.fraud.bootstrap import RankedScores, bootstrap_counts, interval, weighted_metrics
-from training.registry import ModelRegistry, RegistryError
-from training.retrain.config import RetrainConfig
+from fedfraud.feature_store.outcomes import OutcomeStore
+from fedfraud.training.fraud.bootstrap import RankedScores, bootstrap_counts, interval, weighted_metrics
+from fedfraud.training.registry import ModelRegistry, RegistryError
+from fedfraud.training.retrain.config import RetrainConfig
 
 __all__ = ["PolicyDecision", "compare", "decide_promotion", "verdict"]
 
@@ -103,7 +103,7 @@ def decide_promotion(registry: Path | str, outcomes: Path | str, cfg: RetrainCon
     """
     import time
 
-    from training.retrain.cycle import RetrainBusy, cycle_lock
+    from fedfraud.training.retrain.cycle import RetrainBusy, cycle_lock
 
     reg = ModelRegistry(registry)
     try:

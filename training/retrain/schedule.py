@@ -11,7 +11,7 @@ Each cycle runs as a child process (``python -m fedfraud retrain run``), as a
 CronJob pod would: Flower's simulation starts and shuts down its own Ray
 runtime, which must not be the runtime of a Ray Serve deployment in the same
 process, and a cycle's memory is returned when it ends. The registry's
-retrain lock (:func:`training.retrain.cycle.cycle_lock`) keeps two cycles
+retrain lock (:func:`fedfraud.training.retrain.cycle.cycle_lock`) keeps two cycles
 from overlapping whoever starts them.
 """
 
@@ -165,7 +165,7 @@ class RetrainScheduler:
 
     def run_policy(self) -> dict[str, Any]:
         """Run the promotion policy once (nothing to do without a challenger)."""
-        from training.retrain.policy import decide_promotion
+        from fedfraud.training.retrain.policy import decide_promotion
 
         assert self.outcomes is not None
         if not Path(self.outcomes).exists():

@@ -1,11 +1,11 @@
 """Federated byte-level BPE tokenizer: PII wiping, pre-tokenization, FedByteBPE, metrics, tokenizer.json export."""
 
-from training.tokenizer.bpe import ClientState, FedBPEServer, ReleaseParams, reference_bpe, train_in_process
-from training.tokenizer.config import TokenizerConfig
-from training.tokenizer.export import build_tokenizer, save_tokenizer
-from training.tokenizer.metrics import evaluate_texts
-from training.tokenizer.pii import PIIDetector, default_recognizers
-from training.tokenizer.pretokenize import CorpusPipeline, build_pre_tokenizer, pretokenize
+from fedfraud.training.tokenizer.bpe import ClientState, FedBPEServer, ReleaseParams, reference_bpe, train_in_process
+from fedfraud.training.tokenizer.config import TokenizerConfig
+from fedfraud.training.tokenizer.export import build_tokenizer, save_tokenizer
+from fedfraud.training.tokenizer.metrics import evaluate_texts
+from fedfraud.training.tokenizer.pii import PIIDetector, default_recognizers
+from fedfraud.training.tokenizer.pretokenize import CorpusPipeline, build_pre_tokenizer, pretokenize
 
 __all__ = [
     "ClientState",

@@ -28,7 +28,7 @@ from typing import Literal
 
 import numpy as np
 
-from training.tokenizer.pretokenize import unicode_to_bytes
+from fedfraud.training.tokenizer.pretokenize import unicode_to_bytes
 
 __all__ = [
     "Merge",

@@ -3,7 +3,7 @@
 Only counts leave the client: token ids (of merges the server broadcast) with
 Laplace-noised frequencies, never words or text. With noise, each document
 counts only up to ``max-doc-bytes`` bytes and the release is dense over a
-public domain (``training.tokenizer.privacy`` has the account). They travel as int/float
+public domain (``fedfraud.training.tokenizer.privacy`` has the account). They travel as int/float
 arrays in an ``ArrayRecord`` (compact, and no per-element validation as in a
 ``ConfigRecord`` list).
 """
@@ -16,8 +16,8 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from training.tokenizer.bpe import Merge, ReleaseParams
-from training.tokenizer.task import client_state
+from fedfraud.training.tokenizer.bpe import Merge, ReleaseParams
+from fedfraud.training.tokenizer.task import client_state
 
 __all__ = ["app"]
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from fedfraud.errors import UserError
-from training.tokenizer.pii import PIISpan
+from fedfraud.training.tokenizer.pii import PIISpan
 
 __all__ = [
     "Document",

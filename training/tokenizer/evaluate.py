@@ -1,7 +1,7 @@
 """Comparison table (paper Table 2): federated vs centralized vs local vs a public pretrained tokenizer.
 
 Every tokenizer is scored per client on that client's PII-wiped documents with
-:func:`~training.tokenizer.metrics.evaluate_texts`; the table reports the mean
+:func:`~fedfraud.training.tokenizer.metrics.evaluate_texts`; the table reports the mean
 and standard deviation over clients, as the paper does.
 """
 
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from tokenizers import Tokenizer
 
-from training.tokenizer.metrics import TokenCounter, TokenizerMetrics, evaluate_texts, summarize
+from fedfraud.training.tokenizer.metrics import TokenCounter, TokenizerMetrics, evaluate_texts, summarize
 
 __all__ = ["hf_counter", "public_counter", "ComparisonRow", "compare", "to_markdown"]
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer, models
 
-from training.tokenizer.pretokenize import build_decoder, build_pre_tokenizer, bytes_to_unicode
+from fedfraud.training.tokenizer.pretokenize import build_decoder, build_pre_tokenizer, bytes_to_unicode
 
 __all__ = ["build_tokenizer", "save_tokenizer", "TOKENIZER_FILE"]
 

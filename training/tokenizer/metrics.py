@@ -18,7 +18,7 @@ import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from training.tokenizer.pretokenize import pretokenize, unicode_to_bytes
+from fedfraud.training.tokenizer.pretokenize import pretokenize, unicode_to_bytes
 
 __all__ = ["TokenCounter", "TokenizerMetrics", "evaluate_texts", "summarize"]
 

@@ -18,7 +18,7 @@ from importlib import resources
 from typing import Protocol
 
 from fedfraud.errors import UserError
-from feature_store.schema import luhn_ok
+from fedfraud.feature_store.schema import luhn_ok
 
 __all__ = [
     "PII_LABELS",
@@ -143,7 +143,7 @@ _STREET = (
 @lru_cache(maxsize=1)
 def _first_names() -> frozenset[str]:
     """Shipped gazetteer of common US first names (SSA lists); used to spot names without a title."""
-    text = resources.files("training.tokenizer.data").joinpath("first_names.txt").read_text(encoding="utf-8")
+    text = resources.files("fedfraud.training.tokenizer.data").joinpath("first_names.txt").read_text(encoding="utf-8")
     return frozenset(line.strip() for line in text.splitlines() if line.strip() and not line.startswith("#"))
 
 

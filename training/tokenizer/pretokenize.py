@@ -99,13 +99,13 @@ class CorpusPipeline:
     """Documents -> PII-wiped text -> byte-level words -> word frequencies (the paper's Fig. 1).
 
     Each stage is a plain callable so it can be swapped: ``masker`` (default:
-    the rule-based :class:`~training.tokenizer.pii.PIIDetector`) and
+    the rule-based :class:`~fedfraud.training.tokenizer.pii.PIIDetector`) and
     ``pretokenizer`` (default: :func:`pretokenize`).
     """
 
     def __init__(self, masker: Masker | None = None, pretokenizer: Callable[[str], list[str]] | None = None) -> None:
         if masker is None:
-            from training.tokenizer.pii import PIIDetector
+            from fedfraud.training.tokenizer.pii import PIIDetector
 
             masker = PIIDetector()
         self.masker = masker

@@ -5,7 +5,7 @@ Unit of privacy: one document. The corpus pipeline keeps at most
 exactly one token (and starts at most one pair), so adding or removing one
 document changes a release's count vector by at most ``max_doc_bytes`` in
 L1. With Laplace noise of scale ``max_doc_bytes / ε`` on every key of the
-public domain (:class:`~training.tokenizer.bpe.ReleaseParams`), one release is
+public domain (:class:`~fedfraud.training.tokenizer.bpe.ReleaseParams`), one release is
 ε-DP for that document. A client releases once per phase in which it is
 sampled; those R releases are composed with the PLD accountant of
 ``dp-accounting`` (Laplace, R-fold) and, as a cross-check, basic

@@ -20,8 +20,8 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from flwr.serverapp import Grid, ServerApp
 
-from training.federated.grid import wait_for_nodes
-from training.tokenizer.bpe import FedBPEServer, Release, ReleaseParams
+from fedfraud.training.federated.grid import wait_for_nodes
+from fedfraud.training.tokenizer.bpe import FedBPEServer, Release, ReleaseParams
 
 __all__ = ["build_server_app", "run_fedbpe", "DEFAULTS"]
 

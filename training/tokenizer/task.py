@@ -26,9 +26,9 @@ from pathlib import Path
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 
-from training.tokenizer.bpe import ClientState, words_to_bytes
-from training.tokenizer.corpus import read_jsonl
-from training.tokenizer.pretokenize import CorpusPipeline, CorpusReport
+from fedfraud.training.tokenizer.bpe import ClientState, words_to_bytes
+from fedfraud.training.tokenizer.corpus import read_jsonl
+from fedfraud.training.tokenizer.pretokenize import CorpusPipeline, CorpusReport
 
 __all__ = ["client_names", "load_partition", "client_state", "corpus_key"]
 
@@ -126,7 +126,7 @@ def client_state(
         else:
             masker = None
             if ner:
-                from training.tokenizer.pii import PIIDetector, default_recognizers, resolve_recognizer
+                from fedfraud.training.tokenizer.pii import PIIDetector, default_recognizers, resolve_recognizer
 
                 masker = PIIDetector([*default_recognizers(), resolve_recognizer("ner")])
             counts, report = CorpusPipeline(masker).count_words(

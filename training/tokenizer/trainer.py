@@ -17,11 +17,11 @@ from typing import Any
 
 from tokenizers import Tokenizer, models, trainers
 
-from training.tokenizer.bpe import ClientState, FedBPEServer, ReleaseParams, train_in_process, words_to_bytes
-from training.tokenizer.config import TokenizerConfig
-from training.tokenizer.export import build_tokenizer, save_tokenizer
-from training.tokenizer.pretokenize import CorpusPipeline, build_decoder, build_pre_tokenizer, bytes_to_unicode
-from training.tokenizer.privacy import tokenizer_privacy
+from fedfraud.training.tokenizer.bpe import ClientState, FedBPEServer, ReleaseParams, train_in_process, words_to_bytes
+from fedfraud.training.tokenizer.config import TokenizerConfig
+from fedfraud.training.tokenizer.export import build_tokenizer, save_tokenizer
+from fedfraud.training.tokenizer.pretokenize import CorpusPipeline, build_decoder, build_pre_tokenizer, bytes_to_unicode
+from fedfraud.training.tokenizer.privacy import tokenizer_privacy
 
 __all__ = [
     "FederatedRun",
@@ -86,8 +86,8 @@ def train_federated_flower(
     from flwr.simulation import run_simulation
 
     from fedfraud.net import ray_bind
-    from training.tokenizer.client_app import app as client_app
-    from training.tokenizer.server_app import build_server_app
+    from fedfraud.training.tokenizer.client_app import app as client_app
+    from fedfraud.training.tokenizer.server_app import build_server_app
 
     with tempfile.TemporaryDirectory(prefix="fedbpe-") as tmp:
         result_path = Path(tmp) / "result.json"
@@ -124,7 +124,7 @@ def train_federated_flower(
 
 
 def _documents(corpus_path: Path) -> int:
-    from training.tokenizer.corpus import read_jsonl
+    from fedfraud.training.tokenizer.corpus import read_jsonl
 
     return sum(1 for _ in read_jsonl(corpus_path))
 
@@ -186,7 +186,7 @@ def publish_tokenizer(
     card: str,
 ) -> Any:
     """Write ``tokenizer.json`` into a new registry version (atomic publish) and return that version."""
-    from training.registry import ModelRegistry
+    from fedfraud.training.registry import ModelRegistry
 
     registry = ModelRegistry(registry_root)
     with registry.publish("tokenizer", config=cfg.model_dump(), metrics=metrics, privacy=privacy, card=card) as stage:

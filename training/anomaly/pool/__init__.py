@@ -3,7 +3,7 @@
 Learned operators (PyG): ``topk``, ``sag``, ``asap``, ``diffpool``. Non-learned
 clustering baselines: ``{kmeans,agglo,spectral}-{max,avg}``. Each operator class
 names itself (``class TopKPool(PyGSelectPooling, name="topk")``) and joins the
-registry in :mod:`training.anomaly.pool.base` when its module is imported; every
+registry in :mod:`fedfraud.training.anomaly.pool.base` when its module is imported; every
 module in this package is imported here, so a new operator is one class in one file.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-from training.anomaly.pool.base import GraphPooling, PoolResult, pooling_names, resolve_pooling
+from fedfraud.training.anomaly.pool.base import GraphPooling, PoolResult, pooling_names, resolve_pooling
 
 __all__ = ["GraphPooling", "PoolResult", "pooling_names", "resolve_pooling"]
 

@@ -8,7 +8,7 @@ from torch import Tensor
 from torch_geometric.nn import ASAPooling
 from torch_geometric.utils import add_remaining_self_loops, cumsum, scatter, softmax, to_dense_adj
 
-from training.anomaly.pool.base import PoolResult, PyGSelectPooling
+from fedfraud.training.anomaly.pool.base import PoolResult, PyGSelectPooling
 
 __all__ = ["ASAPool"]
 

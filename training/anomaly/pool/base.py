@@ -2,7 +2,7 @@
 
 A new operator is one class in one file: ``class MyPool(GraphPooling, name="mine")``
 (or ``names={"mine-a": {...}, "mine-b": {...}}`` for variants that differ only
-in constructor options), imported by :mod:`training.anomaly.pool`.
+in constructor options), imported by :mod:`fedfraud.training.anomaly.pool`.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ from scipy.cluster.hierarchy import fcluster, linkage
 from torch import Tensor
 from torch_geometric.utils import coalesce, scatter
 
-from training.anomaly.pool.base import GraphPooling, PoolResult
+from fedfraud.training.anomaly.pool.base import GraphPooling, PoolResult
 
 __all__ = ["ALGORITHMS", "ClusterPool", "agglomerative_labels", "kmeans_labels", "spectral_labels"]
 

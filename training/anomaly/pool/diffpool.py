@@ -9,7 +9,7 @@ from torch import Tensor
 from torch_geometric.nn import DenseGCNConv, dense_diff_pool
 from torch_geometric.utils import to_dense_adj, to_dense_batch
 
-from training.anomaly.pool.base import GraphPooling, PoolResult
+from fedfraud.training.anomaly.pool.base import GraphPooling, PoolResult
 
 __all__ = ["DiffPool"]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torch_geometric.nn import SAGPooling
 
-from training.anomaly.pool.base import PyGSelectPooling
+from fedfraud.training.anomaly.pool.base import PyGSelectPooling
 
 __all__ = ["SAGPool"]
 

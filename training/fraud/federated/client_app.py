@@ -8,7 +8,7 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from training.fraud.federated.task import (
+from fedfraud.training.fraud.federated.task import (
     boost_one_round,
     fraud_config,
     load_node_features,

@@ -1,7 +1,7 @@
 """Histogram-based horizontal federated XGBoost: the trees a centralized model would build, rows stay in banks.
 
 One ``xgboost.federated`` server and one worker **process** per bank
-(``python -m training.fraud.federated.hist worker SPEC``). Each worker loads
+(``python -m fedfraud.training.fraud.federated.hist worker SPEC``). Each worker loads
 only its own bank's feature file and trains inside
 ``xgboost.collective.CommunicatorContext(dmlc_communicator="federated", ...)``
 with ``tree_method="hist"``; XGBoost's collective then sums, across banks,
@@ -56,9 +56,9 @@ from typing import Any
 import numpy as np
 
 from fedfraud.net import free_port, wait_for_port
-from training.fraud.config import FraudConfig
-from training.fraud.features import ANOMALY_FEATURE, FraudFeatures
-from training.fraud.model import FraudModel, xgb_params
+from fedfraud.training.fraud.config import FraudConfig
+from fedfraud.training.fraud.features import ANOMALY_FEATURE, FraudFeatures
+from fedfraud.training.fraud.model import FraudModel, xgb_params
 
 __all__ = ["HistJob", "TlsFiles", "federated_hist_train", "make_tls_files"]
 
@@ -204,7 +204,7 @@ def federated_hist_train(
             params["max_bin"] = int(max_bin)
         started = time.perf_counter()
         server_log = folder / "server.log"
-        server_cmd = [sys.executable, "-m", "training.fraud.federated.hist", "server", "--port", str(port),
+        server_cmd = [sys.executable, "-m", "fedfraud.training.fraud.federated.hist", "server", "--port", str(port),
                       "--world", str(len(order)), "--timeout", str(int(timeout_s))]
         if files is not None:
             server_cmd += ["--server-key", str(files.server_key), "--server-cert", str(files.server_cert),
@@ -234,7 +234,7 @@ def federated_hist_train(
                 logs.append(log)
                 with log.open("wb") as fh:
                     procs.append(subprocess.Popen(
-                        [sys.executable, "-m", "training.fraud.federated.hist", "worker", str(spec_path)],
+                        [sys.executable, "-m", "fedfraud.training.fraud.federated.hist", "worker", str(spec_path)],
                         stdout=fh, stderr=subprocess.STDOUT, env=_child_env(), cwd=str(_REPO_ROOT)))
             deadline = time.monotonic() + timeout_s
             for rank, proc in enumerate(procs[1:]):
@@ -293,7 +293,7 @@ def _worker(spec_path: Path) -> None:
     import xgboost as xgb
     from xgboost import collective
 
-    from training.fraud.metrics import score_histograms, threshold_from_histograms
+    from fedfraud.training.fraud.metrics import score_histograms, threshold_from_histograms
 
     spec = json.loads(Path(spec_path).read_text(encoding="utf-8"))
     rank, out = int(spec["rank"]), Path(spec["out"])
@@ -350,7 +350,7 @@ def _server(args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the server and worker processes (not a user command)."""
-    parser = argparse.ArgumentParser(prog="python -m training.fraud.federated.hist")
+    parser = argparse.ArgumentParser(prog="python -m fedfraud.training.fraud.federated.hist")
     sub = parser.add_subparsers(dest="role", required=True)
     s = sub.add_parser("server")
     s.add_argument("--port", type=int, required=True)

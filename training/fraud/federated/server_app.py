@@ -13,7 +13,7 @@ compensates by dividing eta by the number of banks.
 Threshold: on the final round the strategy asks each bank for the histogram of
 its validation scores (positives and negatives separately, ``threshold_bins``
 bins); the server sums them and applies the same max-F1 rule as local training
-(:func:`training.fraud.metrics.threshold_from_histograms`). Only counts leave
+(:func:`fedfraud.training.fraud.metrics.threshold_from_histograms`). Only counts leave
 a bank, never scores of individual transactions.
 
 Settings (kebab-case) come from :func:`build_server_app`; results go to
@@ -34,8 +34,8 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, 
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedXgbBagging
 
-from training.fraud.config import FraudConfig
-from training.fraud.metrics import threshold_from_histograms
+from fedfraud.training.fraud.config import FraudConfig
+from fedfraud.training.fraud.metrics import threshold_from_histograms
 
 __all__ = ["DEFAULT_SETTINGS", "FinalRoundHistogramBagging", "app", "build_server_app", "threshold_from_replies"]
 

@@ -17,9 +17,9 @@ from typing import Any
 
 import numpy as np
 
-from training.fraud.config import FraudConfig
-from training.fraud.features import FraudFeatures
-from training.fraud.model import to_dmatrix, pos_weight, used_features, xgb_params
+from fedfraud.training.fraud.config import FraudConfig
+from fedfraud.training.fraud.features import FraudFeatures
+from fedfraud.training.fraud.model import to_dmatrix, pos_weight, used_features, xgb_params
 
 __all__ = [
     "INDEX_FILE",
@@ -87,7 +87,7 @@ def validation_histograms(data: FraudFeatures, use_as: bool, model: bytes, bins:
     """Positive and negative score histograms of this bank's validation rows under the global model."""
     import xgboost as xgb
 
-    from training.fraud.metrics import score_histograms
+    from fedfraud.training.fraud.metrics import score_histograms
 
     valid = data.of_split("valid")
     bst = xgb.Booster()
