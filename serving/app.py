@@ -2,7 +2,8 @@
 
 Built by :func:`build_app` from typed :class:`ScoringArgs` (STYLE §7), which
 ``infra/serve_config.yaml`` references by ``import_path`` so ``serve run`` /
-``serve deploy`` work too::
+``serve deploy`` work too. The builder validates the whole config once and
+binds the deployment only its own typed slice, :class:`fedfraud.serving.config.ScorerConfig`::
 
     StreamScorer replica (FastAPI: /score /healthz /readyz /metrics; bearer token on /score and /metrics)
       ├── StreamConsumer thread  (fedfraud.serving.consumer: one member of the Kafka consumer group)
@@ -29,6 +30,7 @@ from ray import serve
 from ray.serve import Application
 
 from fedfraud.serving.auth import BearerAuth, api_token, require_bearer
+from fedfraud.serving.config import ScorerConfig
 from fedfraud.serving.kafka import decode_messages, ingress_validator, json_bytes, now_us
 from fedfraud.serving.metrics import CONTENT_TYPE, DurableCounters, MetricsBoard, PipelineMetrics
 
@@ -42,8 +44,10 @@ class ScoringArgs(BaseModel):
     """Arguments of the scoring application (``import_path: fedfraud.serving.app:build_app``).
 
     ``config`` is a :class:`fedfraud.config.FedfraudConfig` as a dict (its
-    ``serving`` section holds Kafka, registry and batching settings), so a
-    replica on another node rebuilds exactly the driver's configuration.
+    ``serving`` section holds Kafka, registry and batching settings); the
+    builder validates it and hands each replica its :class:`ScorerConfig`
+    sections, from which a replica on another node rebuilds exactly the
+    driver's configuration.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -52,7 +56,7 @@ class ScoringArgs(BaseModel):
     bootstrap_servers: str = Field(..., description="Kafka bootstrap servers (embedded broker or cluster)")
     consume: bool = Field(True, description="run the Kafka consumer loop (off: HTTP only)")
     anomaly_loader: str = Field(
-        "fedfraud.serving.pipeline:load_anomaly_scorer",
+        "fedfraud.serving.anomaly_stage:load_anomaly_scorer",
         description="module:function(registry, version) -> GraphScorer; the seam where the anomaly model plugs in",
     )
 
@@ -68,9 +72,21 @@ def _replica_id() -> str:
 
 
 def _config(args: ScoringArgs) -> Any:
+    """The whole config, validated where the app is built (the entry point, like the CLI)."""
     from fedfraud.config import FedfraudConfig
 
     return FedfraudConfig.model_validate(args.config)
+
+
+class _ReplicaArgs(BaseModel):
+    """What :func:`build_app` binds to each :class:`StreamScorer` replica: its own sections, not the whole config."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    config: ScorerConfig
+    bootstrap_servers: str
+    consume: bool
+    anomaly_loader: str
 
 
 def _tune_gc(threshold: int) -> None:
@@ -147,8 +163,8 @@ class StreamScorer:
         from fedfraud.serving.consumer import StreamConsumer
         from fedfraud.serving.hotpath import HotPath
 
-        self.args = ScoringArgs.model_validate(args)
-        cfg = _config(self.args)
+        self.args = _ReplicaArgs.model_validate(args)
+        cfg = self.args.config
         self.bearer = BearerAuth.from_settings(cfg.serving.auth)  # before anything else: no token, no replica
         self.serving = cfg.serving
         self.guards = cfg.serving.guards
@@ -292,10 +308,12 @@ class StreamScorer:
 
 
 def build_app(args: ScoringArgs | dict[str, Any]) -> Application:
-    """Typed builder (STYLE §7): ``serving.scorer_replicas`` replicas of :class:`StreamScorer`."""
+    """Typed builder (STYLE §7): ``serving.scorer_replicas`` replicas of :class:`StreamScorer`, each bound
+    its :class:`ScorerConfig` (the sections it reads), not the whole config.
+    """
     if isinstance(args, dict):  # ``serve run`` passes the YAML args as a dict
         args = ScoringArgs.model_validate(args)
-    cfg = _config(args)
+    cfg = ScorerConfig.of(_config(args))
     s = cfg.serving
     from fedfraud.training.registry import ModelRegistry
 
@@ -303,4 +321,6 @@ def build_app(args: ScoringArgs | dict[str, Any]) -> Application:
     registry.get("anomaly", s.anomaly_version)  # fail fast, one line, if nothing is registered
     registry.get("fraud", s.fraud_version)
     api_token(s.auth)  # ... and if no API token is configured (each replica reads it again, where it runs)
-    return StreamScorer.options(num_replicas=s.scorer_replicas).bind(args.model_dump())
+    replica = _ReplicaArgs(config=cfg, bootstrap_servers=args.bootstrap_servers, consume=args.consume,
+                           anomaly_loader=args.anomaly_loader)
+    return StreamScorer.options(num_replicas=s.scorer_replicas).bind(replica.model_dump(mode="json"))

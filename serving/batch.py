@@ -93,7 +93,7 @@ def _cardholder_chunks(frame: pd.DataFrame, chunk_rows: int) -> Iterator[pd.Data
 
 
 def _load_models(registry: Path) -> tuple[Any, Any, Any, dict[str, str]]:
-    from fedfraud.serving.pipeline import fraud_config_for
+    from fedfraud.serving.fraud_stage import fraud_config_for
     from fedfraud.training.anomaly.scorer import AnomalyScorer
     from fedfraud.training.fraud.model import FraudModel
     from fedfraud.training.registry import ModelRegistry, RegistryError

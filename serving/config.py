@@ -2,6 +2,8 @@
 
 Kafka client settings live here, each with the reason it has its value, because
 they decide the delivery guarantees (``infra/kafka.md`` has the long version).
+:class:`ScorerConfig` is the scorer deployment's own typed slice of the whole
+config: what the builder binds, so a replica receives nothing it does not read.
 """
 
 from __future__ import annotations
@@ -12,9 +14,13 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from fedfraud.errors import UserError
+from fedfraud.feature_store.config import EgoGraphConfig, EncoderConfig, PrivacyConfig
+from fedfraud.feature_store.store_config import FeatureStoreConfig
+from fedfraud.training.fraud.config import FraudConfig
+from fedfraud.training.retrain.config import RetrainConfig
 
-__all__ = ["AuthSettings", "ConsumerSettings", "GuardSettings", "KafkaSecurity", "ProducerSettings", "ServingConfig",
-           "TopicNames"]
+__all__ = ["AuthSettings", "ConsumerSettings", "GuardSettings", "KafkaSecurity", "ProducerSettings", "ScorerConfig",
+           "ServingConfig", "TopicNames"]
 
 
 class _Section(BaseModel):
@@ -261,3 +267,26 @@ class ServingConfig(_Section):
             raise ValueError(f"no credentials in fraud_state_path: the password is read from "
                              f"${self.fraud_state_password_env}")
         return self
+
+
+class ScorerConfig(_Section):
+    """The sections of ``fedfraud.yaml`` a ``StreamScorer`` replica reads, and only those.
+
+    ``fedfraud.serving.app.build_app`` cuts it from the whole config and binds it, so a
+    replica is not handed the training, tokenizer or federation settings, and
+    what the hot path may read is visible in one type.
+    """
+
+    serving: ServingConfig = Field(default_factory=ServingConfig)
+    features: FeatureStoreConfig = Field(default_factory=FeatureStoreConfig, description="Feast online store")
+    egograph: EgoGraphConfig = Field(default_factory=EgoGraphConfig, description="ego-graph bounds, dedupe ring")
+    encoder: EncoderConfig = Field(default_factory=EncoderConfig, description="L'/T' encoders (the featurizer)")
+    privacy: PrivacyConfig = Field(default_factory=PrivacyConfig, description="the bank's private featurizer")
+    fraud: FraudConfig = Field(
+        default_factory=FraudConfig, description="fallback fraud features when the model's registry config has none")
+    retrain: RetrainConfig = Field(default_factory=RetrainConfig, description="the drift window's size")
+
+    @classmethod
+    def of(cls, whole: BaseModel) -> ScorerConfig:
+        """This deployment's sections of the whole config (a ``fedfraud.config.FedfraudConfig``), by name."""
+        return cls.model_validate({name: getattr(whole, name) for name in cls.model_fields})

@@ -1,7 +1,10 @@
 """The scoring hot path of one replica, in one process: no actor hops between the stages.
 
-    frame ──> AnomalyStage (one batched state read, ego-graph updates, one GNN forward, one batched write)
-          ──> FraudStage  (fraud features, XGBoost, decisions + anomaly scores produced and confirmed)
+    frame ──> AnomalyStage (serving/anomaly_stage.py: one batched state read, ego-graph updates, one GNN forward,
+                            one batched write)
+          ──> ScoredBatch  (serving/scored.py)
+          ──> FraudStage   (serving/fraud_stage.py: fraud features, XGBoost, decisions + anomaly scores produced and
+                            confirmed)
 
 The Kafka consumer thread (:mod:`fedfraud.serving.consumer`) and ``POST /score`` both
 call :meth:`HotPath.score`; a lock makes them take turns, so one cardholder's
@@ -15,12 +18,15 @@ from __future__ import annotations
 import logging
 import threading
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from fedfraud.serving.follow import moved
 from fedfraud.serving.metrics import StageClock
+
+if TYPE_CHECKING:
+    from fedfraud.serving.config import ScorerConfig
 
 __all__ = ["HotPath"]
 
@@ -30,12 +36,13 @@ log = logging.getLogger(__name__)
 class HotPath:
     """Anomaly + fraud stages of one replica, with their model versions and state stores."""
 
-    def __init__(self, cfg: Any, bootstrap_servers: str | None, anomaly_loader: str) -> None:
+    def __init__(self, cfg: ScorerConfig, bootstrap_servers: str | None, anomaly_loader: str) -> None:
         from fedfraud.feature_store.online import OnlineStateClient
         from fedfraud.feature_store.privacy import PrivateFeaturizer
+        from fedfraud.serving.anomaly_stage import AnomalyStage
+        from fedfraud.serving.fraud_stage import FraudStage, fraud_config_for, load_fraud_model
         from fedfraud.serving.kafka import make_producer
         from fedfraud.serving.kvstore import open_kv
-        from fedfraud.serving.pipeline import AnomalyStage, FraudStage, fraud_config_for, load_fraud_model
         from fedfraud.training.registry import ModelRegistry
 
         s = cfg.serving
@@ -54,7 +61,7 @@ class HotPath:
                                     max_nodes=s.max_nodes_per_batch)
         model, tag = self._load_fraud(s.fraud_version)
         trained = self.registry.get("fraud", tag.rsplit(":v", 1)[-1]).config
-        fraud_cfg = fraud_config_for(trained, getattr(cfg, "fraud", None))
+        fraud_cfg = fraud_config_for(trained, cfg.fraud)
         producer = (make_producer(bootstrap_servers, s.producer, client_id="fedfraud-scorer", security=s.kafka_security)
                     if bootstrap_servers else None)
         self.fraud = FraudStage(kv, model, tag, fraud_cfg, cfg.encoder.dim, s.decision_ring,
@@ -97,7 +104,7 @@ class HotPath:
     def loop_figures(self) -> Any:
         """Drift PSI and shadow counts for ``/metrics`` (:class:`fedfraud.serving.metrics.LoopFigures`)."""
         from fedfraud.serving.metrics import LoopFigures
-        from fedfraud.serving.pipeline import SIDE_ERRORS
+        from fedfraud.serving.side_work import SIDE_ERRORS
 
         drift, f = self.fraud.drift, self.fraud
         return LoopFigures(drift.psi() if drift else {}, drift.rows if drift else 0, f.shadow_scored,

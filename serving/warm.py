@@ -28,10 +28,10 @@ def warm_fraud_state(cfg: Any, data: Path, bank: int | None = None) -> int:
     Cards the KV already holds a state for are skipped (serving's state is newer).
     Returns the number of cardholders written.
     """
-    from fedfraud.feature_store.privacy import PrivateFeaturizer
-    from fedfraud.serving.kvstore import open_kv
-    from fedfraud.serving.pipeline import pack_fraud_state, fraud_config_for
     from fedfraud.feature_store.layout import read_bank
+    from fedfraud.feature_store.privacy import PrivateFeaturizer
+    from fedfraud.serving.fraud_stage import fraud_config_for, pack_fraud_state
+    from fedfraud.serving.kvstore import open_kv
     from fedfraud.training.fraud.features import FraudFeatureState, build_features
     from fedfraud.training.registry import ModelRegistry, RegistryError
 

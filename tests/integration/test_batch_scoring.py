@@ -2,7 +2,7 @@
 
 A tiny next-event model is trained and published; then bank 0 is scored twice:
 by batch scoring (``fedfraud.serving.batch.score_path``) and by the serving stage
-(``fedfraud.serving.pipeline.AnomalyStage``) reading and writing cardholder states
+(``fedfraud.serving.anomaly_stage.AnomalyStage``) reading and writing cardholder states
 through Feast in micro-batches, as the Kafka consumer does.
 """
 
@@ -59,7 +59,7 @@ def test_batch_scores_equal_serving_scores(published: tuple[Path, Path], tmp_pat
     from fedfraud.feature_store.privacy import PrivateFeaturizer
     from fedfraud.serving.batch import score_path
     from fedfraud.serving.kvstore import open_kv
-    from fedfraud.serving.pipeline import AnomalyStage, load_anomaly_scorer
+    from fedfraud.serving.anomaly_stage import AnomalyStage, load_anomaly_scorer
 
     data, registry = published
     out = tmp_path / "scores.parquet"

@@ -149,7 +149,7 @@ def test_registry_round_trip_gives_identical_scores(bank, tmp_path, readout):
     assert np.allclose(a, scorer.score_graphs(prev, cur, priors, events))
     assert ((a >= 0) & (a <= 1)).all()
     # embeddings are batch-independent: one at a time equals batched
-    assert torch.allclose(scorer.embed(cur[:1]), q_cur[:1], atol=1e-6)
+    assert np.allclose(scorer.embed(cur[:1]), q_cur[:1], atol=1e-6)
 
     frame = read_bank(root, 0)
     fz = PrivateFeaturizer.for_bank(ENC, PrivacyConfig(), 0)

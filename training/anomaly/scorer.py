@@ -10,7 +10,7 @@ Serving keeps each cardholder's last embedding, so a transaction costs one
 graph embedding, not two::
 
     scorer = AnomalyScorer.from_registry(ModelRegistry("artifacts"))
-    q_cur = scorer.embed(current_graphs)          # [n, q_dim], batched
+    q_cur = scorer.embed(current_graphs)          # np.ndarray [n, q_dim], batched
     scores = scorer.score(q_prev_cached, q_cur)   # np.ndarray [n]
     # cache q_cur as the cardholders' new q_prev
 """
@@ -116,26 +116,39 @@ class AnomalyScorer:
     def __repr__(self) -> str:
         return f"{self.__class__.__name__}({self.tag}, pooling={self.model.cfg.pooling}, device={self.device})"
 
-    def embed(self, graphs: Sequence[Data]) -> Tensor:
-        """q_t of each graph, ``[n, q_dim]`` float32 on CPU (cache it as the next q_{t-1})."""
-        return embed_graphs(self.model, graphs, self.batch_size).float().cpu()
+    def embed(self, graphs: Sequence[Data]) -> np.ndarray:
+        """q_t of each graph, ``[n, q_dim]`` float32 numpy (cache it as the next q_{t-1}).
+
+        Numpy in and out, like :meth:`score` and :meth:`score_events`: serving keeps
+        q in its state stores as numpy, so it calls this scorer directly
+        (``fedfraud.serving.anomaly_stage.GraphScorer``) with no wrapper.
+        """
+        with torch.inference_mode():
+            return embed_graphs(self.model, list(graphs), self.batch_size).float().cpu().numpy()
 
     @property
     def uses_events(self) -> bool:
         """True when the readout scores (q_{t-1}, newest event): call :meth:`score_events`, not :meth:`score`."""
         return self.model.uses_events
 
-    def score(self, q_prev: Tensor, q_cur: Tensor) -> np.ndarray:
+    def score(self, q_prev: np.ndarray, q_cur: np.ndarray) -> np.ndarray:
         """Anomaly scores ``1 − f(q_{t-1}, q_t)`` for aligned rows, float64 ``[n]`` (thesis readouts)."""
-        return score_embeddings(self.model, q_prev.to(self.device), q_cur.to(self.device))
+        with torch.inference_mode():
+            out = score_embeddings(self.model, self._on_device(q_prev), self._on_device(q_cur))
+        return out.astype(np.float64).reshape(-1)
 
-    def score_events(self, q_prev: Tensor, prior: np.ndarray, event: np.ndarray) -> np.ndarray:
+    def score_events(self, q_prev: np.ndarray, prior: np.ndarray, event: np.ndarray) -> np.ndarray:
         """Anomaly scores of newest events against q_{t-1} (event readouts), float64 ``[n]``.
 
         ``prior`` / ``event`` are :attr:`EgoGraphState.prior` / ``last_event``
         of each transaction (:mod:`fedfraud.feature_store.events`).
         """
-        return score_event_embeddings(self.model, q_prev.to(self.device), prior, event)
+        with torch.inference_mode():
+            out = score_event_embeddings(self.model, self._on_device(q_prev), prior, event)
+        return np.asarray(out, dtype=np.float64).reshape(-1)
+
+    def _on_device(self, q: np.ndarray) -> Tensor:
+        return torch.from_numpy(q).to(self.device)
 
     def score_graphs(
         self,

@@ -1,0 +1,331 @@
+"""The anomaly stage: ego-graph update + GNN anomaly score of micro-batches (one instance per scorer replica).
+
+A plain class: the hot path (:mod:`fedfraud.serving.hotpath`) runs it, benchmarks and
+tests call it. Per micro-batch, in event-time order::
+
+    read cardholder states (one batched Feast read) ──> apply each transaction
+    ──> G_t per transaction (and G_{t-1} only when the cached q_{t-1} is stale)
+    ──> q = embed(graphs) (in runs of at most ``max_nodes`` graph nodes)
+    ──> AS = 1 − f(q_{t-1}, q_t) ──> score ring, push states (one batched write)
+    ──> a :class:`fedfraud.serving.scored.ScoredBatch` for :class:`fedfraud.serving.fraud_stage.FraudStage`
+
+Sections are timed with :class:`fedfraud.serving.metrics.StageClock` (``fedfraud bench
+serving`` prints them as the per-stage profile).
+
+Idempotence (at-least-once delivery means redelivery): a transaction whose
+noise key is already in the ego graph's ring of applied keys is *redelivered*;
+it does not touch the graph again and gets the anomaly score it got the first
+time from the score ring (written before the state push, so this holds after a
+crash between the two).
+
+Cached q_{t-1}: the store's ``q_t`` is reused when this process wrote it with
+the current model at the state's current version
+(:class:`fedfraud.serving.anomaly_cache.FreshCache`); otherwise G_{t-1} is embedded
+again, so a model swap or another replica's write never mixes embeddings of
+two models.
+
+The model is anything that meets :class:`GraphScorer`; the default loader hook
+:func:`load_anomaly_scorer` returns the training side's
+:class:`fedfraud.training.anomaly.scorer.AnomalyScorer` itself (numpy in and out), the
+same object ``fedfraud score`` scores with, so there is no serving-side wrapper.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+import pandas as pd
+import torch
+
+from fedfraud.feature_store.cardholder import CardholderState, PreparedBatch, prepare_batch
+from fedfraud.feature_store.events import history_summary
+from fedfraud.feature_store.privacy import PrivateFeaturizer
+from fedfraud.serving.anomaly_cache import CachedFeatures, FreshCache
+from fedfraud.serving.kafka import json_bytes, json_value, now_us
+from fedfraud.serving.kvstore import KVStore
+from fedfraud.serving.metrics import StageClock
+from fedfraud.serving.scored import ScoredBatch
+from fedfraud.serving.side_work import guarded
+
+if TYPE_CHECKING:
+    from torch_geometric.data import Data
+
+    from fedfraud.feature_store.online import OnlineStateClient
+    from fedfraud.training.registry import ModelRegistry
+
+__all__ = ["AnomalyStage", "AnomalyWork", "GraphScorer", "load_anomaly_scorer"]
+
+
+class GraphScorer(Protocol):
+    """What the anomaly stage needs from a model (``fedfraud.training.anomaly.scorer.AnomalyScorer``)."""
+
+    tag: str
+
+    def embed(self, graphs: Sequence[Data]) -> np.ndarray:
+        """Q ``[n, k]`` of n graphs."""
+        ...
+
+    @property
+    def uses_events(self) -> bool:
+        """True: call :meth:`score_events` (q_{t-1} + newest event); False: :meth:`score` (q_{t-1}, q_t)."""
+        ...
+
+    def score(self, q_prev: np.ndarray, q_cur: np.ndarray) -> np.ndarray:
+        """AS = 1 − f(q_{t−1}, q_t) per row (thesis readouts)."""
+        ...
+
+    def score_events(self, q_prev: np.ndarray, prior: np.ndarray, event: np.ndarray) -> np.ndarray:
+        """AS of each newest event against q_{t−1} (event readouts)."""
+        ...
+
+
+def load_anomaly_scorer(registry: ModelRegistry, version: str = "latest") -> GraphScorer:
+    """The default anomaly loader hook (``ScoringArgs.anomaly_loader``): the anomaly model of ``version``.
+
+    It is the training scorer itself, the one batch scoring uses; serving only
+    pins torch to one thread, because replicas, not threads, are the parallelism.
+    """
+    from fedfraud.training.anomaly.scorer import AnomalyScorer
+
+    torch.set_num_threads(1)
+    return AnomalyScorer.from_registry(registry, version)
+
+
+@dataclass
+class AnomalyWork:
+    """A micro-batch between :meth:`AnomalyStage.begin` and :meth:`AnomalyStage.complete` (graphs to embed)."""
+
+    batch: PreparedBatch
+    frame: pd.DataFrame
+    produced_us: np.ndarray
+    source: str
+    model: GraphScorer
+    states: dict[str, CardholderState]
+    rings: dict[str, list[list[Any]]]
+    graphs: list[Data] = field(default_factory=list)
+    prev_graph: list[int] = field(default_factory=list)  # row → graph index of G_{t-1}, -1 none
+    prev_cached: dict[int, np.ndarray] = field(default_factory=dict)  # row → cached q_{t-1}
+    cur_graph: list[int] = field(default_factory=list)  # row → graph index of G_t, -1 if not applied
+    redelivered: list[bool] = field(default_factory=list)
+    last_graph: dict[str, int] = field(default_factory=dict)
+    events: dict[int, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)  # row → (prior, raw event)
+    shadow: GraphScorer | None = None  # the challenger GNN, when one shadows (this batch's, fixed at begin)
+
+    @property
+    def holders(self) -> list[str]:
+        return list(self.states)
+
+
+#: Placeholder of a graph's history summary until :meth:`AnomalyStage._apply` summarises the batch's together.
+_NO_SUMMARY = torch.zeros(1, 0)
+
+
+class AnomalyStage:
+    """Ego-graph update + GNN anomaly score of micro-batches (one instance per scorer replica)."""
+
+    def __init__(
+        self,
+        client: OnlineStateClient,
+        featurizer: PrivateFeaturizer,
+        kv: KVStore,
+        model: GraphScorer,
+        bank_id: int,
+        cell_deg: float,
+        ring: int,
+        clock: StageClock | None = None,
+        max_nodes: int = 8192,
+    ) -> None:
+        self.client = client
+        self.featurizer = featurizer
+        self.max_nodes = max_nodes
+        self.kv = kv
+        self.model = model
+        self.bank_id = bank_id
+        self.cell_deg = cell_deg
+        self.ring = ring
+        self.clock = clock or StageClock()
+        self.fresh = FreshCache()
+        self.features = CachedFeatures(featurizer)
+        self.shadow: GraphScorer | None = None  # the challenger GNN while one shadows (HotPath sets it)
+
+    def begin(self, frame: pd.DataFrame, produced_us: np.ndarray, source: str = "kafka") -> AnomalyWork:
+        """Read states, apply every transaction, collect the graphs to embed (no model call yet)."""
+        model = self.model  # one version per micro-batch, even if a swap lands meanwhile
+        clock = self.clock
+        with clock.section("anomaly.prepare"):
+            batch = prepare_batch(frame, self.featurizer)
+            self.features.seed(batch)
+        holders = list(dict.fromkeys(batch.cardholder))
+        with clock.section("anomaly.state_read"):
+            states = dict(zip(holders, self.client.read_states(holders), strict=True))
+            blobs = self.kv.get_many("scores", holders)
+            rings = {h: (json_value(b) if b else []) for h, b in zip(holders, blobs, strict=True)}
+        with clock.section("anomaly.graphs"):
+            return self._apply(AnomalyWork(batch, frame, produced_us, source, model, states, rings,
+                                           shadow=self.shadow))
+
+    def _apply(self, work: AnomalyWork) -> AnomalyWork:
+        """Fold each transaction into its state and collect G_t (and a stale G_{t-1}) to embed."""
+        batch, model, states = work.batch, work.model, work.states
+        source = self.features  # L'/T' rows by noise key (the featurizer on a miss)
+        eps_all = batch.features.epsilon
+        histories: list[np.ndarray] = []  # each graph's history, summarised together below
+
+        def snapshot(ego: Any, eps: float) -> None:
+            work.graphs.append(ego.to_data(source, eps, history=_NO_SUMMARY))
+            histories.append(ego.history.copy())
+
+        for i, holder in enumerate(batch.cardholder):
+            state = states[holder]
+            ego = state.ego
+            if batch.key[i] in ego.recent:  # redelivery: no graph change, score from the ring
+                work.redelivered.append(True)
+                work.prev_graph.append(-1)
+                work.cur_graph.append(-1)
+                continue
+            eps = float(eps_all[i])
+            prev = -1
+            if ego.num_nodes:
+                if holder in work.last_graph:
+                    prev = work.last_graph[holder]
+                elif work.shadow is None and state.q_t.size and self.fresh.valid(holder, state.version, model.tag):
+                    # the stored q_{t-1} is the champion's; a shadowing challenger needs G_{t-1} itself
+                    work.prev_cached[i] = state.q_t
+                else:
+                    snapshot(ego, eps)
+                    prev = len(work.graphs) - 1
+            applied = state.apply(batch, i, self.cell_deg)
+            if applied:
+                work.events[i] = (ego.prior, ego.last_event)  # type: ignore[assignment]
+            work.redelivered.append(not applied)
+            work.prev_graph.append(prev)
+            snapshot(ego, eps)
+            work.cur_graph.append(len(work.graphs) - 1)
+            work.last_graph[holder] = len(work.graphs) - 1
+        if histories:  # one vectorised call instead of one per graph
+            rows = torch.from_numpy(history_summary(np.stack(histories)))
+            for g, row in zip(work.graphs, rows, strict=True):
+                g._store._mapping["history"] = row.reshape(1, -1)
+        return work
+
+    def complete(self, work: AnomalyWork, q: np.ndarray) -> ScoredBatch:
+        """Score with the embeddings of ``work.graphs``, write rings and states (anomaly-scores: the fraud stage)."""
+        batch, model = work.batch, work.model
+        if q.shape[0] != len(work.graphs):
+            raise ValueError(f"expected {len(work.graphs)} embeddings, got {q.shape[0]}")
+        with self.clock.section("anomaly.gnn_score"):
+            scores = _gnn_scores(work, q, model)
+        with self.clock.section("anomaly.state_write"):
+            self._write(work, q, scores)
+        return ScoredBatch(
+            source=work.source,
+            transaction_id=work.frame["transaction_id"].astype(str).tolist(),
+            cardholder=batch.cardholder,
+            ts_us=batch.ts_us,
+            amount=batch.amount,
+            mcc=batch.mcc,
+            merchant=batch.features.merchant,
+            location=batch.features.location,
+            time=batch.features.time,
+            anomaly_score=scores,
+            redelivered=np.asarray(work.redelivered, dtype=bool),
+            produced_us=np.asarray(work.produced_us, dtype=np.int64),
+            anomaly_model=model.tag,
+            scored_us=now_us(),
+        )
+
+    def _write(self, work: AnomalyWork, q: np.ndarray, scores: np.ndarray) -> None:
+        """Score ring first, then states and merchants in one push; fills redelivered rows' scores from the ring."""
+        batch, model = work.batch, work.model
+        changed: list[CardholderState] = []
+        applied_rows: list[int] = []
+        touched: set[str] = set()
+        for i, holder in enumerate(batch.cardholder):
+            ring = work.rings[holder]
+            if work.redelivered[i]:
+                for key, score, _tag in ring:
+                    if key == batch.key[i]:
+                        scores[i] = math.nan if score is None else score
+                        break
+                continue
+            applied_rows.append(i)
+            ring.append([batch.key[i], None if math.isnan(scores[i]) else float(scores[i]), model.tag])
+            del ring[: max(len(ring) - self.ring, 0)]
+            touched.add(holder)
+        for holder, g in work.last_graph.items():
+            state = work.states[holder]
+            state.q_t = q[g].astype(np.float32)
+            changed.append(state)
+        # ring first: after a crash between the two writes, a redelivery still finds its score
+        self.kv.put_many("scores", [(h, json_bytes(work.rings[h])) for h in touched])
+        self.client.push(changed, self.bank_id, batch, applied_rows)
+        for state in changed:
+            self.fresh.put(state.cardholder, state.version, model.tag)
+
+    def embed(self, work: AnomalyWork) -> np.ndarray:
+        """Embeddings of ``work.graphs``: one GNN forward per run of at most ``max_nodes`` graph nodes."""
+        if not work.graphs:
+            return np.zeros((0, 0), dtype=np.float32)
+        with self.clock.section("anomaly.gnn_embed"):
+            parts = [work.model.embed(chunk) for chunk in _node_chunks(work.graphs, self.max_nodes)]
+            return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+    def score(self, frame: pd.DataFrame, produced_us: np.ndarray, source: str = "kafka") -> ScoredBatch:
+        """Begin → embed → complete: the whole anomaly stage of one micro-batch, in this process.
+
+        While a challenger shadows, its GNN embeds the same graphs and scores the
+        same rows (its AS rides along in the batch; states keep the champion's q).
+        """
+        work = self.begin(frame, produced_us, source)
+        scored = self.complete(work, self.embed(work))
+        if work.shadow is not None and work.graphs:
+            with self.clock.section("shadow.anomaly"):  # never fails the batch (see guarded)
+                shadow = guarded("shadow", lambda: self._shadow_scores(work))
+            if shadow is not None:
+                shadow[scored.redelivered] = np.nan
+                scored.shadow_anomaly_score, scored.shadow_anomaly_model = shadow, work.shadow.tag
+        return scored
+
+    def _shadow_scores(self, work: AnomalyWork) -> np.ndarray:
+        assert work.shadow is not None
+        parts = [work.shadow.embed(chunk) for chunk in _node_chunks(work.graphs, self.max_nodes)]
+        q_s = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        return _gnn_scores(work, q_s, work.shadow)
+
+
+def _gnn_scores(work: AnomalyWork, q: np.ndarray, model: GraphScorer) -> np.ndarray:
+    """AS of every row of ``work`` with a G_{t-1} and a G_t, from the embeddings ``q`` of ``work.graphs``."""
+    scores = np.full(len(work.batch), np.nan, dtype=np.float64)
+    rows = [i for i in range(len(scores))
+            if work.cur_graph[i] >= 0 and (work.prev_graph[i] >= 0 or i in work.prev_cached)]
+    if not rows:
+        return scores
+    q_prev = np.stack([q[work.prev_graph[i]] if work.prev_graph[i] >= 0 else work.prev_cached[i] for i in rows])
+    if model.uses_events:
+        prior = np.stack([work.events[i][0] for i in rows])
+        event = np.stack([work.events[i][1] for i in rows])
+        scores[rows] = model.score_events(q_prev.astype(np.float32), prior, event)
+    else:
+        q_cur = q[[work.cur_graph[i] for i in rows]]
+        scores[rows] = model.score(q_prev.astype(np.float32), q_cur.astype(np.float32))
+    return scores
+
+
+def _node_chunks(graphs: list[Data], budget: int) -> list[list[Data]]:
+    """Consecutive runs of ``graphs`` of at most ``budget`` nodes each (≥ 1 graph per run): bounds the memory
+    of one GNN forward on a large micro-batch.
+    """
+    chunks: list[list[Data]] = []
+    size = budget + 1
+    for g in graphs:
+        n = max(1, int(g.num_nodes))
+        if size + n > budget:
+            chunks.append([])
+            size = 0
+        chunks[-1].append(g)
+        size += n
+    return chunks

@@ -1,0 +1,338 @@
+"""The fraud stage: fraud features + XGBoost decision per transaction (one instance per scorer replica).
+
+A plain class: the hot path (:mod:`fedfraud.serving.hotpath`) runs it, benchmarks and
+tests call it. Per micro-batch, it takes the anomaly stage's
+:class:`fedfraud.serving.scored.ScoredBatch`::
+
+    fraud-feature state per cardholder (one batched KV read) + AS ──> XGBoost
+    ──> ``anomaly-scores`` and ``fraud-decisions`` (score, decision, top reasons,
+        both model versions), sent together and flushed once per micro-batch
+    ──> states and decision rings (one batched KV write)
+
+Sections are timed with :class:`fedfraud.serving.metrics.StageClock`.
+
+Idempotence (at-least-once delivery means redelivery): the stage keeps the
+last decisions per cardholder next to its fraud-feature state
+(:func:`pack_fraud_state`) and re-emits a redelivered transaction's decision
+identically (``redelivered: true``) instead of updating the fraud features
+twice. Decisions are therefore *re-emitted, never suppressed*: a consumer sees
+every transaction decided at least once, with identical content.
+
+The fraud model is loaded with :func:`load_fraud_model`, and its feature
+settings come from its registry config (:func:`fraud_config_for`), so the
+feature row serving builds is the one the model was trained on.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import struct
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from fedfraud.serving.kafka import confirm_sent, json_bytes, json_value, now_us
+from fedfraud.serving.kvstore import KVStore
+from fedfraud.serving.metrics import StageClock
+from fedfraud.serving.scored import ScoredBatch
+from fedfraud.serving.side_work import guarded
+
+if TYPE_CHECKING:
+    from fedfraud.serving.kafka_producer import Producer
+    from fedfraud.training.fraud.model import FraudModel
+    from fedfraud.training.registry import ModelRegistry
+    from fedfraud.training.retrain.drift import DriftMonitor
+
+__all__ = ["FraudStage", "fraud_config_for", "load_fraud_model", "pack_fraud_state", "unpack_fraud_state"]
+
+log = logging.getLogger(__name__)
+
+
+def load_fraud_model(registry: ModelRegistry, version: str = "latest") -> tuple[FraudModel, str]:
+    """The fraud model of ``version`` and its registry tag."""
+    from fedfraud.training.fraud.model import FraudModel
+
+    found = registry.get("fraud", version)
+    return FraudModel.from_registry(registry, str(found.version)), found.tag
+
+
+def fraud_config_for(version_config: dict[str, Any], fallback: Any) -> Any:
+    """The FraudConfig the model was trained with (its registry config), else ``fallback``."""
+    from pydantic import ValidationError
+
+    from fedfraud.training.fraud.config import FraudConfig
+
+    for candidate in (version_config.get("fraud"), version_config):
+        if isinstance(candidate, dict):
+            try:
+                return FraudConfig.model_validate(
+                    {k: v for k, v in candidate.items() if k in FraudConfig.model_fields}
+                )
+            except ValidationError:
+                continue
+    return fallback if fallback is not None else FraudConfig()
+
+
+_LEN = struct.Struct("<I")
+
+
+def pack_fraud_state(state_bytes: bytes, ring: list[dict[str, Any]]) -> bytes:
+    """One KV value per cardholder: its fraud-feature state and its ring of recent decisions."""
+    return _LEN.pack(len(state_bytes)) + state_bytes + json_bytes(ring)
+
+
+def unpack_fraud_state(blob: bytes) -> tuple[bytes, list[dict[str, Any]]]:
+    (n,) = _LEN.unpack_from(blob)
+    return blob[_LEN.size : _LEN.size + n], json_value(blob[_LEN.size + n :])
+
+
+class FraudStage:
+    """Fraud features + XGBoost decision per transaction (one instance per fraud replica).
+
+    With a producer it also emits the batch's ``anomaly-scores`` (``scores_topic``)
+    next to the decisions (``topic``) and flushes both once: the gateway commits
+    after :meth:`decide` returns, so both topics are covered by at-least-once.
+    """
+
+    def __init__(
+        self,
+        kv: KVStore,
+        model: FraudModel,
+        model_tag: str,
+        fraud_cfg: Any,
+        dim: int,
+        ring: int,
+        top_k: int = 3,
+        producer: Producer | None = None,
+        topic: str | None = None,
+        scores_topic: str | None = None,
+        clock: StageClock | None = None,
+    ) -> None:
+        self.kv = kv
+        self.model = model
+        self.model_tag = model_tag
+        self.fraud_cfg = fraud_cfg
+        self.dim = dim
+        self.ring = ring
+        self.top_k = top_k
+        self.producer = producer
+        self.topic = topic
+        self.scores_topic = scores_topic
+        self.clock = clock or StageClock()
+        self.check_layout(model)
+        self.shadow: tuple[FraudModel, str] | None = None  # the challenger fraud model while one shadows
+        self.shadow_topic: str | None = None
+        self.shadow_scored = 0  # transactions the challenger scored (for /metrics)
+        self.shadow_agreed = 0  # ... of which its decision equalled the champion's
+        self.drift: DriftMonitor | None = None  # PSI of inputs and score vs the champion's training reference
+
+    def check_layout(self, model: FraudModel) -> None:
+        """Raise unless ``model`` reads the feature row this stage builds."""
+        from fedfraud.training.fraud.features import feature_names
+
+        names = feature_names(self.fraud_cfg)
+        if tuple(model.input_names) != tuple(names):
+            raise ValueError(
+                f"fraud model expects features {list(model.input_names)}, the serving config gives {list(names)}"
+            )
+
+    def swap(self, model: FraudModel, tag: str) -> None:
+        """Use ``model`` from the next micro-batch on (callers swap between batches)."""
+        self.check_layout(model)
+        self.model, self.model_tag = model, tag
+
+    def set_shadow(self, shadow: tuple[FraudModel, str] | None) -> None:
+        """Score every fresh transaction with this challenger too (None stops shadowing); it never decides."""
+        if shadow is not None:
+            self.check_layout(shadow[0])
+        self.shadow = shadow
+        self.shadow_scored = self.shadow_agreed = 0  # the counters are per challenger
+
+    def decide(self, scored: ScoredBatch, sends: list[Any] | None = None) -> list[dict[str, Any]]:
+        """Decision records of ``scored`` (in its order), emitted with the scores.
+
+        Without ``sends`` the records are acknowledged by the broker before
+        this returns; with it the send futures are appended to ``sends`` for
+        the caller to confirm before it commits (the consumer's async acks).
+        """
+        from fedfraud.training.fraud.features import FraudInput
+
+        model, tag, clock = self.model, self.model_tag, self.clock
+        with clock.section("fraud.state_read"):
+            states, rings = self._read(list(dict.fromkeys(scored.cardholder)))
+        with clock.section("fraud.features"):
+            records: list[dict[str, Any] | None] = [None] * len(scored)
+            fresh_rows: list[int] = []
+            features: list[np.ndarray] = []
+            for i, tx in enumerate(scored.transaction_id):
+                holder = scored.cardholder[i]
+                previous = next((r for r in rings[holder] if r["transaction_id"] == tx), None)
+                if previous is not None:
+                    content = scored.content[i] if scored.content else None
+                    if content is not None and previous.get("content", content) != content:
+                        records[i] = {"transaction_id": tx, "cardholder": holder, "decision": "rejected",
+                                      "reject_reason": "conflicting_duplicate"}
+                    else:
+                        records[i] = {**previous, "redelivered": True}
+                    continue
+                features.append(
+                    states[holder].update(
+                        FraudInput(
+                            ts_us=scored.ts_us[i],
+                            amount=scored.amount[i],
+                            mcc=scored.mcc[i],
+                            merchant=int(scored.merchant[i]),
+                            location=scored.location[i],
+                            time=scored.time[i],
+                            anomaly_score=float(scored.anomaly_score[i]),
+                        )
+                    )
+                )
+                fresh_rows.append(i)
+        shadow_out: list[dict[str, Any]] = []
+        if fresh_rows:
+            X = np.stack(features)
+            with clock.section("fraud.model"):
+                decisions = model.predict_batch(X, top_k=self.top_k)
+            with clock.section("fraud.records"):
+                self._records(scored, fresh_rows, decisions, tag, rings, records)
+            # monitoring and shadowing never fail a decision: an error costs this batch's figures, not its records
+            if self.drift is not None:
+                with clock.section("fraud.drift"):
+                    guarded("drift", lambda: self.drift.observe(np.column_stack([X, [d.score for d in decisions]])))
+            if self.shadow is not None:
+                with clock.section("shadow.fraud"):
+                    shadow_out = guarded("shadow", lambda: self._shadow_records(scored, fresh_rows, X, decisions,
+                                                                                  tag)) or []
+        with clock.section("fraud.state_write"):
+            touched = {scored.cardholder[i] for i in fresh_rows}
+            self.kv.put_many("fraud", [(h, pack_fraud_state(states[h].to_bytes(), rings[h])) for h in touched])
+        decided = now_us()
+        out = [{**_public(r), "decided_us": decided} for r in records if r is not None]
+        futures = self._emit(scored, out, shadow_out)
+        if sends is None:
+            with self.clock.section("kafka.flush"):
+                if futures:
+                    confirm_sent(self.producer, futures)
+        else:
+            sends += futures
+        return out
+
+    def _shadow_records(self, scored: ScoredBatch, rows: list[int], X: np.ndarray, decisions: Sequence[Any],
+                        tag: str) -> list[dict[str, Any]]:
+        """The challenger's score of each fresh row, with the champion's beside it (``shadow-scores`` records).
+
+        The feature row is the champion's with the challenger's anomaly score in
+        the last column (the AS is the only model-made input).
+        """
+        assert self.shadow is not None
+        challenger, c_tag = self.shadow
+        as_rows = scored.shadow_anomaly_score if scored.shadow_anomaly_score is not None else scored.anomaly_score
+        a_tag = scored.shadow_anomaly_model or scored.anomaly_model
+        Xs = X.copy()
+        Xs[:, -1] = np.asarray(as_rows, dtype=np.float32)[rows]
+        c_scores = challenger.scores(Xs)
+        out = []
+        for k, i in enumerate(rows):
+            c_fraud = bool(c_scores[k] >= challenger.threshold)
+            self.shadow_agreed += int(c_fraud == bool(decisions[k].decision))
+            out.append({
+                "transaction_id": scored.transaction_id[i], "cardholder": scored.cardholder[i],
+                "champion": {"fraud_model": tag, "anomaly_model": scored.anomaly_model,
+                             "score": float(decisions[k].score), "anomaly_score": _finite(scored.anomaly_score[i])},
+                "challenger": {"fraud_model": c_tag, "anomaly_model": a_tag, "score": float(c_scores[k]),
+                               "anomaly_score": _finite(float(Xs[k, -1])), "decision": "fraud" if c_fraud else "legit"},
+                "scored_us": now_us(),
+            })
+        self.shadow_scored += len(out)
+        return out
+
+    def _read(self, holders: list[str]) -> tuple[dict[str, Any], dict[str, list[dict[str, Any]]]]:
+        """Fraud-feature states and decision rings of ``holders`` (one batched read; corrupt → empty)."""
+        from fedfraud.training.fraud.features import CorruptFraudStateError, FraudFeatureState
+
+        states: dict[str, FraudFeatureState] = {}
+        rings: dict[str, list[dict[str, Any]]] = {}
+        for holder, blob in zip(holders, self.kv.get_many("fraud", holders), strict=True):
+            state, ring = FraudFeatureState(self.fraud_cfg, self.dim), []
+            if blob:
+                raw, ring = unpack_fraud_state(blob)
+                try:
+                    state = FraudFeatureState.from_bytes(raw, self.fraud_cfg, self.dim)
+                except CorruptFraudStateError as exc:
+                    log.warning("corrupt_fraud_state cardholder=%s reason=%s; rebuilt empty", holder, exc)
+            states[holder], rings[holder] = state, ring
+        return states, rings
+
+    def _records(self, scored: ScoredBatch, rows: list[int], decisions: Sequence[Any], tag: str,
+                 rings: dict[str, list[dict[str, Any]]], records: list[dict[str, Any] | None]) -> None:
+        """Decision records of the fresh ``rows`` into ``records``, remembered in the cardholders' rings."""
+        for i, d in zip(rows, decisions, strict=True):
+            a_s = float(scored.anomaly_score[i])
+            record = {
+                "transaction_id": scored.transaction_id[i],
+                "cardholder": scored.cardholder[i],
+                "score": d.score,
+                "decision": "fraud" if d.decision else "legit",
+                "anomaly_score": None if math.isnan(a_s) else a_s,
+                "top_reasons": [
+                    {"feature": r.feature, "value": _finite(r.value), "contribution": r.contribution}
+                    for r in d.top_reasons
+                ],
+                "models": {"anomaly": scored.anomaly_model, "fraud": tag},
+                "produced_us": int(scored.produced_us[i]),
+                "redelivered": False,
+            }
+            ring = rings[scored.cardholder[i]]
+            ring.append({**record, "content": scored.content[i]} if scored.content else record)
+            del ring[: max(len(ring) - self.ring, 0)]
+            records[i] = record
+
+    def _emit(self, scored: ScoredBatch, records: list[dict[str, Any]],
+              shadow: Sequence[dict[str, Any]] = ()) -> list[Any]:
+        """Send the batch's anomaly scores, decisions and shadow scores; returns the send futures.
+
+        At-least-once: the input offsets are committed only after every one of
+        these futures is acknowledged (:func:`fedfraud.serving.kafka.confirm_sent`, or the
+        consumer's :class:`fedfraud.serving.acks.AckWindow`; a ``flush``
+        alone does not report failed sends). Rejected rows (``decision:
+        rejected``) are the caller's to dead-letter, not decisions.
+        """
+        if self.producer is None or not len(scored):
+            return []
+        send = self.producer.send
+        futures: list[Any] = []
+        rejected = {i for i, r in enumerate(records) if r["decision"] == "rejected"}  # records align with rows
+        with self.clock.section("kafka.produce"):
+            if self.scores_topic is not None:
+                for i, tx in enumerate(scored.transaction_id):
+                    if i in rejected:
+                        continue
+                    value = {
+                        "transaction_id": tx,
+                        "cardholder": scored.cardholder[i],
+                        "anomaly_score": float(scored.anomaly_score[i]),
+                        "model": scored.anomaly_model,
+                        "redelivered": bool(scored.redelivered[i]),
+                        "scored_us": scored.scored_us,
+                    }
+                    futures.append(send(self.scores_topic, key=scored.cardholder[i].encode(), value=json_bytes(value)))
+            if self.topic is not None:
+                for r in records:
+                    if r["decision"] != "rejected":
+                        futures.append(send(self.topic, key=r["cardholder"].encode(), value=json_bytes(r)))
+            if self.shadow_topic is not None:
+                for r in shadow:
+                    futures.append(send(self.shadow_topic, key=r["cardholder"].encode(), value=json_bytes(r)))
+        return futures
+
+
+def _public(record: dict[str, Any]) -> dict[str, Any]:
+    """A ring entry without its private bookkeeping (the content hash stays in the bank's state)."""
+    return {k: v for k, v in record.items() if k != "content"} if "content" in record else record
+
+
+def _finite(value: float) -> float | None:
+    return None if math.isnan(value) else float(value)

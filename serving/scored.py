@@ -1,0 +1,47 @@
+"""What the anomaly stage hands the fraud stage: one micro-batch's private inputs and anomaly scores.
+
+:class:`fedfraud.serving.anomaly_stage.AnomalyStage` builds a :class:`ScoredBatch`;
+:class:`fedfraud.serving.fraud_stage.FraudStage` decides on it. The rows keep the
+micro-batch's event-time order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+__all__ = ["ScoredBatch"]
+
+
+@dataclass
+class ScoredBatch:
+    """What the anomaly stage hands the fraud stage: private per-transaction inputs + AS, in event-time order."""
+
+    source: str
+    transaction_id: list[str]
+    cardholder: list[str]
+    ts_us: list[int]
+    amount: list[float]
+    mcc: list[str]
+    merchant: np.ndarray
+    location: np.ndarray
+    time: np.ndarray
+    anomaly_score: np.ndarray
+    redelivered: np.ndarray
+    produced_us: np.ndarray
+    anomaly_model: str
+    scored_us: int = 0
+    content: list[str] = field(default_factory=list)  # canonical-row hashes (kafka.content_hashes); optional
+    shadow_anomaly_score: np.ndarray | None = None  # the challenger GNN's AS while one shadows (NaN where none)
+    shadow_anomaly_model: str = ""
+
+    def __post_init__(self) -> None:
+        n = len(self.transaction_id)
+        for name in ("cardholder", "ts_us", "amount", "mcc", "merchant", "location", "time", "anomaly_score",
+                     "redelivered", "produced_us"):
+            if len(getattr(self, name)) != n:
+                raise ValueError(f"ScoredBatch.{name} has {len(getattr(self, name))} rows, expected {n}")
+
+    def __len__(self) -> int:
+        return len(self.transaction_id)
