@@ -190,8 +190,8 @@ def _stage_holdout(cfg: FedfraudConfig, args: DemoArgs, ctx: dict[str, Any]) -> 
 def _stage_train_anomaly(cfg: FedfraudConfig, args: DemoArgs, ctx: dict[str, Any]) -> StageResult:
     """Federated anomaly GNN: one Flower SuperNode per bank on Ray, FedProx, published to the registry."""
     from fedfraud.config import update_section
-    from fedfraud.training.federated.task import RunSettings
-    from fedfraud.training.federated.trainer import run_federated
+    from fedfraud.training.anomaly.federated.task import RunSettings
+    from fedfraud.training.anomaly.federated.trainer import run_federated
 
     from fedfraud.bench.detection import evaluate_published
 

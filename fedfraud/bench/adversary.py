@@ -204,7 +204,7 @@ def run_adversary_bench(
     earlier invocation published under ``work`` with exactly these settings instead of training it again.
     """
     from fedfraud.config import FedfraudConfig
-    from fedfraud.training.federated.task import RunSettings
+    from fedfraud.training.anomaly.federated.task import RunSettings
     from fedfraud.training.registry import ModelRegistry
 
     if not aggregations or not attacks or not epsilons or any(not e > 0 for e in epsilons):
@@ -247,7 +247,7 @@ def reused(data: Path, work: Path, flat: dict[str, Any], tag: str) -> tuple[Path
     """
     import json
 
-    from fedfraud.training.federated.task import RunSettings
+    from fedfraud.training.anomaly.federated.task import RunSettings
     from fedfraud.training.registry import ModelRegistry
 
     registry = work / f"registry-{tag}"
@@ -319,7 +319,7 @@ def run_secagg_cost(
     import numpy as np
 
     from fedfraud.training.federated.secagg import run_secagg
-    from fedfraud.training.federated.task import RunSettings
+    from fedfraud.training.anomaly.federated.task import RunSettings
 
     work = Path(work)
     data = Path(data) if data is not None else ingested(Path(str(csv)), work)

@@ -191,7 +191,7 @@ def _generate(out: Path, cardholders: int, days: int) -> Path:
 
 def _run(data: Path, out: Path, pooling: str, mode: str, eps: float, rounds: int, extra: dict[str, Any]) -> BenchRun:
     """Train one model (its own registry under ``out``; ego-graph caches shared across runs)."""
-    from fedfraud.training.federated.task import RunSettings
+    from fedfraud.training.anomaly.federated.task import RunSettings
 
     flat = {
         **BENCH_SETTINGS,
@@ -206,11 +206,11 @@ def _run(data: Path, out: Path, pooling: str, mode: str, eps: float, rounds: int
     }
     settings = RunSettings.from_flat(flat)
     if mode == "federated":
-        from fedfraud.training.federated.trainer import run_federated
+        from fedfraud.training.anomaly.federated.trainer import run_federated
 
         result = run_federated(settings)
     else:
-        from fedfraud.training.federated.centralized import run_centralized
+        from fedfraud.training.anomaly.centralized import run_centralized
 
         result = run_centralized(settings, threads=1)
     logger.info(

@@ -182,7 +182,7 @@ def train_run(data: Path, work: Path, mode: str, flat: dict[str, Any], name: str
     """Train and publish one model into ``work/registry-<name or mode>`` (ego-graph cache shared under ``work``);
     returns the registry and the wall seconds.
     """
-    from fedfraud.training.federated.task import RunSettings
+    from fedfraud.training.anomaly.federated.task import RunSettings
 
     out = work / f"registry-{name or mode}"
     settings = RunSettings.from_flat(
@@ -190,11 +190,11 @@ def train_run(data: Path, work: Path, mode: str, flat: dict[str, Any], name: str
     )
     start = time.perf_counter()
     if mode == "federated":
-        from fedfraud.training.federated.trainer import run_federated
+        from fedfraud.training.anomaly.federated.trainer import run_federated
 
         run_federated(settings)
     else:
-        from fedfraud.training.federated.centralized import run_centralized
+        from fedfraud.training.anomaly.centralized import run_centralized
 
         run_centralized(settings, threads=1)
     return out, time.perf_counter() - start
@@ -253,7 +253,7 @@ def run_detection_bench(
 ) -> DetectionBench:
     """Ingest (or take ``data``, an ingested or generated dataset), train, score and compare under ``work``."""
     from fedfraud.config import FedfraudConfig
-    from fedfraud.training.federated.task import RunSettings
+    from fedfraud.training.anomaly.federated.task import RunSettings
 
     work = Path(work)
     data = Path(data) if data is not None else ingested(Path(str(csv)), work)

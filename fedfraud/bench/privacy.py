@@ -190,7 +190,7 @@ def run_privacy_bench(
     the calibrated feature mechanism; score validation and test cardholders.
     """
     from fedfraud.config import FedfraudConfig
-    from fedfraud.training.federated.task import RunSettings
+    from fedfraud.training.anomaly.federated.task import RunSettings
     from fedfraud.training.registry import ModelRegistry
 
     if not epsilons or any(not e > 0 for e in epsilons):

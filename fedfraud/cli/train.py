@@ -54,7 +54,7 @@ def anomaly(
     ray_cpus: Annotated[int | None, typer.Option("--ray-cpus", min=1, help="CPUs of the local Ray instance")] = None,
 ) -> None:
     """Train the anomaly GNN (FedProx over the banks by default) and publish it to the registry under --out."""
-    from fedfraud.training.federated.task import RunSettings
+    from fedfraud.training.anomaly.federated.task import RunSettings
 
     cfg = config_of(ctx, needs_secret=True)
     existing_dir(data, "data directory")
@@ -73,11 +73,11 @@ def anomaly(
     cfg = update_section(cfg, "privacy", epsilon_max=epsilon_max)
     settings = RunSettings.from_config(cfg, data, out, resume=resume)
     if centralized:
-        from fedfraud.training.federated.centralized import run_centralized
+        from fedfraud.training.anomaly.centralized import run_centralized
 
         result = run_centralized(settings)
     else:
-        from fedfraud.training.federated.trainer import run_federated
+        from fedfraud.training.anomaly.federated.trainer import run_federated
 
         result = run_federated(settings)
     s = result.summary

@@ -23,5 +23,5 @@ ARG TORCH_INDEX_URL=""
 COPY --from=wheel /wheels /tmp/wheels
 RUN python -m pip install --no-cache-dir ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"} torch==2.13.0 \
  && python -m pip install --no-cache-dir /tmp/wheels/*.whl \
- && python -c "import fedfraud, fedfraud.training.federated.client_app, fedfraud.training.federated.server_app; import flwr; assert flwr.__version__ == '1.41.0'" \
+ && python -c "import fedfraud, fedfraud.training.anomaly.federated.client_app, fedfraud.training.anomaly.federated.server_app; import flwr; assert flwr.__version__ == '1.41.0'" \
  && rm -rf /tmp/wheels

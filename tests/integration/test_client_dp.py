@@ -17,8 +17,8 @@ from fedfraud.training.anomaly.run import Checkpoint, checkpoint_dir
 from fedfraud.training.data.config import GeneratorConfig
 from fedfraud.training.data.synthetic import generate_dataset
 from fedfraud.training.federated.accountant import gaussian_epsilon
-from fedfraud.training.federated.task import RunSettings, build_model
-from fedfraud.training.federated.trainer import run_federated
+from fedfraud.training.anomaly.federated.task import RunSettings, build_model
+from fedfraud.training.anomaly.federated.trainer import run_federated
 from fedfraud.training.registry import ModelRegistry
 from tests.integration.tiny_run import TINY_RUN
 

@@ -17,9 +17,9 @@ from fedfraud.training.anomaly.scorer import AnomalyScorer
 from fedfraud.training.data.config import GeneratorConfig
 from fedfraud.feature_store.layout import bank_dir
 from fedfraud.training.data.synthetic import generate_dataset
-from fedfraud.training.federated.centralized import run_centralized
-from fedfraud.training.federated.task import RunSettings, build_model
-from fedfraud.training.federated.trainer import run_federated
+from fedfraud.training.anomaly.centralized import run_centralized
+from fedfraud.training.anomaly.federated.task import RunSettings, build_model
+from fedfraud.training.anomaly.federated.trainer import run_federated
 from fedfraud.training.registry import ModelRegistry
 from tests.integration.tiny_run import TINY_RUN
 

@@ -25,8 +25,8 @@ START = {
     "federated simulation": (
         "from flwr.server.superlink.fleet.vce.backend.raybackend import RayBackend\n"
         "from fedfraud.config import FedfraudConfig\n"
-        "from fedfraud.training.federated.task import RunSettings\n"
-        "from fedfraud.training.federated.trainer import backend_config\n"
+        "from fedfraud.training.anomaly.federated.task import RunSettings\n"
+        "from fedfraud.training.anomaly.federated.trainer import backend_config\n"
         "settings = RunSettings.from_config(FedfraudConfig(), 'data', 'out')\n"
         "RayBackend(backend_config(settings, 1))\n"
     ),

@@ -40,8 +40,8 @@ def world(tmp_path_factory, ray_session, kafka_broker, api_token):
     from fedfraud.training.data.config import GeneratorConfig
     from fedfraud.training.data.holdout import time_holdout, write_records
     from fedfraud.training.data.synthetic import generate_dataset
-    from fedfraud.training.federated.task import RunSettings
-    from fedfraud.training.federated.trainer import run_federated
+    from fedfraud.training.anomaly.federated.task import RunSettings
+    from fedfraud.training.anomaly.federated.trainer import run_federated
     from fedfraud.training.fraud.pipeline import train_and_publish
 
     tmp = tmp_path_factory.mktemp("loop")

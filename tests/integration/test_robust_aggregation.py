@@ -12,8 +12,8 @@ import pytest
 from fedfraud.training.data.config import GeneratorConfig
 from fedfraud.training.data.synthetic import generate_dataset
 from fedfraud.training.anomaly.engine import evaluate_selection
-from fedfraud.training.federated.task import RunSettings, bank_data, build_model
-from fedfraud.training.federated.trainer import run_federated
+from fedfraud.training.anomaly.federated.task import RunSettings, bank_data, build_model
+from fedfraud.training.anomaly.federated.trainer import run_federated
 from tests.integration.tiny_run import TINY_RUN
 
 pytestmark = [pytest.mark.integration, pytest.mark.long]

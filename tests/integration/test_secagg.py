@@ -13,7 +13,7 @@ from flwr.common import parameters_to_ndarrays
 from fedfraud.training.data.config import GeneratorConfig
 from fedfraud.training.data.synthetic import generate_dataset
 from fedfraud.training.federated.secagg import run_secagg
-from fedfraud.training.federated.task import RunSettings
+from fedfraud.training.anomaly.federated.task import RunSettings
 from tests.integration.tiny_run import TINY_RUN
 
 pytestmark = [pytest.mark.integration, pytest.mark.long]

@@ -11,7 +11,7 @@ from fedfraud.training.anomaly.model import AnomalyModel
 from fedfraud.training.anomaly.pool import GraphPooling, PoolResult, base, pooling_names, resolve_pooling
 from fedfraud.training.anomaly.pool.cluster import ClusterPool
 from fedfraud.training.anomaly.pool.topk import TopKPool
-from fedfraud.training.federated.task import RunSettings
+from fedfraud.training.anomaly.federated.task import RunSettings
 from fedfraud.training.anomaly.temporal import TemporalMessage
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])

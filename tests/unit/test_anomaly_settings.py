@@ -12,7 +12,7 @@ from fedfraud.errors import ConfigError
 from fedfraud.training.data.config import GeneratorConfig
 from fedfraud.feature_store.layout import bank_dir
 from fedfraud.training.data.synthetic import generate_dataset
-from fedfraud.training.federated.task import RunSettings
+from fedfraud.training.anomaly.federated.task import RunSettings
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -20,8 +20,8 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_pyproject_flower_app_config_matches_settings():
     flwr = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["flwr"]
     assert flwr["app"]["components"] == {
-        "serverapp": "fedfraud.training.federated.server_app:app",
-        "clientapp": "fedfraud.training.federated.client_app:app",
+        "serverapp": "fedfraud.training.anomaly.federated.server_app:app",
+        "clientapp": "fedfraud.training.anomaly.federated.client_app:app",
     }
     defaults = RunSettings.defaults()
     for key, value in flwr["app"]["config"].items():

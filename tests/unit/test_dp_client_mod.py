@@ -6,7 +6,7 @@ import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 
-from fedfraud.training.federated.client_app import CLIPPING_KEY, dp_clipping_mod
+from fedfraud.training.anomaly.federated.client_app import CLIPPING_KEY, dp_clipping_mod
 
 GLOBAL = np.zeros(4, dtype=np.float32)
 TRAINED = np.array([3.0, 4.0, 0.0, 0.0], dtype=np.float32)  # an update of norm 5

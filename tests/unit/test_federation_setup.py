@@ -13,7 +13,7 @@ from cryptography.hazmat.primitives.serialization import load_ssh_private_key, l
 from fedfraud.cli.app import main
 from fedfraud.errors import ConfigError
 from fedfraud.training.federated.deployment import FederationFiles, generate_federation_files
-from fedfraud.training.federated.task import RunSettings, on_node
+from fedfraud.training.anomaly.federated.task import RunSettings, on_node
 from fedfraud.training.fraud.federated.server_app import DEFAULT_SETTINGS
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -10,7 +10,7 @@ from flwr.serverapp.strategy.fedtrimmedavg import trim_mean
 from fedfraud.errors import ConfigError
 from fedfraud.training.federated.config import FederatedConfig
 from fedfraud.training.federated.strategy import aggregator, dp_sensitivity_factor
-from fedfraud.training.federated.task import RunSettings
+from fedfraud.training.anomaly.federated.task import RunSettings
 
 
 def test_rule_and_attack_travel_as_run_keys():

@@ -41,7 +41,7 @@ from flwr.server.strategy import FedAvg
 from flwr.server.workflow import DefaultWorkflow, SecAggPlusWorkflow
 from flwr.serverapp import Grid, ServerApp
 
-from fedfraud.training.federated.task import RunSettings, bank_data, build_model, local_train
+from fedfraud.training.anomaly.federated.task import RunSettings, bank_data, build_model, local_train
 
 __all__ = ["SecAggRun", "run_secagg"]
 
@@ -126,7 +126,7 @@ def run_secagg(settings: RunSettings, secagg: bool = True, observer: FitObserver
     """
     from flwr.simulation import run_simulation
 
-    from fedfraud.training.federated.trainer import backend_config, prepare
+    from fedfraud.training.anomaly.federated.trainer import backend_config, prepare
 
     banks = len(prepare(settings, "federated"))
     result = SecAggRun(secagg, banks)

@@ -167,8 +167,8 @@ def anomaly_fit_and_score(cfg: FedfraudConfig, rounds: int = 1, threads: int = 1
         from fedfraud.feature_store.privacy import PrivateFeaturizer
         from fedfraud.training.anomaly.scorer import AnomalyScorer
         from fedfraud.training.data.writer import DatasetWriter
-        from fedfraud.training.federated.centralized import run_centralized
-        from fedfraud.training.federated.task import RunSettings
+        from fedfraud.training.anomaly.centralized import run_centralized
+        from fedfraud.training.anomaly.federated.task import RunSettings
 
         with tempfile.TemporaryDirectory(prefix="fedfraud-crossfit-") as tmp:
             data, registry = Path(tmp) / "data", Path(tmp) / "artifacts"

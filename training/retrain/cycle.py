@@ -176,8 +176,8 @@ def run_cycle(cfg: FedfraudConfig, data: Path, registry: Path, *, bank: int | No
 
     ``bank`` is the bank whose fraud model is published (default ``serving.bank_id``).
     """
-    from fedfraud.training.federated.task import RunSettings
-    from fedfraud.training.federated.trainer import run_federated
+    from fedfraud.training.anomaly.federated.task import RunSettings
+    from fedfraud.training.anomaly.federated.trainer import run_federated
     from fedfraud.training.fraud.pipeline import train_and_publish
 
     data, registry = Path(data), Path(registry)

@@ -6,9 +6,7 @@ This is the glue the CLI and the benchmark call; the algorithm lives in
 
 from __future__ import annotations
 
-import json
 import logging
-import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -86,29 +84,27 @@ def train_federated_flower(
     from flwr.simulation import run_simulation
 
     from fedfraud.net import ray_bind
-    from fedfraud.training.tokenizer.client_app import app as client_app
-    from fedfraud.training.tokenizer.server_app import build_server_app
+    from fedfraud.training.tokenizer.federated.client_app import app as client_app
+    from fedfraud.training.tokenizer.federated.server_app import build_server_app
 
-    with tempfile.TemporaryDirectory(prefix="fedbpe-") as tmp:
-        result_path = Path(tmp) / "result.json"
-        settings = server_settings(
-            cfg, corpus_path, privacy, **{"result-path": str(result_path), "audit-path": str(audit_path or ""),
-                                 "num-supernodes": num_supernodes}
-        )
-        start = time.perf_counter()
-        run_simulation(
-            server_app=build_server_app(settings),
-            client_app=client_app,
-            num_supernodes=num_supernodes,
-            backend_config={
-                "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
-                "init_args": {"num_cpus": num_cpus, "logging_level": "ERROR", **ray_bind()},  # loopback
-            },
-        )
-        wall = time.perf_counter() - start
-        if not result_path.exists():
-            raise RuntimeError("the Flower ServerApp did not produce a result (see the log above)")
-        out = json.loads(result_path.read_text(encoding="utf-8"))
+    settings = server_settings(
+        cfg, corpus_path, privacy, **{"audit-path": str(audit_path or ""), "num-supernodes": num_supernodes}
+    )
+    results: list[dict[str, Any]] = []
+    start = time.perf_counter()
+    run_simulation(
+        server_app=build_server_app(settings, results.append),
+        client_app=client_app,
+        num_supernodes=num_supernodes,
+        backend_config={
+            "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
+            "init_args": {"num_cpus": num_cpus, "logging_level": "ERROR", **ray_bind()},  # loopback
+        },
+    )
+    wall = time.perf_counter() - start
+    if not results:
+        raise RuntimeError("the Flower ServerApp did not produce a result (see the log above)")
+    out = results[0]
     merges = [(bytes.fromhex(a), bytes.fromhex(b)) for a, b in out["merges"]]
     return FederatedRun(
         tokenizer=build_tokenizer(merges, cfg.special_tokens),

@@ -12,6 +12,7 @@ import json
 import logging
 import time
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 from flwr.app import ArrayRecord, ConfigRecord, Context
@@ -31,7 +32,7 @@ from fedfraud.training.federated.strategy import (
     dp_sensitivity_factor,
 )
 from fedfraud.training.federated.grid import wait_for_nodes
-from fedfraud.training.federated.task import MODEL_KEYS, RunSettings, build_model
+from fedfraud.training.anomaly.federated.task import MODEL_KEYS, RunSettings, build_model
 from fedfraud.training.registry import ModelRegistry
 
 __all__ = ["RESULT_FILE", "app", "build_server_app", "run_federation"]
@@ -150,14 +151,25 @@ def run_federation(grid: Grid, settings: RunSettings, observer: ReplyObserver | 
     return result
 
 
-def build_server_app(overrides: dict[str, Any] | None = None, observer: ReplyObserver | None = None) -> ServerApp:
-    """A ServerApp with settings ``defaults < overrides < context.run_config``."""
+def build_server_app(
+    overrides: dict[str, Any] | None = None,
+    observer: ReplyObserver | None = None,
+    on_result: Callable[[dict[str, Any]], None] | None = None,
+) -> ServerApp:
+    """A ServerApp with settings ``defaults < overrides < context.run_config``.
+
+    ``on_result`` receives the run's summary in the caller's process: ``run_simulation`` runs the ServerApp in a
+    thread of its caller, so the summary needs no file. A deployed ServerApp (``flwr run``) hands its result over
+    through the model registry and the checkpoint folder's ``result.json``.
+    """
     base = dict(overrides or {})
     server = ServerApp()
 
     @server.main()
     def main(grid: Grid, context: Context) -> None:
-        run_federation(grid, RunSettings.from_flat({**base, **dict(context.run_config)}), observer)
+        result = run_federation(grid, RunSettings.from_flat({**base, **dict(context.run_config)}), observer)
+        if on_result is not None:
+            on_result(result)
 
     return server
 

@@ -18,8 +18,8 @@ from fedfraud.training.anomaly.engine import sources_of, train_model
 from fedfraud.training.anomaly.model import pick_device
 from fedfraud.training.anomaly.run import Checkpoint, RoundRecord, checkpoint_dir, log_round, publish_run
 from fedfraud.training.federated.accountant import dp_off_card
-from fedfraud.training.federated.task import RunSettings, bank_data, build_model, local_test, lr_factor
-from fedfraud.training.federated.trainer import RunResult, prepare
+from fedfraud.training.anomaly.federated.task import RunSettings, bank_data, build_model, local_test, lr_factor
+from fedfraud.training.anomaly.federated.trainer import RunResult, prepare
 from fedfraud.training.registry import ModelRegistry
 
 __all__ = ["run_centralized"]

@@ -2,7 +2,7 @@
 
 The bank builds its private features and ego graphs from its own parquet
 inside this process; a deployed SuperNode names that bank's folder in its node
-config (``data-dir``, :func:`fedfraud.training.federated.task.on_node`). What leaves it:
+config (``data-dir``, :func:`fedfraud.training.anomaly.federated.task.on_node`). What leaves it:
 the model's ``state_dict`` tensors (ArrayRecord) and scalar metrics (MetricRecord) — losses, test metrics,
 counts and the bank's μ-GDP. No features, graphs, ids, coordinates or
 timestamps. Under client-level DP the train reply passes through Flower's
@@ -27,7 +27,7 @@ from flwr.clientapp.typing import ClientAppCallable
 
 from fedfraud.training.federated.config import AttackConfig
 from fedfraud.training.federated.strategy import EQUAL_WEIGHT_KEY
-from fedfraud.training.federated.task import (
+from fedfraud.training.anomaly.federated.task import (
     RunSettings,
     bank_data,
     build_model,

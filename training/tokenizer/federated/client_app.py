@@ -17,7 +17,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricR
 from flwr.clientapp import ClientApp
 
 from fedfraud.training.tokenizer.bpe import Merge, ReleaseParams
-from fedfraud.training.tokenizer.task import client_state
+from fedfraud.training.tokenizer.federated.task import client_state
 
 __all__ = ["app"]
 

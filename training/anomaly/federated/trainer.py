@@ -6,7 +6,6 @@ and no start-up time.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from dataclasses import dataclass, field
@@ -19,9 +18,9 @@ from fedfraud.net import ray_bind
 from fedfraud.training.anomaly.data import check_dataset
 from fedfraud.training.anomaly.run import Checkpoint, checkpoint_dir
 from fedfraud.training.federated.accountant import plan_noise
-from fedfraud.training.federated.server_app import RESULT_FILE, build_server_app
+from fedfraud.training.anomaly.federated.server_app import build_server_app
 from fedfraud.training.federated.strategy import ReplyObserver
-from fedfraud.training.federated.task import MODEL_KEYS, RunSettings
+from fedfraud.training.anomaly.federated.task import MODEL_KEYS, RunSettings
 
 __all__ = ["RunResult", "backend_config", "prepare", "run_federated"]
 
@@ -94,13 +93,10 @@ def run_federated(settings: RunSettings, observer: ReplyObserver | None = None) 
     """Run the federation (one SuperNode per bank) and publish the model; returns the run's summary."""
     from flwr.simulation import run_simulation
 
-    from fedfraud.training.federated.client_app import app as client_app
+    from fedfraud.training.anomaly.federated.client_app import app as client_app
 
     banks = prepare(settings, "federated")
     settings = RunSettings.from_flat({**settings.to_flat(), "num-banks": len(banks)})
-    directory = checkpoint_dir(settings.out_dir, "federated")
-    result_path = directory / RESULT_FILE
-    result_path.unlink(missing_ok=True)
     logger.info(
         "federated_start banks=%d rounds=%d pooling=%s local_epochs=%d samples_per_epoch=%d",
         len(banks),
@@ -110,16 +106,17 @@ def run_federated(settings: RunSettings, observer: ReplyObserver | None = None) 
         settings.anomaly.samples_per_epoch,
     )
     start = time.perf_counter()
+    results: list[dict[str, Any]] = []
     run_simulation(
-        server_app=build_server_app(settings.to_flat(), observer),
+        server_app=build_server_app(settings.to_flat(), observer, results.append),
         client_app=client_app,
         num_supernodes=len(banks),
         backend_config=backend_config(settings, len(banks)),  # type: ignore[arg-type]
     )
     wall = time.perf_counter() - start
-    if not result_path.exists():
+    if not results:
         raise RuntimeError("the Flower ServerApp finished without a result; see the log above")
-    out = json.loads(result_path.read_text(encoding="utf-8"))
+    out = results[0]
     return RunResult(
         "federated",
         int(out["rounds"]),

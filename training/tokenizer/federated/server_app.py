@@ -2,8 +2,10 @@
 
 Settings are kebab-case keys (``vocab-size``, ``theta``, ``epsilon``, ...) read
 from ``context.run_config`` on top of the values given to
-:func:`build_server_app`. The result (merges, rounds, privacy) is written as
-JSON to ``result-path``; with ``audit-path`` every release the server receives
+:func:`build_server_app`. The result (merges, rounds, privacy) goes to the
+``on_result`` callback of :func:`build_server_app` (``run_simulation`` runs the
+ServerApp in its caller's process); a deployed app (``flwr run``) writes it as
+JSON to ``result-path``. With ``audit-path`` every release the server receives
 is also logged, decoded to bytes, so the privacy tests inspect exactly what
 reached the server.
 """
@@ -13,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -192,14 +195,18 @@ def run_fedbpe(grid: Grid, settings: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def build_server_app(settings: dict[str, Any] | None = None) -> ServerApp:
-    """A ServerApp whose settings are ``DEFAULTS`` < ``settings`` < the run config."""
+def build_server_app(
+    settings: dict[str, Any] | None = None, on_result: Callable[[dict[str, Any]], None] | None = None
+) -> ServerApp:
+    """A ServerApp whose settings are ``DEFAULTS`` < ``settings`` < the run config; ``on_result`` gets the result."""
     base = {**DEFAULTS, **(settings or {})}
     app = ServerApp()
 
     @app.main()
     def main(grid: Grid, context: Context) -> None:
-        run_fedbpe(grid, {**base, **dict(context.run_config)})
+        result = run_fedbpe(grid, {**base, **dict(context.run_config)})
+        if on_result is not None:
+            on_result(result)
 
     return app
 
