@@ -178,9 +178,12 @@ def ingested(csv: Path, work: Path) -> Path:
     return data
 
 
-def train_run(data: Path, work: Path, mode: str, flat: dict[str, Any], name: str = "") -> tuple[Path, float]:
+def train_run(
+    data: Path, work: Path, mode: str, flat: dict[str, Any], name: str = "", observer: Any = None
+) -> tuple[Path, float]:
     """Train and publish one model into ``work/registry-<name or mode>`` (ego-graph cache shared under ``work``);
-    returns the registry and the wall seconds.
+    returns the registry and the wall seconds. ``observer``: shown the replies the server-side strategy receives
+    (federated only; the attack bench reads the banks' real updates through it).
     """
     from fedfraud.training.anomaly.federated.task import RunSettings
 
@@ -192,7 +195,7 @@ def train_run(data: Path, work: Path, mode: str, flat: dict[str, Any], name: str
     if mode == "federated":
         from fedfraud.training.anomaly.federated.trainer import run_federated
 
-        run_federated(settings)
+        run_federated(settings, observer=observer)
     else:
         from fedfraud.training.anomaly.centralized import run_centralized
 

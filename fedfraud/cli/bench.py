@@ -316,6 +316,51 @@ def adversary(
     emit(result.to_markdown(), out)
 
 
+@bench_app.command("attacks")
+def attacks(
+    ctx: typer.Context,
+    csv: CsvOption = None,
+    data: DataOption = None,
+    work: Annotated[Path, typer.Option("--work", help="data, registries and caches go here")] = Path(
+        "out/bench-attacks"
+    ),
+    epsilon: Annotated[
+        list[float] | None,
+        typer.Option("--epsilon", help="ε of a membership row (repeatable; inf = DP off); default inf 1 8"),
+    ] = None,
+    rounds: Annotated[int | None, typer.Option("--rounds", min=1, help="federated rounds (default 1)")] = None,
+    local_epochs: Annotated[int | None, typer.Option("--local-epochs", min=1, help="default 2")] = None,
+    per_cardholder: Annotated[
+        int, typer.Option("--per-cardholder", min=2, help="transactions of each cardholder the attacker scores")
+    ] = 100,
+    histograms: Annotated[
+        bool, typer.Option("--histograms/--no-histograms", help="run the fraud model's histogram attack")
+    ] = True,
+    resamples: Annotated[int, typer.Option("--resamples", min=50, help="bootstrap resamples")] = 500,
+    label: Annotated[str, typer.Option("--label", help="appended to the heading")] = "",
+    out: OutOption = None,
+) -> None:
+    """Attacks on what leaves a bank: cardholder membership inference (with and without DP) and what the server
+    reconstructs from the fraud model's histograms, with 95% CIs and no-information baselines.
+    """
+    from fedfraud.bench.attacks import ATTACK_EPSILONS, run_attacks_bench
+
+    _one_source(csv, data)
+    epsilons = tuple(epsilon or ATTACK_EPSILONS)
+    _positive_epsilons(epsilons)
+    cfg = config_of(ctx)
+    dp = cfg.federated.dp
+    overrides: dict[str, object] = {"dp-delta": dp.delta, "dp-clipping-norm": dp.clipping_norm}
+    for key, value in (("rounds", rounds), ("local-epochs", local_epochs)):
+        if value is not None:
+            overrides[key] = value
+    result = run_attacks_bench(
+        csv, work, epsilons, overrides=overrides, resamples=resamples, data=data, max_per_cardholder=per_cardholder,
+        histograms=histograms, label=label, config=cfg,
+    )
+    emit(result.to_markdown(), out)
+
+
 @bench_app.command("secagg")
 def secagg(
     ctx: typer.Context,

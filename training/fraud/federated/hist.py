@@ -334,6 +334,11 @@ def _worker(spec_path: Path) -> None:
             bins = int(spec["bins"])
             threshold, f1 = threshold_from_histograms(summed[:bins], summed[bins:])
             booster.save_model(str(out / f"rank_{rank}.{job['name']}.json"))
+            # the bin boundaries every bank used (from the merged sketch the server relayed): what the per-bin
+            # sums it sent mean, kept for the attack bench (fedfraud.bench.attacks)
+            indptr, cut_values = dtrain.get_quantile_cut()
+            np.savez(out / f"rank_{rank}.{job['name']}.cuts.npz", indptr=indptr, values=cut_values,
+                     names=np.asarray(used))
             (out / f"rank_{rank}.{job['name']}.info.json").write_text(json.dumps({
                 "threshold": threshold, "valid_f1": f1, "scale_pos_weight": spw, "train_rows": int(train.sum()),
             }), encoding="utf-8")
