@@ -90,7 +90,7 @@ def test_batch_grows_with_vocabulary_and_stays_conflict_free():
 def test_counted_corpus_survives_in_node_state(tmp_path):
     from flwr.app import RecordDict
 
-    from fedfraud.training.tokenizer import task
+    from fedfraud.training.tokenizer.federated import task
 
     path = write_jsonl(tmp_path / "c.jsonl", generate_corpus(2, 5, seed=3))
     store = RecordDict()
