@@ -11,8 +11,18 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 from fedfraud.feature_store.privacy import FEDERATION_KEY_ENV, SECRET_ENV, SIMULATION_SECRET_ENV
 
 for _name in (SECRET_ENV, FEDERATION_KEY_ENV):  # a bank secret in the developer's shell would change every test
     os.environ.pop(_name, None)
 os.environ.setdefault(SIMULATION_SECRET_ENV, "fedfraud-test-suite-simulation-secret-not-for-use")
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
+    """The seed of this run's order, under ``-q`` too (``make test``): pytest-randomly shuffles the modules and the
+    tests in each, and its own ``Using --randomly-seed`` header line is hidden by ``-q``. Passing the seed back
+    repeats the order."""
+    if config.pluginmanager.hasplugin("randomly") and getattr(config.option, "randomly_reorganize", False):
+        terminalreporter.write_line(f"test order: -p randomly --randomly-seed={config.option.randomly_seed}")

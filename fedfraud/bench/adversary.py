@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from fedfraud.bench.detection import DETECTION_SETTINGS, bootstrap_splits, ingested, score_split, train_run
-from fedfraud.bench.intervals import Interval, TrainedRunsBench
+from fedfraud.bench.intervals import Interval, TrainedRunsBench, paired_difference_rows
 
 __all__ = [
     "ADVERSARY_ATTACKS",
@@ -114,12 +114,7 @@ class AdversaryBench(TrainedRunsBench[AdversaryRun]):
         out = ["| model (rule, attack, DP) | PR-AUC [95% CI] |", "|---|---|"]
         out += [f"| {r.name} | {table[r.name]['pr_auc']} |" for r in self.runs if r.name in table]
         out += [f"| {n} | {m['pr_auc']} |" for n, m in table.items() if n.startswith("baseline:")]
-        diffs = [(n, m) for n, m in table.items() if "pr_auc" not in m]
-        if diffs:
-            out += ["", "| paired difference (attack − none) | ROC-AUC [95% CI] |", "|---|---|"]
-            out += [f"| {n} | {m['roc_auc'].value:+.3f} [{m['roc_auc'].low:+.3f}, {m['roc_auc'].high:+.3f}] |"
-                    for n, m in diffs]
-        return out
+        return out + paired_difference_rows(table, "paired difference (attack − none)")
 
     def _blocks(self, table: dict[str, dict[str, Interval]], with_details: bool) -> list[str]:
         out: list[str] = []

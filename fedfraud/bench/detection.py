@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from fedfraud.bench.intervals import Interval, bootstrap_by_group, fraud_incidents
+from fedfraud.bench.intervals import Interval, bootstrap_by_group, fraud_incidents, paired_difference_rows
 
 __all__ = [
     "DETECTION_SETTINGS",
@@ -85,12 +85,7 @@ class DetectionBench:
         for name, m in table.items():
             if "pr_auc" in m:
                 out.append(f"| {name} | {m['roc_auc']} | {m['pr_auc']} |")
-        diffs = [(n, m) for n, m in table.items() if "pr_auc" not in m]
-        if diffs:
-            out += ["", "| paired difference | ROC-AUC [95% CI] |", "|---|---|"]
-            out += [f"| {n} | {m['roc_auc'].value:+.3f} [{m['roc_auc'].low:+.3f}, {m['roc_auc'].high:+.3f}] |"
-                    for n, m in diffs]
-        return out
+        return out + paired_difference_rows(table, "paired difference")
 
     def targets(self) -> list[str]:
         """The issue's targets, each with its measured figure and verdict."""

@@ -13,7 +13,7 @@ from typing import Any, Generic, TypeVar
 import numpy as np
 from sklearn.metrics import average_precision_score, roc_auc_score
 
-__all__ = ["Interval", "bootstrap_by_group", "fraud_incidents"]
+__all__ = ["Interval", "bootstrap_by_group", "fraud_incidents", "paired_difference_rows"]
 
 
 @dataclass(frozen=True)
@@ -104,6 +104,17 @@ def bootstrap_by_group(
     for a, b in pairs:
         out[f"{a} − {b}"] = {"roc_auc": interval(point[a][0] - point[b][0], diffs[f"{a} − {b}"])}
     return out
+
+
+def paired_difference_rows(table: Mapping[str, Mapping[str, Interval]], heading: str) -> list[str]:
+    """The markdown table of the ``"a − b"`` rows that :func:`bootstrap_by_group` adds (those without a PR-AUC),
+    signed, under ``heading``; empty when there are none. One format for every bench's paired differences.
+    """
+    diffs = [(n, m["roc_auc"]) for n, m in table.items() if "pr_auc" not in m]
+    if not diffs:
+        return []
+    return ["", f"| {heading} | ROC-AUC [95% CI] |", "|---|---|",
+            *(f"| {n} | {d.value:+.3f} [{d.low:+.3f}, {d.high:+.3f}] |" for n, d in diffs)]
 
 
 def fraud_incidents(group: np.ndarray, ts_s: np.ndarray, label: np.ndarray, gap_days: float = 7.0) -> int:

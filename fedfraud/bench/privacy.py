@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from fedfraud.bench.detection import DETECTION_SETTINGS, bootstrap_splits, ingested, score_split, train_run
-from fedfraud.bench.intervals import Interval, TrainedRunsBench
+from fedfraud.bench.intervals import Interval, TrainedRunsBench, paired_difference_rows
 from fedfraud.feature_store.config import PrivacyConfig
 
 __all__ = ["PRIVACY_EPSILONS", "PrivacyBench", "PrivacyRun", "run_privacy_bench"]
@@ -114,14 +114,7 @@ class PrivacyBench(TrainedRunsBench[PrivacyRun]):
             if name.startswith("baseline:"):
                 blank = " — | — | — |" if with_runs else ""
                 out.append(f"| {name} |{blank} {m['roc_auc']} | {m['pr_auc']} |")
-        diffs = [(n, m) for n, m in table.items() if "pr_auc" not in m]
-        if diffs:
-            out += ["", "| paired difference | ROC-AUC [95% CI] |", "|---|---|"]
-            out += [
-                f"| {n} | {m['roc_auc'].value:+.3f} [{m['roc_auc'].low:+.3f}, {m['roc_auc'].high:+.3f}] |"
-                for n, m in diffs
-            ]
-        return out
+        return out + paired_difference_rows(table, "paired difference")
 
     def _calibrated(self) -> str:
         cal = self.settings.get("calibrated")

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.prerequisites import require_console_script
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -37,8 +39,7 @@ def test_readme_has_quick_start_commands() -> None:
 @pytest.mark.parametrize("block", [b for b in _bash_blocks() if _runnable(b)], ids=lambda b: b.split()[1])
 def test_readme_block_runs(block: str, tmp_path: Path) -> None:
     bindir = Path(sys.executable).parent
-    if not (bindir / "fedfraud").exists():
-        pytest.skip("fedfraud console script not installed in this interpreter's environment")
+    require_console_script("fedfraud", bindir)
     env = {**os.environ, "PATH": f"{bindir}{os.pathsep}{os.environ.get('PATH', '')}"}
     shutil.copy(ROOT / "README.md", tmp_path / "README.md")
     result = subprocess.run(

@@ -30,9 +30,10 @@ from fedfraud.feature_store.store_config import FeatureStoreConfig
 from fedfraud.training.data.config import GeneratorConfig
 from fedfraud.training.data.synthetic import generate_dataset
 
+from tests.prerequisites import PG_HOST, PG_PORT, missing, require_redis
+
 pytestmark = pytest.mark.integration
 
-PG_HOST, PG_PORT = "127.0.0.1", 5432
 PG_ADMIN = os.environ.get("PGUSER", "postgres")
 REDIS_URL = "127.0.0.1:6379,db=15"
 PASSWORD_ENV = "FEDFRAUD_FEAST_REGISTRY_PASSWORD"
@@ -54,7 +55,7 @@ def scratch_db():
     try:
         admin = _admin()
     except psycopg.OperationalError as exc:
-        pytest.skip(f"no PostgreSQL at {PG_HOST}:{PG_PORT} ({exc})")
+        missing(f"no PostgreSQL at {PG_HOST}:{PG_PORT} ({exc})")
     name = f"fedfraud_reg_{uuid.uuid4().hex[:10]}"
     password = new_token()
     with admin:
@@ -65,15 +66,6 @@ def scratch_db():
         finally:
             admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
             admin.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(name)))
-
-
-def _redis_up() -> bool:
-    import redis
-
-    try:
-        return bool(redis.Redis(host="127.0.0.1", port=6379, db=15, socket_connect_timeout=1).ping())
-    except redis.RedisError:
-        return False
 
 
 def _features(role: str, port: int = PG_PORT) -> FeatureStoreConfig:
@@ -93,8 +85,7 @@ def test_sql_registry_shared_by_two_replicas(
 ) -> None:
     import psycopg
 
-    if not _redis_up():
-        pytest.skip("no Redis at 127.0.0.1:6379")
+    require_redis()
     role, password = scratch_db
     monkeypatch.setenv(PASSWORD_ENV, password)
     features = _features(role)

@@ -23,19 +23,12 @@ from fedfraud.training.data.config import GeneratorConfig
 from fedfraud.feature_store.layout import read_bank
 from fedfraud.training.data.synthetic import generate_dataset
 
+from tests.prerequisites import require_redis
+
 pytestmark = pytest.mark.integration
 
 REDIS_URL = "127.0.0.1:6379,db=15"
 MATERIALIZED_BANK, STREAMED_BANK = 0, 1
-
-
-def _redis_up() -> bool:
-    import redis
-
-    try:
-        return bool(redis.Redis(host="127.0.0.1", port=6379, db=15, socket_connect_timeout=1).ping())
-    except redis.RedisError:
-        return False
 
 
 @pytest.fixture(scope="module")
@@ -52,8 +45,8 @@ def built(request: pytest.FixtureRequest, dataset: Path, tmp_path_factory: pytes
     from fedfraud.feature_store.online import OnlineStateClient
 
     profile = request.param
-    if profile == "redis" and not _redis_up():
-        pytest.skip("no Redis at 127.0.0.1:6379")
+    if profile == "redis":
+        require_redis()
     base = FedfraudConfig()
     features = base.features.model_copy(
         update={
@@ -131,11 +124,10 @@ def test_push_round_trip_and_sdk_compat(built) -> None:
     assert sdk["amount_sum"] == [12.5, 25.0, 37.5]
 
 
+@pytest.mark.parametrize("built", ["sqlite"], indirect=True)  # the SQLite writer only
 def test_sqlite_writes_a_batch_of_every_view_in_one_transaction(built) -> None:
     """Serving's SQLite writes: Feast's own upserts for every view, one commit per batch (not one per view)."""
     _, store, client = built
-    if store.config.online_store.type != "sqlite":
-        pytest.skip("the SQLite writer only")
     conn = client._io._conn
     statements: list[str] = []
     conn.set_trace_callback(statements.append)
@@ -181,17 +173,45 @@ def test_corrupt_blob_is_rebuilt_not_raised(built, blob: bytes, caplog: pytest.L
     assert any("corrupt_state" in r.getMessage() for r in caplog.records)
 
 
-def test_streaming_matches_offline(built, dataset: Path) -> None:
-    """No training–serving skew: micro-batches through the online path == the offline computation."""
+def _serving_anomaly_stage(cfg: FedfraudConfig, client, featurizer: PrivateFeaturizer, bank: int, tmp: Path):
+    """Serving's own anomaly stage, built as :class:`fedfraud.serving.hotpath.HotPath` builds it, on this module's
+    store: the registry's GNN (small, fresh weights: the states do not depend on them) and a SQLite scores ring."""
+    import torch
+
+    from fedfraud.serving.kvstore import SqliteKV
+    from fedfraud.serving.anomaly_stage import AnomalyStage, load_anomaly_scorer
+    from fedfraud.training.anomaly.config import AnomalyConfig
+    from fedfraud.training.anomaly.model import AnomalyModel
+    from fedfraud.training.anomaly.scorer import publish_anomaly_model
+    from fedfraud.training.registry import ModelRegistry
+
+    torch.manual_seed(0)
+    acfg = AnomalyConfig(layers=2, hidden=16, disc_hidden=16)
+    model = AnomalyModel(acfg, cfg.encoder, cfg.egograph.max_nodes)
+    registry = ModelRegistry(tmp / "registry")
+    publish_anomaly_model(registry, model.state_dict(), anomaly_cfg=acfg, encoder_cfg=cfg.encoder,
+                          ego_cfg=cfg.egograph, config={}, metrics={}, privacy={}, card="skew test")
+    return AnomalyStage(client, featurizer, SqliteKV(tmp / "scores.db"), load_anomaly_scorer(registry), bank,
+                        cfg.features.location_cell_deg, cfg.egograph.dedupe_ring)
+
+
+def test_streaming_matches_offline(built, dataset: Path, tmp_path: Path) -> None:
+    """No training–serving skew: micro-batches through serving's anomaly stage (the path a replica runs on each
+    Kafka micro-batch and each ``POST /score``) leave the states the offline computation builds."""
     cfg, store, client = built
     featurizer, offline = _offline(dataset, cfg, STREAMED_BANK)
     frame = read_bank(dataset, STREAMED_BANK)
     first = client.read_states(sorted(offline.states))
     assert not any(s.found for s in first)  # bank 1 was never materialized: streaming starts from empty
+    stage = _serving_anomaly_stage(cfg, client, featurizer, STREAMED_BANK, tmp_path)
     for start in range(0, len(frame), 64):
-        client.process_batch(frame.iloc[start : start + 64], featurizer, STREAMED_BANK)
+        part = frame.iloc[start : start + 64]
+        scored = stage.score(part, np.zeros(len(part), dtype=np.int64))
+        assert not scored.redelivered.any()
         if start == 128:  # at-least-once delivery: the same micro-batch again is a no-op (dedupe ring)
-            client.process_batch(frame.iloc[start : start + 64], featurizer, STREAMED_BANK)
+            again = stage.score(part, np.zeros(len(part), dtype=np.int64))
+            assert again.redelivered.all()
+            np.testing.assert_array_equal(again.anomaly_score, scored.anomaly_score)  # the ring's scores
 
     online = {s.cardholder: s for s in client.read_states(sorted(offline.states))}
     for holder, want in offline.states.items():

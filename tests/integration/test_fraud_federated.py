@@ -9,6 +9,7 @@
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 
 from fedfraud.cli.app import main
 from fedfraud.feature_store.config import EgoGraphConfig, EncoderConfig, PrivacyConfig
@@ -120,7 +121,6 @@ def world(tmp_path_factory):
     generate_dataset(data, GeneratorConfig(banks=2, cardholders=60, days=15, seed=11, fraud_rate=0.03), raw_csv=True,
                      progress=False)
     registry = root / "artifacts"
-    torch = pytest.importorskip("torch")
     torch.manual_seed(0)
     acfg, ego = AnomalyConfig(pooling="topk", layers=2, hidden=16, disc_hidden=16), EgoGraphConfig()
     model = AnomalyModel(acfg, EncoderConfig(), ego.max_nodes)  # untrained but the real architecture and scorer

@@ -177,6 +177,16 @@ def _wait_ready(url: str, timeout_s: float) -> None:
     raise AssertionError(f"{url}/readyz not ready in {timeout_s:.0f} s")
 
 
+def _board_after(url: str, headers: dict[str, str], total: float, timeout_s: float = 60.0) -> dict[str, float]:
+    """:func:`_decided_per_replica` once the replicas' decisions add up to ``total`` or more: the metrics board
+    publishes every 2 s, and a replica counts a batch only once the broker has its decisions."""
+    deadline = time.monotonic() + timeout_s
+    while sum((found := _decided_per_replica(url, headers)).values()) < total:
+        assert time.monotonic() < deadline, f"the board shows {sum(found.values()):.0f} < {total:.0f} decisions"
+        time.sleep(0.5)
+    return found
+
+
 def test_two_nodes_two_replicas_two_partitions_every_record_decided_once(cluster, deployed, api_token) -> None:
     from fedfraud.feature_store.privacy import PrivateFeaturizer
     from fedfraud.serving.replay import collect, replay_and_collect
@@ -187,23 +197,23 @@ def test_two_nodes_two_replicas_two_partitions_every_record_decided_once(cluster
 
     # warm-up: while the second replica joins, the group rebalances (at least once, by design); stream until
     # both replicas have decided something, so each holds one partition
-    warm, start = 0, time.monotonic()
-    while not (len(found := _decided_per_replica(url, api_token.headers)) == REPLICAS and
-               all(v > 0 for v in found.values())):
+    warm, start, found = 0, time.monotonic(), {}
+    while not (len(found) == REPLICAS and all(v > 0 for v in found.values())):
         assert time.monotonic() - start < 240 and warm < 300, f"one replica never decided: {found}"
         chunk = frame.iloc[warm:warm + 50]
         assert replay_and_collect(chunk, broker.bootstrap_servers, featurizer, timeout_s=120,
                                   topics=s.topics).missing == set()
         warm += len(chunk)
-        time.sleep(2.5)  # the metrics board publishes every 2 s
+        found = _board_after(url, api_token.headers, warm)  # the chunk's decisions counted on the board
     part = frame.iloc[warm:warm + 400].reset_index(drop=True)
-    before = _decided_per_replica(url, api_token.headers)
+    before = found
 
     result = replay_and_collect(part, broker.bootstrap_servers, featurizer, rate=0, timeout_s=180, topics=s.topics)
     assert result.missing == set()
 
-    # the whole topic, warm-up included, read again after a pause: a late duplicate would show up here
-    time.sleep(3.0)
+    # every replica has counted the stream (its decisions acknowledged by the broker); then the whole topic,
+    # warm-up included, is read again: a duplicate produced by then would show up here
+    after = _board_after(url, api_token.headers, sum(before.values()) + len(part))
     sent = frame["transaction_id"].iloc[:warm + len(part)].astype(str)
     everything = collect(broker.bootstrap_servers, s.topics.decisions, len(sent) + 1, timeout_s=5.0)
     counts = collections.Counter(d["transaction_id"] for d in everything)
@@ -213,8 +223,6 @@ def test_two_nodes_two_replicas_two_partitions_every_record_decided_once(cluster
     assert not any(d.get("redelivered") for d in everything)
 
     # both replicas decided part of the stream (one partition each) and they ran on the two nodes
-    time.sleep(2.5)
-    after = _decided_per_replica(url, api_token.headers)
     delta = {r: after[r] - before.get(r, 0.0) for r in after}
     assert len(delta) == REPLICAS and all(v > 0 for v in delta.values()), delta
     assert sum(delta.values()) == len(part)

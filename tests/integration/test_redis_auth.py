@@ -8,7 +8,6 @@ A wrong or missing password stops at start-up with one line, naming the variable
 from __future__ import annotations
 
 import secrets
-import shutil
 import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -20,11 +19,9 @@ import pytest
 from fedfraud.config import FedfraudConfig
 from fedfraud.errors import UserError
 from fedfraud.net import free_port, wait_for_port
+from tests.prerequisites import require_binary
 
-pytestmark = [
-    pytest.mark.integration,
-    pytest.mark.skipif(shutil.which("redis-server") is None, reason="no redis-server binary"),
-]
+pytestmark = pytest.mark.integration
 
 PASSWORD_ENV = "FEDFRAUD_REDIS_PASSWORD"
 
@@ -43,9 +40,10 @@ class SecuredRedis:
 @pytest.fixture(scope="module", params=["password", "password+tls"])
 def secured(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecuredRedis]:
     """A second redis-server on a free port with ``requirepass`` (random per run), plain or TLS-only."""
+    server = require_binary("redis-server")
     folder = tmp_path_factory.mktemp("redis")
     port, password = free_port(), secrets.token_hex(16)
-    args = ["redis-server", "--bind", "127.0.0.1", "--requirepass", password, "--save", "", "--appendonly", "no",
+    args = [server, "--bind", "127.0.0.1", "--requirepass", password, "--save", "", "--appendonly", "no",
             "--dir", str(folder)]
     ca_file = None
     if request.param == "password+tls":

@@ -1,9 +1,10 @@
 """The retraining loop on real parts: Flower on Ray (a real federated cycle), Ray Serve + the Tansu broker,
 Feast (SQLite), APScheduler, the outcome store.
 
-One served champion for the module; the tests run in file order, each building on the last:
-drift gauges → a drifted stream triggers a retrain → the challenger shadows without deciding →
-labels join to the shadow pairs → the cycle is idempotent and resumable.
+One served champion for the module. The loop's steps build on each other: drift gauges → a drifted stream
+triggers a retrain → the challenger shadows without deciding → labels join to the shadow pairs → the cycle is
+idempotent and resumable. Each step is a module fixture that runs once, after the steps it needs, and records
+what it saw (the registry changes under later steps); the tests check those records, in any order.
 """
 
 from __future__ import annotations
@@ -91,7 +92,10 @@ def _psi(url: str, headers: dict[str, str]) -> dict[str, float]:
             if s.name == "fedfraud_drift_psi"}
 
 
-def test_drift_gauges_then_a_drifted_stream_triggers_a_retrain(world):
+@pytest.fixture(scope="module")
+def retrained(world) -> dict:
+    """Step 1: a normal stream, then a drifted one, while the scheduler watches the drift gauges; it runs one
+    retrain cycle. Returns the gauges, the scheduler's events and the registry's aliases and last actors then."""
     from fedfraud.training.registry import ModelRegistry
     from fedfraud.training.retrain.schedule import RetrainScheduler
 
@@ -99,32 +103,44 @@ def test_drift_gauges_then_a_drifted_stream_triggers_a_retrain(world):
     normal = world["parts"][0]
     assert rt.replay(normal, rate=0, timeout_s=180).missing == set()
     calm = _psi(cfg.retrain.metrics_url, rt.headers)
-    assert {"amount", "anomaly_score", "fraud_score"} <= set(calm)
     scheduler = RetrainScheduler(cfg, world["records"], world["registry"], policy=False)
     scheduler.check_drift()
-    assert [e.what for e in scheduler.events] == [], f"no drift yet, but {scheduler.events} (psi {calm})"
+    before_drift = list(scheduler.events)
 
     drifted = world["parts"][1].copy()
     drifted["amount"] = drifted["amount"] * 25  # a currency switch nobody told the model about
     assert rt.replay(drifted, rate=0, timeout_s=180).missing == set()
     moved = _psi(cfg.retrain.metrics_url, rt.headers)
-    assert moved["amount"] > cfg.retrain.drift_psi_threshold > calm["amount"]
     scheduler.start()
     try:
-        assert scheduler.wait_for_cycles(1, timeout_s=600)
+        assert scheduler.wait_for_cycles(1, timeout_s=600), f"no retrain cycle in 600 s: {scheduler.events}"
     finally:
         scheduler.shutdown()
-    drift, cycle = scheduler.events[0], scheduler.events[1]
+    reg = ModelRegistry(world["registry"])
+    return {"calm": calm, "moved": moved, "before_drift": before_drift, "events": list(scheduler.events),
+            "cycle": scheduler.events[1].detail,
+            "aliases": {kind: reg.aliases(kind) for kind in ("anomaly", "fraud")},
+            "actors": {kind: reg.audit(kind)[-1]["actor"] for kind in ("anomaly", "fraud")}}
+
+
+def test_drift_gauges_then_a_drifted_stream_triggers_a_retrain(world, retrained):
+    cfg = world["cfg"]
+    calm, moved = retrained["calm"], retrained["moved"]
+    assert {"amount", "anomaly_score", "fraud_score"} <= set(calm)
+    assert retrained["before_drift"] == [], f"no drift yet, but {retrained['before_drift']} (psi {calm})"
+    assert moved["amount"] > cfg.retrain.drift_psi_threshold > calm["amount"]
+    drift, cycle = retrained["events"][0], retrained["events"][1]
     assert drift.what == "drift" and drift.detail["psi"] >= cfg.retrain.drift_psi_threshold
     assert cycle.what == "cycle" and cycle.detail["trigger"] == "drift" and "error" not in cycle.detail, cycle
-    reg = ModelRegistry(world["registry"])
     for kind in ("anomaly", "fraud"):
-        assert reg.aliases(kind) == {"champion": 1, "challenger": 2}
-        assert reg.audit(kind)[-1]["actor"] == "retrain:drift"
-    world["cycle"] = cycle.detail
+        assert retrained["aliases"][kind] == {"champion": 1, "challenger": 2}
+        assert retrained["actors"][kind] == "retrain:drift"
 
 
-def test_the_challenger_shadows_every_transaction_and_never_decides(world):
+@pytest.fixture(scope="module")
+def shadowed(world, retrained) -> dict:
+    """Step 2: once serving shadows the challenger the retrain published, a part streams; returns the part, its
+    decisions and the shadow-scores records of it."""
     import httpx
 
     from fedfraud.serving.replay import collect, topic_end_offsets
@@ -137,10 +153,15 @@ def test_the_challenger_shadows_every_transaction_and_never_decides(world):
     part = world["parts"][2]
     start = topic_end_offsets(world["bootstrap"], cfg.serving.topics.shadow_scores)
     result = rt.replay(part, rate=200, timeout_s=180)
+    shadow = collect(world["bootstrap"], cfg.serving.topics.shadow_scores, set(part["transaction_id"]), start, 60)
+    return {"part": part, "result": result, "shadow": shadow}
+
+
+def test_the_challenger_shadows_every_transaction_and_never_decides(shadowed):
+    part, result, shadow = shadowed["part"], shadowed["result"], shadowed["shadow"]
     assert result.missing == set()
     assert {d["models"]["fraud"] for d in result.decisions} == {"fraud:v1"}  # only the champion decides
     assert {d["models"]["anomaly"] for d in result.decisions} == {"anomaly:v1"}
-    shadow = collect(world["bootstrap"], cfg.serving.topics.shadow_scores, set(part["transaction_id"]), start, 60)
     assert {s["transaction_id"] for s in shadow} == set(part["transaction_id"])
     by_id = {d["transaction_id"]: d for d in result.decisions}
     for s in shadow:
@@ -149,21 +170,22 @@ def test_the_challenger_shadows_every_transaction_and_never_decides(world):
     both = [(s["champion"]["anomaly_score"], s["challenger"]["anomaly_score"]) for s in shadow
             if s["champion"]["anomaly_score"] is not None]
     assert both and not np.allclose(*np.array(both).T)  # the challenger GNN scored the graphs itself
-    world["shadowed"] = part
 
 
-def test_labels_come_back_and_join_to_the_shadow_pairs(world):
+@pytest.fixture(scope="module")
+def labelled(world, shadowed) -> dict:
+    """Step 3: the next part streams with its label feed, the case system sends the shadowed part's labels, the
+    joiner stores them; returns the replay, the champion/challenger pairs and the promotion decision then."""
     from fedfraud.feature_store.outcomes import OutcomeStore
     from fedfraud.serving.labels import LabelJoiner
     from fedfraud.serving.replay import LabelFeed
     from fedfraud.training.retrain.policy import decide_promotion
 
-    cfg, part = world["cfg"], world["shadowed"]
+    cfg, part = world["cfg"], shadowed["part"]
     more = world["parts"][3]
     feed = LabelFeed(cfg.serving.topics.labels, delay_s=86_400.0, flush=True)
     # the next transactions stream with their own label feed; the shadowed part's labels come from the case system
     result = world["rt"].replay(more, rate=0, timeout_s=120, labels=feed)
-    assert result.stats.labels_sent == int(more["is_fraud"].notna().sum())
     from fedfraud.serving.config import ProducerSettings
     from fedfraud.serving.kafka import confirm_sent, make_producer
     from fedfraud.serving.labels import label_message
@@ -181,14 +203,21 @@ def test_labels_come_back_and_join_to_the_shadow_pairs(world):
         finally:
             joiner.close()
         pairs = store.labelled_pairs("fraud:v1", "fraud:v2")
-        assert set(part["transaction_id"]) <= set(pairs["transaction_id"])
-        assert pairs["transaction_id"].is_unique
     decision = decide_promotion(world["registry"], outcomes, cfg.retrain, apply=False)
+    return {"more": more, "result": result, "pairs": pairs, "decision": decision}
+
+
+def test_labels_come_back_and_join_to_the_shadow_pairs(shadowed, labelled):
+    part, more, pairs, decision = shadowed["part"], labelled["more"], labelled["pairs"], labelled["decision"]
+    assert labelled["result"].stats.labels_sent == int(more["is_fraud"].notna().sum())
+    assert set(part["transaction_id"]) <= set(pairs["transaction_id"])
+    assert pairs["transaction_id"].is_unique
     assert decision.action in {"promote", "keep"} and decision.evidence["frauds"] >= 1, decision
     assert set(decision.evidence["pr_auc"]) == {"champion", "challenger", "difference", "difference_95ci"}
 
 
-def test_a_cycle_is_idempotent_never_overlaps_and_resumes_after_a_kill(world):
+def test_a_cycle_is_idempotent_never_overlaps_and_resumes_after_a_kill(world, retrained, labelled):
+    """The last step: it publishes a third version, so it runs after the steps that read the registry."""
     from fedfraud.training.registry import ModelRegistry
 
     reg = ModelRegistry(world["registry"])
@@ -200,7 +229,7 @@ def test_a_cycle_is_idempotent_never_overlaps_and_resumes_after_a_kill(world):
             str(world["records"]), "--registry", str(world["registry"]), "--json"]
     # the drift cycle again: already done, nothing retrained
     again = subprocess.run([*base, "--trigger", "drift"], capture_output=True, text=True, check=True)
-    assert json.loads(again.stdout.strip().splitlines()[-1])["cycle"] == world["cycle"]["cycle"]
+    assert json.loads(again.stdout.strip().splitlines()[-1])["cycle"] == retrained["cycle"]["cycle"]
     assert len(reg.versions("anomaly")) == 2 and len(reg.versions("fraud")) == 2
     # a new cycle (another window), killed once its anomaly model is published, then run again
     proc = subprocess.Popen([*base, "--window-days", "20"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -216,11 +245,14 @@ def test_a_cycle_is_idempotent_never_overlaps_and_resumes_after_a_kill(world):
     deadline = time.monotonic() + 300
     state = None
     while state is None or state.get("anomaly") is None:
-        assert time.monotonic() < deadline and proc.poll() is None, "the cycle ended before it could be killed"
+        if proc.poll() is not None:
+            pytest.fail(f"the cycle ended (exit {proc.returncode}) before it could be killed: "
+                        f"{proc.communicate()[1][-3000:]}")
+        assert time.monotonic() < deadline, "the cycle published no anomaly model in 300 s"
         time.sleep(0.2)
         found = list((world["registry"] / "retrain").glob("*/state.json"))
         states = [json.loads(p.read_text()) for p in found]
-        state = next((s for s in states if s["cycle"] != world["cycle"]["cycle"]), None)
+        state = next((s for s in states if s["cycle"] != retrained["cycle"]["cycle"]), None)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     assert len(reg.versions("anomaly")) == 3 and len(reg.versions("fraud")) == 2

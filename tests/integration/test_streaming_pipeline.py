@@ -8,6 +8,7 @@ cardholders) so the tests are independent of each other's order.
 from __future__ import annotations
 
 import base64
+import itertools
 import threading
 import time
 from pathlib import Path
@@ -82,8 +83,24 @@ def runtime(tmp_path_factory, frame, ray_session, kafka_broker, api_token):
     serve.shutdown()
 
 
-def _slice(frame, start, stop):
+#: The rows of the frame each test streams: disjoint, so no test's transactions are another's redeliveries,
+#: whatever the order the tests run in (rows before 1000 train the fraud model).
+ROWS = {
+    "n_produced": (1000, 1600), "http_score": (1600, 1603), "model_swap": (1603, 2400), "kill": (2400, 3400),
+    "poison": (3400, 3550), "duplicates": (3550, 3552), "http_bad_input": (3552, 3554), "auth": (3554, 3555),
+    "no_clear_data": (3600, 4200), "leaky_producer": (4200, 4201), "promote_rollback": (4300, 5500),
+}
+
+
+def _slice(frame, name: str):
+    start, stop = ROWS[name]
     return frame.iloc[start:stop].reset_index(drop=True)
+
+
+def test_no_two_tests_stream_the_same_rows(frame) -> None:
+    spans = sorted(ROWS.values())
+    assert all(stop <= start for (_, stop), (start, _) in itertools.pairwise(spans)), spans
+    assert spans[0][0] >= 1000 and spans[-1][1] <= len(frame)
 
 
 def _stream_in_background(rt, part, rate):
@@ -93,14 +110,58 @@ def _stream_in_background(rt, part, rate):
     return thread, out
 
 
+def _stream_until(rt, part, stop: threading.Event, size: int = 25):
+    """Replay ``part`` slice after slice (each decided before the next) in a thread, until ``stop`` is set: a
+    stream that outlasts whatever the test waits for, however slow the machine. Returns the thread and the
+    list its :class:`fedfraud.serving.replay.ReplayResult` s go to."""
+    results: list = []
+
+    def run() -> None:
+        for start in range(0, len(part), size):
+            results.append(rt.replay(part.iloc[start:start + size], rate=0, timeout_s=60))
+            if stop.is_set():
+                return
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread, results
+
+
+def _streamed(results) -> tuple[list[str], list[dict]]:
+    """The ids a :func:`_stream_until` sent, and every decision it collected (all of its slices decided)."""
+    assert all(r.missing == set() for r in results)
+    return [t for r in results for t in r.stats.transaction_ids], [d for r in results for d in r.decisions]
+
+
+def _own_dead_letters(runtime, start: dict[int, int], values: list[bytes]) -> list[dict]:
+    """The DLQ records since ``start`` whose source message is one of ``values`` (a kept prefix of it when the
+    payload was truncated), once the group is idle: another test's poison, redelivered meanwhile (at least once),
+    is not this test's."""
+    from fedfraud.serving.replay import collect
+
+    runtime.wait_idle()
+    dead = collect(runtime.bootstrap_servers, runtime.config.serving.topics.dlq, 10**6, start, timeout_s=2,
+                   id_field=("topic", "partition", "offset"))
+
+    def ours(d: dict) -> bool:
+        raw = base64.b64decode(d["raw_b64"])
+        return any(raw == v or (d["raw_truncated"] and v.startswith(raw)) for v in values)
+
+    return [d for d in dead if ours(d)]
+
+
 def test_n_produced_n_decided_and_poison_goes_to_dlq(runtime, frame):
-    part = _slice(frame, 1000, 1600)
+    from fedfraud.serving.replay import topic_end_offsets
+
+    part = _slice(frame, "n_produced")
     poison = [(b"poison", b"{not json"), (b"bad-row", b'{"transaction_id": "x1", "amount": -5}')]
+    dlq_start = topic_end_offsets(runtime.bootstrap_servers, runtime.config.serving.topics.dlq)
     result = runtime.replay(part, rate=0, extra=poison, timeout_s=120)
     assert result.missing == set()
     assert len(result.decisions) == len(part)  # nothing decided twice
-    assert {d["reason"] for d in result.dead_letters} >= {"malformed"}
-    assert len(result.dead_letters) == 2
+    dead = _own_dead_letters(runtime, dlq_start, [value for _, value in poison])
+    assert {d["reason"] for d in dead} >= {"malformed"}
+    assert len(dead) == 2
     d = result.decisions[0]
     assert {"score", "decision", "top_reasons", "anomaly_score", "models"} <= set(d)
     assert d["models"]["anomaly"].startswith("anomaly:v") and d["models"]["fraud"] == "fraud:v1"
@@ -120,7 +181,7 @@ def test_n_produced_n_decided_and_poison_goes_to_dlq(runtime, frame):
 def test_http_score_single_and_batch(runtime, frame):
     import httpx
 
-    records = _records_of(runtime, _slice(frame, 1600, 1603))
+    records = _records_of(runtime, _slice(frame, "http_score"))
     response = httpx.post(f"{runtime.url}/score", json=records[0], headers=runtime.headers, timeout=60)
     assert response.status_code == 200, response.text
     one = response.json()
@@ -138,6 +199,19 @@ def _wait_decided(runtime, before: dict, n: int, timeout_s: float = 30.0) -> Non
         time.sleep(0.05)
 
 
+def _wait_accounted(runtime, before: dict, n: int, timeout_s: float = 30.0) -> dict:
+    """Until the group consumed ``n`` more messages than in ``before`` and accounted for all it consumed: each
+    decided or dead-lettered, its output acknowledged by the broker (the counters never run ahead of the topics)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        snap = runtime.counters()
+        if (snap["consumed"] >= before["consumed"] + n and snap["inflight"] == 0
+                and snap["consumed"] == snap["decided"] + snap["dead_lettered"]):
+            return snap
+        assert time.monotonic() < deadline, f"{n} messages not consumed and accounted for in {timeout_s:.0f} s"
+        time.sleep(0.05)
+
+
 def _wait_model(runtime, tag: str, timeout_s: float = 30.0) -> None:
     """Until the latest decision names anomaly model ``tag`` (a swap reached the stream)."""
     deadline = time.monotonic() + timeout_s
@@ -147,19 +221,29 @@ def _wait_model(runtime, tag: str, timeout_s: float = 30.0) -> None:
 
 
 def test_model_swap_mid_stream(runtime, frame):
-    part = _slice(frame, 1603, 2400)
+    """A model published while the stream runs is swapped in between micro-batches, without a restart.
+
+    The stream goes on, slice after slice, until a decision names the new model, then stops after the slice
+    under way: the swap lands mid-stream however long the registry watcher takes, with no timed race.
+    """
+    part = _slice(frame, "model_swap")
     before = runtime.registry.get("anomaly", "champion").tag
     counts = runtime.wait_idle()
-    thread, out = _stream_in_background(runtime, part, rate=400)
-    _wait_decided(runtime, counts, 100)
-    new = publish_anomaly(runtime.registry, runtime.config, seed=2)
-    thread.join()
-    result = out["result"]
-    assert result.missing == set()
-    fresh = [d for d in result.decisions if not d["redelivered"]]
-    assert len(fresh) == len(part) == len({d["transaction_id"] for d in fresh})  # none lost, none scored twice
-    versions = [d["models"]["anomaly"] for d in sorted(result.decisions, key=lambda d: d["decided_us"])]
-    assert versions[-1] == new.tag and before in versions  # swapped between micro-batches, without a restart
+    swapped = threading.Event()
+    thread, results = _stream_until(runtime, part, swapped)
+    try:
+        _wait_decided(runtime, counts, 100)
+        new = publish_anomaly(runtime.registry, runtime.config, seed=2)
+        _wait_model(runtime, new.tag)
+    finally:
+        swapped.set()
+        thread.join()
+    sent, decisions = _streamed(results)
+    fresh = [d for d in decisions if not d["redelivered"]]
+    assert len(fresh) == len(sent) == len({d["transaction_id"] for d in fresh})  # none lost, none scored twice
+    versions = [d["models"]["anomaly"] for d in sorted(decisions, key=lambda d: d["decided_us"])]
+    assert before in versions and versions[-1] == new.tag  # swapped between micro-batches, without a restart
+    assert versions == sorted(versions, key=lambda tag: tag == new.tag)  # once: never back to the old model
 
 
 def test_promote_and_rollback_mid_stream_lose_and_double_nothing(runtime, frame):
@@ -169,22 +253,23 @@ def test_promote_and_rollback_mid_stream_lose_and_double_nothing(runtime, frame)
     a = publish_anomaly(reg, runtime.config, seed=3)
     reg.promote("anomaly", a.version, actor="test", reason="baseline")
     b = publish_anomaly(reg, runtime.config, seed=4)
-    part = _slice(frame, 3552, 4752)
+    part = _slice(frame, "promote_rollback")
     counts = runtime.wait_idle()
+    done = threading.Event()
+    thread, results = _stream_until(runtime, part, done)
     try:
-        thread, out = _stream_in_background(runtime, part, rate=200)
         _wait_decided(runtime, counts, 150)
         reg.promote("anomaly", b.version, actor="test", reason="challenger better")
         _wait_model(runtime, b.tag)
         reg.rollback("anomaly", actor="test", reason="alarm")
         _wait_model(runtime, a.tag)
-        thread.join()
     finally:
+        done.set()
+        thread.join()
         reg.set_alias("anomaly", "champion", None, actor="test", reason="back to newest for the other tests")
-    result = out["result"]
-    assert result.missing == set()
-    fresh = [d for d in result.decisions if not d["redelivered"]]
-    assert len(fresh) == len(part) == len({d["transaction_id"] for d in fresh})
+    sent, decisions = _streamed(results)
+    fresh = [d for d in decisions if not d["redelivered"]]
+    assert len(fresh) == len(sent) == len({d["transaction_id"] for d in fresh})
     used = [d["models"]["anomaly"] for d in sorted(fresh, key=lambda d: d["decided_us"])]
     runs = [tag for i, tag in enumerate(used) if i == 0 or used[i - 1] != tag]
     # (the stream may open on the previous newest version until the watcher sees a's promotion)
@@ -197,7 +282,7 @@ def test_killing_the_scoring_replica_loses_and_double_counts_nothing(runtime, fr
 
     from fedfraud.feature_store.online import OnlineStateClient
 
-    part = _slice(frame, 2400, 3400)
+    part = _slice(frame, "kill")
     cfg = runtime.config
     client = OnlineStateClient.open(cfg.features, cfg.egograph)
     holders = sorted(set(part["cardholder_id"]))
@@ -247,16 +332,18 @@ def test_every_poison_probe_is_dead_lettered_and_the_stream_goes_on(runtime, fra
     """Issue 14's probes over Kafka: each is a DLQ record with its reason; the transactions after them are decided."""
     import json
 
+    from fedfraud.serving.replay import topic_end_offsets
     from tests.unit.test_poison_messages import PROBES
 
     probes = [(b"probe", value) for value, _ in PROBES.values()]
     probes.append((b"probe", b'{"pad":"' + b"x" * 200_000 + b'"}'))  # over max_message_bytes (64 KiB here)
-    part = _slice(frame, 3400, 3550)
+    part = _slice(frame, "poison")
     before = runtime.wait_idle()
+    dlq_start = topic_end_offsets(runtime.bootstrap_servers, runtime.config.serving.topics.dlq)
     result = runtime.replay(part, rate=0, extra=probes, timeout_s=120)
     assert result.missing == set()
     assert len({d["transaction_id"] for d in result.decisions}) == len(part)
-    by_offset = {d["offset"]: d for d in result.dead_letters}
+    by_offset = {d["offset"]: d for d in _own_dead_letters(runtime, dlq_start, [value for _, value in probes])}
     assert len(by_offset) == len(probes)
     cap = runtime.config.serving.guards.max_message_bytes  # 64 KiB here: the deep nesting is over it too
     expected = ["oversized" if len(v) > cap else reason.value for v, reason in PROBES.values()] + ["oversized"]
@@ -279,7 +366,8 @@ def test_duplicates_on_the_topics_copies_marked_and_a_conflicting_reuse_dead_let
 
     cfg = runtime.config
     topics, servers = cfg.serving.topics, runtime.bootstrap_servers
-    rows = _records_of(runtime, _slice(frame, 3550, 3552))
+    before = runtime.wait_idle()
+    rows = _records_of(runtime, _slice(frame, "duplicates"))
     a, b = rows
     key = runtime.featurizer().pseudonyms([a["cardholder_id"]])[0].encode()
     dec_start = topic_end_offsets(servers, topics.decisions)
@@ -289,8 +377,7 @@ def test_duplicates_on_the_topics_copies_marked_and_a_conflicting_reuse_dead_let
             for value in (a, a, {**b, "cardholder_id": a["cardholder_id"]}, {**a, "amount": a["amount"] + 1})]
     producer.flush()
     where = [(f.get(10).partition, f.get(10).offset) for f in sent]
-    decisions = collect(servers, topics.decisions, [a["transaction_id"], b["transaction_id"]], dec_start, 60)
-    time.sleep(1.0)  # a late second copy of a's decision would show up now
+    _wait_accounted(runtime, before, len(sent))  # every output of the four messages is on its topic by now
     decisions = collect(servers, topics.decisions, 10**6, dec_start, timeout_s=2)
     of_a = [d for d in decisions if d["transaction_id"] == a["transaction_id"]]
     assert sorted(d["redelivered"] for d in of_a) == [False, True]
@@ -309,7 +396,7 @@ def test_http_bad_input_gets_4xx_never_500(runtime, frame):
 
     url = f"{runtime.url}/score"
     client = httpx.Client(headers=runtime.headers)  # an authenticated client: this test is about the body
-    good = _records_of(runtime, _slice(frame, 3552, 3554))
+    good = _records_of(runtime, _slice(frame, "http_bad_input"))
     big = client.post(url, content=b'{"pad":"' + b"x" * 70_000 + b'"}', timeout=30)
     assert big.status_code == 413
     too_many = client.post(url, json=[good[0]] * 51, timeout=30)
@@ -336,7 +423,7 @@ def test_score_and_metrics_need_the_bearer_token_and_the_probes_do_not(runtime, 
     token; ``/healthz`` and ``/readyz`` stay open for the kubelet."""
     import httpx
 
-    record = {**_records_of(runtime, _slice(frame, 3554, 3555))[0], "transaction_id": "auth-probe-1"}
+    record = {**_records_of(runtime, _slice(frame, "auth"))[0], "transaction_id": "auth-probe-1"}
     for method, path, body in (("POST", "/score", record), ("GET", "/metrics", None)):
         url = f"{runtime.url}{path}"
 
@@ -394,8 +481,9 @@ def test_no_card_number_or_exact_coordinate_on_any_topic_or_in_the_online_store(
 
     from fedfraud.serving.kafka import json_bytes
 
-    part = _slice(frame, 3600, 4200)
-    leaked = {**_records_of(runtime, _slice(frame, 4200, 4201))[0], "cardholder_id": str(frame["cardholder_id"][4200])}
+    part = _slice(frame, "no_clear_data")
+    leaky = _slice(frame, "leaky_producer")
+    leaked = {**_records_of(runtime, leaky)[0], "cardholder_id": str(leaky["cardholder_id"][0])}
     result = runtime.replay(part, rate=0, extra=[(b"leaky-producer", json_bytes(leaked))], timeout_s=120)
     assert result.missing == set()
     leaks = [d for d in result.dead_letters if d["reason"] == "card_number_in_clear"]

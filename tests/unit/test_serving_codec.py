@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import uuid
 from dataclasses import dataclass
 
 import pytest
@@ -12,6 +13,7 @@ from fedfraud.feature_store.schema import Validator
 from fedfraud.serving.config import ConsumerSettings
 from fedfraud.serving.kafka import PRODUCED_HEADER, decode_messages, dlq_value
 from fedfraud.serving.kvstore import SqliteKV
+from tests.prerequisites import require_redis
 
 
 @dataclass
@@ -63,14 +65,21 @@ def test_consumer_settings_reject_a_request_timeout_a_join_can_outlive():
 
 
 @pytest.mark.parametrize("backend", ["sqlite", "redis"])
-def test_durable_counters_add_up_across_replicas_and_survive_a_restart(tmp_path, backend):
+def test_durable_counters_add_up_across_replicas_and_survive_a_restart(tmp_path, backend, request):
     """Issue 14: totals came from one replica's memory and reset on restart."""
     from fedfraud.serving.kvstore import RedisKV
     from fedfraud.serving.metrics import DurableCounters
 
-    if backend == "redis":
-        kv = RedisKV("redis://127.0.0.1:6379/13")
-        kv._client.flushdb()
+    if backend == "redis":  # db 15, the tests' own; a prefix of this run only (never a flush: others share it)
+        require_redis(db=15)
+        kv = RedisKV("redis://127.0.0.1:6379/15", prefix=f"fedfraud-test-{uuid.uuid4().hex}")
+
+        def drop_keys() -> None:
+            keys = list(kv._client.scan_iter(match=f"{kv.prefix}:*"))
+            if keys:
+                kv._client.delete(*keys)
+
+        request.addfinalizer(drop_keys)
     else:
         kv = SqliteKV(tmp_path / "kv.db")
     a = DurableCounters(kv, "group-1", replica="a")
