@@ -1,14 +1,9 @@
 """Batched online access to cardholder states for streaming scoring: read many, update, push once.
 
-Serving calls, per micro-batch::
-
-    client = OnlineStateClient.open(features_cfg, egograph_cfg)   # once
-    states = client.process_batch(frame, featurizer, bank)         # read → apply → push
-
-or the pieces: :meth:`OnlineStateClient.read_states` (one batched read of the
-ego-graph blob, activity, latest T' and q_t of many cardholders),
-:meth:`CardholderState.apply`, :meth:`OnlineStateClient.push_states` (one
-push writing the three cardholder views).
+Per micro-batch, serving's anomaly stage (:class:`fedfraud.serving.anomaly_stage.AnomalyStage`, the one place
+that loop is written) calls :meth:`OnlineStateClient.read_states` (one batched read of the ego-graph blob,
+activity, latest T' and q_t of many cardholders), :meth:`CardholderState.apply` per transaction and
+:meth:`OnlineStateClient.push` (one write of the three cardholder views and the merchant view).
 
 Why not ``FeatureStore.get_online_features`` / ``FeatureStore.push``: they
 rebuild request plans and convert through pandas/arrow on every call, which
@@ -31,13 +26,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 
 from fedfraud.feature_store.activity import ACTIVITY_FEATURES, Activity
-from fedfraud.feature_store.cardholder import CardholderState, PreparedBatch, prepare_batch
+from fedfraud.feature_store.cardholder import CardholderState, PreparedBatch
 from fedfraud.feature_store.config import EgoGraphConfig
 from fedfraud.feature_store.egograph import CorruptStateError, EgoGraphState
-from fedfraud.feature_store.privacy import PrivateFeaturizer
 from fedfraud.feature_store.store_config import FeatureStoreConfig
 
 if TYPE_CHECKING:
@@ -364,27 +357,6 @@ class OnlineStateClient:
         ]
         rows = self._online.online_read(self.store.config, self._views[MERCHANT_VIEW], keys, None)
         return [None if values is None else {k: _python(v) for k, v in values.items()} for _, values in rows]
-
-    # ------------------------------------------------------------------ micro-batch
-    def process_batch(self, frame: pd.DataFrame, featurizer: PrivateFeaturizer, bank: int) -> list[CardholderState]:
-        """Serving's step: read the batch's cardholders, apply its transactions in order, push once.
-
-        Returns the updated state of each distinct cardholder of the batch
-        (order of first appearance in event time). Redelivered transactions are
-        no-ops; a batch that changes nothing writes nothing.
-        """
-        batch = prepare_batch(frame, featurizer)
-        holders = list(dict.fromkeys(batch.cardholder))
-        states = {s.cardholder: s for s in self.read_states(holders)}
-        applied: list[int] = []
-        changed: dict[str, CardholderState] = {}
-        for i, holder in enumerate(batch.cardholder):
-            state = states[holder]
-            if state.apply(batch, i, self.cell_deg):
-                applied.append(i)
-                changed[holder] = state
-        self.push(list(changed.values()), bank, batch, applied)
-        return [states[h] for h in holders]
 
 
 _VALUE_FIELD: dict[type, str] = {int: "int64_val", float: "double_val", str: "string_val"}
