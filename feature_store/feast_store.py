@@ -13,7 +13,6 @@ from __future__ import annotations
 import importlib
 import logging
 import os
-import shutil
 from datetime import datetime, timedelta, UTC
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -78,20 +77,39 @@ def build_repo_config(cfg: FeatureStoreConfig, repo_dir: Path, profile: str | No
     return RepoConfig(**mapping, repo_path=Path(repo_dir).resolve())
 
 
+def _write_if_changed(path: Path, data: bytes) -> bool:
+    """Replace ``path`` atomically, and only when its bytes differ.
+
+    Every Serve replica and every bank opens the store: unchanged files are not rewritten, and a changed one is
+    swapped in whole (``os.replace``), so a process reading the repo never sees a half-written file.
+    """
+    try:
+        if path.read_bytes() == data:
+            return False
+    except FileNotFoundError:
+        pass
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+    return True
+
+
 def render_repo(cfg: FeatureStoreConfig, repo_dir: Path | None = None, profile: str | None = None) -> Path:
-    """Write ``feature_store.yaml`` for the profile and copy the declarations into ``repo_dir``; returns it."""
+    """Write ``feature_store.yaml`` for the profile and copy the declarations into ``repo_dir``; returns it.
+
+    Files already up to date are left alone (see :func:`_write_if_changed`).
+    """
     target = Path(repo_dir if repo_dir is not None else cfg.repo_dir)
     if target.resolve() == REPO_TEMPLATE.resolve():
         raise UserError(f"{target} is the packaged feature repo; render into a working folder instead")
     (target / DATA_DIR).mkdir(parents=True, exist_ok=True)
     for name in _COPIED:
-        shutil.copyfile(REPO_TEMPLATE / name, target / name)
+        _write_if_changed(target / name, (REPO_TEMPLATE / name).read_bytes())
     build_repo_config(cfg, target, profile)  # validate before writing
     # RepoConfig.write_to_path dumps field names instead of the yaml keys, so write the mapping ourselves
     header = "# rendered by fedfraud (fedfraud.feature_store.feast_store.render_repo); the `feast` CLI works here\n"
-    (target / "feature_store.yaml").write_text(
-        header + yaml.safe_dump(repo_yaml(cfg, profile), sort_keys=False), encoding="utf-8"
-    )
+    rendered = header + yaml.safe_dump(repo_yaml(cfg, profile), sort_keys=False)
+    _write_if_changed(target / "feature_store.yaml", rendered.encode("utf-8"))
     return target
 
 

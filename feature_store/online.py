@@ -11,7 +11,10 @@ costs milliseconds per 64 rows (``fedfraud bench features --store`` measures
 both). This client resolves the feature views once and calls the online store's
 own ``online_read`` / ``online_write_batch`` (Feast's ``OnlineStore`` interface,
 what ``get_online_features`` and ``push`` end in) with protos it builds
-directly. Rows are bit-identical to what the SDK writes.
+directly. Rows are bit-identical to what the SDK writes. The feature lists are those of the applied views, so
+the repo's ``definitions.py`` is the one declaration of a cardholder's fields; the versioned services
+(``anomaly_scoring_v1``, ``fraud_scoring_v1``) are how the plain SDK reads the same rows, and
+``tests/integration/test_feature_store_online.py`` reads what this client wrote through them.
 
 A first-time cardholder gets an empty state; a corrupt or truncated ego-graph
 blob is logged and rebuilt from empty (``rebuilt=True``), never raised.
@@ -27,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from fedfraud.feature_store.activity import ACTIVITY_FEATURES, Activity
+from fedfraud.feature_store.activity import Activity
 from fedfraud.feature_store.cardholder import CardholderState, PreparedBatch
 from fedfraud.feature_store.config import EgoGraphConfig
 from fedfraud.feature_store.egograph import CorruptStateError, EgoGraphState
@@ -45,12 +48,10 @@ __all__ = ["CARDHOLDER_VIEWS", "MERCHANT_VIEW", "OnlineStateClient"]
 
 logger = logging.getLogger(__name__)
 
-#: Cardholder feature views written by one push (name → features), in definitions.py.
-CARDHOLDER_VIEWS: dict[str, tuple[str, ...]] = {
-    "cardholder_ego_state": ("ego_state", "q_t", "state_version"),
-    "cardholder_time": ("time_embedding", "epsilon"),
-    "cardholder_activity": ACTIVITY_FEATURES,
-}
+#: Cardholder feature views written by one push. Their fields are declared once, in the repo's definitions.py
+#: (``cardholder_activity``'s are :class:`~fedfraud.feature_store.activity.Activity`'s, checked by a test); the
+#: client reads each view's feature list from the applied registry.
+CARDHOLDER_VIEWS: tuple[str, ...] = ("cardholder_ego_state", "cardholder_time", "cardholder_activity")
 MERCHANT_VIEW = "merchant_location"
 
 
@@ -239,7 +240,9 @@ class OnlineStateClient:
                 f"feature repo {self.store.repo_path} is not applied ({exc.__class__.__name__}); "
                 "run `fedfraud features apply`"
             ) from None
-        self._cardholder_tables = [(self._views[name], features) for name, features in CARDHOLDER_VIEWS.items()]
+        self._cardholder_tables = [
+            (self._views[name], tuple(f.name for f in self._views[name].features)) for name in CARDHOLDER_VIEWS
+        ]
 
     # ------------------------------------------------------------------ read
     def read_states(self, cardholders: Sequence[str]) -> list[CardholderState]:

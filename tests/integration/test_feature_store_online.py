@@ -80,6 +80,20 @@ def _offline(dataset: Path, cfg: FedfraudConfig, bank: int):
     return featurizer, bank_tables(batch, bank, cfg.egograph, cfg.features.location_cell_deg)
 
 
+def test_one_declaration_of_the_cardholder_fields(built, dataset: Path) -> None:
+    """The repo's views are the one declaration: offline columns, Activity and the online client agree with it."""
+    from fedfraud.feature_store.activity import ACTIVITY_FEATURES
+    from fedfraud.feature_store.online import CARDHOLDER_VIEWS
+
+    cfg, store, client = built
+    declared = {name: [f.name for f in store.get_feature_view(name).features] for name in CARDHOLDER_VIEWS}
+    assert declared["cardholder_activity"] == list(ACTIVITY_FEATURES)
+    assert [list(features) for _, features in client._cardholder_tables] == list(declared.values())
+    _, tables = _offline(dataset, cfg, MATERIALIZED_BANK)
+    keys = ["cardholder", "event_timestamp", "created"]
+    assert sorted(tables.cardholder.column_names) == sorted(keys + [f for fs in declared.values() for f in fs])
+
+
 def test_materialized_states_read_back_identical(built, dataset: Path) -> None:
     cfg, store, client = built
     _, tables = _offline(dataset, cfg, MATERIALIZED_BANK)

@@ -61,3 +61,21 @@ def test_a_password_in_the_config_is_refused() -> None:
         load_config(None, ["serving.fraud_state_path=redis://:hunter2@127.0.0.1:6379/1"])
     with pytest.raises(ConfigError):
         load_config(None, ["features.redis.redis_type=memcached"])
+
+
+def test_render_rewrites_only_what_changed(tmp_path) -> None:
+    """Every replica renders the repo as it opens the store: an unchanged file keeps its inode and mtime."""
+    from fedfraud.feature_store.feast_store import render_repo
+
+    cfg = FeatureStoreConfig()
+    render_repo(cfg, tmp_path)
+    before = {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in tmp_path.iterdir() if p.is_file()}
+    assert {"definitions.py", "feature_store.yaml"} <= set(before)
+    render_repo(cfg, tmp_path)
+    assert {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in tmp_path.iterdir() if p.is_file()} == before
+    render_repo(cfg, tmp_path, "redis")  # another profile: only the yaml changes, and no temp file is left
+    after = {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in tmp_path.iterdir() if p.is_file()}
+    assert after.keys() == before.keys()
+    assert after["definitions.py"] == before["definitions.py"]
+    assert after["feature_store.yaml"] != before["feature_store.yaml"]
+    assert "redis" in (tmp_path / "feature_store.yaml").read_text(encoding="utf-8")

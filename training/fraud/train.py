@@ -13,7 +13,6 @@ the data sits differs.
 
 from __future__ import annotations
 
-import json
 import logging
 import tempfile
 import time
@@ -66,7 +65,7 @@ def train_federated(
     from fedfraud.net import ray_bind
 
     from fedfraud.training.fraud.federated.client_app import app as client_app
-    from fedfraud.training.fraud.federated.server_app import build_server_app
+    from fedfraud.training.fraud.federated.server_app import FederatedFraudResult, build_server_app
     from fedfraud.training.fraud.federated.task import bank_file, write_index
 
     unknown = [f for f in feature_sets if f not in FEATURE_SETS]
@@ -78,20 +77,20 @@ def train_federated(
     rounds = cfg.federated_rounds if rounds is None else rounds
     eta = cfg.eta / len(order) if cfg.federated_eta_scaling else cfg.eta
     names = next(iter(banks.values())).names
-    models: dict[str, FraudModel] = {}
+    results: dict[str, FederatedFraudResult] = {}
     with tempfile.TemporaryDirectory(prefix="fedfraud-fl-") as tmp:
         folder = Path(tmp)
         for b in order:
             banks[b].save(str(bank_file(folder, b)))
         write_index(folder, order)
         settings = {
-            "features-dir": str(folder), "result-dir": str(folder), "fraud-config": cfg.model_dump_json(),
+            "features-dir": str(folder), "result-dir": "", "fraud-config": cfg.model_dump_json(),
             "feature-sets": list(feature_sets), "num-supernodes": len(order), "num-rounds": rounds, "eta": eta,
             "threshold-bins": cfg.threshold_bins,
         }
         started = time.perf_counter()
         run_simulation(
-            server_app=build_server_app(settings),
+            server_app=build_server_app(settings, on_result=results.update),
             client_app=client_app,
             num_supernodes=len(order),
             backend_config={
@@ -100,17 +99,17 @@ def train_federated(
             },
         )
         wall = time.perf_counter() - started
-        for fs in feature_sets:
-            model_path, info_path = folder / f"{fs}.model.json", folder / f"{fs}.json"
-            if not model_path.exists():
-                raise RuntimeError(f"the Flower ServerApp produced no {fs!r} model (see the log above)")
-            booster = xgb.Booster()
-            booster.load_model(bytearray(model_path.read_bytes()))
-            booster.set_param({"nthread": cfg.nthread})
-            info = json.loads(info_path.read_text(encoding="utf-8"))
-            models[fs] = FraudModel(booster, names, used_features(names, FEATURE_SETS[fs]), info["threshold"],
-                                    "federated", {"banks": order, "rounds": rounds, "eta": eta,
-                                                  "valid_f1": info["valid_f1"], "seconds": info["seconds"]})
+    models: dict[str, FraudModel] = {}
+    for fs in feature_sets:
+        if fs not in results:
+            raise RuntimeError(f"the Flower ServerApp produced no {fs!r} model (see the log above)")
+        done = results[fs]
+        booster = xgb.Booster()
+        booster.load_model(bytearray(done.model))
+        booster.set_param({"nthread": cfg.nthread})
+        models[fs] = FraudModel(booster, names, used_features(names, FEATURE_SETS[fs]), done.threshold,
+                                "federated", {"banks": order, "rounds": rounds, "eta": eta,
+                                              "valid_f1": done.valid_f1, "seconds": done.seconds})
     logger.info("fraud_federated banks=%d rounds=%d feature_sets=%s wall_s=%.1f", len(order), rounds,
                 ",".join(feature_sets), wall)
     return models

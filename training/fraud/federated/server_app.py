@@ -16,8 +16,10 @@ bins); the server sums them and applies the same max-F1 rule as local training
 (:func:`fedfraud.training.fraud.metrics.threshold_from_histograms`). Only counts leave
 a bank, never scores of individual transactions.
 
-Settings (kebab-case) come from :func:`build_server_app`; results go to
-``result-dir`` as ``<feature-set>.model.json`` and ``<feature-set>.json``.
+Settings (kebab-case) come from :func:`build_server_app`. Results: a simulation passes ``on_result`` and
+receives one :class:`FederatedFraudResult` per feature set in its own process (``run_simulation`` runs the
+ServerApp in a thread of its caller); a deployed run (``flwr run``) sets ``result-dir`` and finds
+``<feature-set>.model.json`` and ``<feature-set>.json`` there.
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +40,14 @@ from flwr.serverapp.strategy import FedXgbBagging
 from fedfraud.training.fraud.config import FraudConfig
 from fedfraud.training.fraud.metrics import threshold_from_histograms
 
-__all__ = ["DEFAULT_SETTINGS", "FinalRoundHistogramBagging", "app", "build_server_app", "threshold_from_replies"]
+__all__ = [
+    "DEFAULT_SETTINGS",
+    "FederatedFraudResult",
+    "FinalRoundHistogramBagging",
+    "app",
+    "build_server_app",
+    "threshold_from_replies",
+]
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +85,27 @@ class FinalRoundHistogramBagging(FedXgbBagging):
         return super().configure_evaluate(server_round, arrays, config, grid)
 
 
+@dataclass(frozen=True)
+class FederatedFraudResult:
+    """One feature set's global model (XGBoost JSON bytes) and the threshold the banks' histograms chose."""
+
+    feature_set: str
+    model: bytes
+    threshold: float
+    valid_f1: float
+    rounds: int
+    banks: int
+    valid_rows: int
+    seconds: float
+
+    def save(self, folder: Path) -> None:
+        """``<feature-set>.model.json`` and ``<feature-set>.json``: what a deployed run leaves its operator."""
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"{self.feature_set}.model.json").write_bytes(self.model)
+        info = {k: v for k, v in asdict(self).items() if k not in ("model", "feature_set")}
+        (folder / f"{self.feature_set}.json").write_text(json.dumps(info), encoding="utf-8")
+
+
 def _feature_sets(value: Any) -> list[str]:
     """A list (simulation settings) or a comma-separated string (a run config holds no lists)."""
     if isinstance(value, str):
@@ -82,17 +113,22 @@ def _feature_sets(value: Any) -> list[str]:
     return [str(v) for v in value]
 
 
-def build_server_app(settings: dict[str, Any]) -> ServerApp:
-    """A ServerApp that trains one global model per entry of ``settings["feature-sets"]``."""
+def build_server_app(
+    settings: dict[str, Any], on_result: Callable[[dict[str, FederatedFraudResult]], None] | None = None
+) -> ServerApp:
+    """A ServerApp that trains one global model per entry of ``settings["feature-sets"]``.
+
+    ``on_result`` receives the models in the caller's process (simulation); a non-empty ``result-dir`` setting
+    also saves them there (deployment, where the ServerApp runs in another process).
+    """
     app = ServerApp()
 
     @app.main()
     def main(grid: Grid, context: Context) -> None:
         s = {**settings, **dict(context.run_config)}
-        out = Path(str(s["result-dir"]))
-        out.mkdir(parents=True, exist_ok=True)
         nodes = int(s["num-supernodes"])
         rounds = int(s["num-rounds"])
+        results: dict[str, FederatedFraudResult] = {}
         for feature_set in _feature_sets(s["feature-sets"]):
             use_as = feature_set == "as"
             config = ConfigRecord({
@@ -113,19 +149,22 @@ def build_server_app(settings: dict[str, Any]) -> ServerApp:
                 train_config=config,
                 evaluate_config=config,
             )
-            seconds = time.perf_counter() - started
-            model = result.arrays["0"].numpy().tobytes()
             final = result.evaluate_metrics_clientapp.get(rounds)
             if final is None or "threshold" not in final:
                 raise RuntimeError("no validation histograms came back from the banks")
-            threshold, valid_f1 = float(final["threshold"]), float(final["valid-f1"])  # type: ignore[arg-type]
-            (out / f"{feature_set}.model.json").write_bytes(model)
-            (out / f"{feature_set}.json").write_text(json.dumps({
-                "threshold": threshold, "valid_f1": valid_f1, "rounds": rounds, "banks": nodes,
-                "valid_rows": int(final["num-examples"]), "seconds": seconds,  # type: ignore[call-overload]
-            }), encoding="utf-8")
+            done = FederatedFraudResult(
+                feature_set=feature_set, model=result.arrays["0"].numpy().tobytes(),
+                threshold=float(final["threshold"]), valid_f1=float(final["valid-f1"]),  # type: ignore[arg-type]
+                rounds=rounds, banks=nodes, valid_rows=int(final["num-examples"]),  # type: ignore[call-overload]
+                seconds=time.perf_counter() - started,
+            )
+            results[feature_set] = done
+            if str(s["result-dir"]):
+                done.save(Path(str(s["result-dir"])))
             log.info("fraud_federated feature_set=%s rounds=%d threshold=%.4f valid_f1=%.4f seconds=%.1f",
-                     feature_set, rounds, threshold, valid_f1, seconds)
+                     feature_set, rounds, done.threshold, done.valid_f1, done.seconds)
+        if on_result is not None:
+            on_result(results)
 
     return app
 
