@@ -106,6 +106,7 @@ class AnomalyWork:
     model: GraphScorer
     states: dict[str, CardholderState]
     rings: dict[str, list[list[Any]]]
+    fraud_blobs: dict[str, bytes | None] = field(default_factory=dict)  # the fraud stage's state, read with the rings
     graphs: list[Data] = field(default_factory=list)
     prev_graph: list[int] = field(default_factory=list)  # row → graph index of G_{t-1}, -1 none
     prev_cached: dict[int, np.ndarray] = field(default_factory=dict)  # row → cached q_{t-1}
@@ -162,11 +163,11 @@ class AnomalyStage:
         holders = list(dict.fromkeys(batch.cardholder))
         with clock.section("anomaly.state_read"):
             states = dict(zip(holders, self.client.read_states(holders), strict=True))
-            blobs = self.kv.get_many("scores", holders)
+            blobs, fraud = self.kv.get_tables(("scores", "fraud"), holders)  # the fraud stage's too: one round trip
             rings = {h: (json_value(b) if b else []) for h, b in zip(holders, blobs, strict=True)}
         with clock.section("anomaly.graphs"):
             return self._apply(AnomalyWork(batch, frame, produced_us, source, model, states, rings,
-                                           shadow=self.shadow))
+                                           dict(zip(holders, fraud, strict=True)), shadow=self.shadow))
 
     def _apply(self, work: AnomalyWork) -> AnomalyWork:
         """Fold each transaction into its state and collect G_t (and a stale G_{t-1}) to embed."""
@@ -236,6 +237,7 @@ class AnomalyStage:
             produced_us=np.asarray(work.produced_us, dtype=np.int64),
             anomaly_model=model.tag,
             scored_us=now_us(),
+            fraud_blobs=work.fraud_blobs,
         )
 
     def _write(self, work: AnomalyWork, q: np.ndarray, scores: np.ndarray) -> None:

@@ -161,7 +161,7 @@ class FraudStage:
 
         model, tag, clock = self.model, self.model_tag, self.clock
         with clock.section("fraud.state_read"):
-            states, rings = self._read(list(dict.fromkeys(scored.cardholder)))
+            states, rings = self._read(list(dict.fromkeys(scored.cardholder)), scored.fraud_blobs)
         with clock.section("fraud.features"):
             records: list[dict[str, Any] | None] = [None] * len(scored)
             fresh_rows: list[int] = []
@@ -249,13 +249,21 @@ class FraudStage:
         self.shadow_scored += len(out)
         return out
 
-    def _read(self, holders: list[str]) -> tuple[dict[str, Any], dict[str, list[dict[str, Any]]]]:
-        """Fraud-feature states and decision rings of ``holders`` (one batched read; corrupt → empty)."""
+    def _read(self, holders: list[str], prefetched: dict[str, bytes | None] | None = None
+              ) -> tuple[dict[str, Any], dict[str, list[dict[str, Any]]]]:
+        """Fraud-feature states and decision rings of ``holders`` (``prefetched`` blobs, one batched read of the
+        rest; corrupt → empty).
+        """
         from fedfraud.training.fraud.features import CorruptFraudStateError, FraudFeatureState
 
+        blobs = dict(prefetched or {})
+        missing = [h for h in holders if h not in blobs]
+        if missing:
+            blobs.update(zip(missing, self.kv.get_many("fraud", missing), strict=True))
         states: dict[str, FraudFeatureState] = {}
         rings: dict[str, list[dict[str, Any]]] = {}
-        for holder, blob in zip(holders, self.kv.get_many("fraud", holders), strict=True):
+        for holder in holders:
+            blob = blobs[holder]
             state, ring = FraudFeatureState(self.fraud_cfg, self.dim), []
             if blob:
                 raw, ring = unpack_fraud_state(blob)

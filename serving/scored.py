@@ -35,6 +35,9 @@ class ScoredBatch:
     content: list[str] = field(default_factory=list)  # canonical-row hashes (kafka.content_hashes); optional
     shadow_anomaly_score: np.ndarray | None = None  # the challenger GNN's AS while one shadows (NaN where none)
     shadow_anomaly_model: str = ""
+    #: Fraud-stage state blobs by cardholder, read in the anomaly stage's round trip (``KVStore.get_tables``);
+    #: the fraud stage reads a cardholder missing here itself.
+    fraud_blobs: dict[str, bytes | None] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         n = len(self.transaction_id)

@@ -6,6 +6,7 @@ import base64
 import json
 import uuid
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 
@@ -67,21 +68,9 @@ def test_consumer_settings_reject_a_request_timeout_a_join_can_outlive():
 @pytest.mark.parametrize("backend", ["sqlite", "redis"])
 def test_durable_counters_add_up_across_replicas_and_survive_a_restart(tmp_path, backend, request):
     """Issue 14: totals came from one replica's memory and reset on restart."""
-    from fedfraud.serving.kvstore import RedisKV
     from fedfraud.serving.metrics import DurableCounters
 
-    if backend == "redis":  # db 15, the tests' own; a prefix of this run only (never a flush: others share it)
-        require_redis(db=15)
-        kv = RedisKV("redis://127.0.0.1:6379/15", prefix=f"fedfraud-test-{uuid.uuid4().hex}")
-
-        def drop_keys() -> None:
-            keys = list(kv._client.scan_iter(match=f"{kv.prefix}:*"))
-            if keys:
-                kv._client.delete(*keys)
-
-        request.addfinalizer(drop_keys)
-    else:
-        kv = SqliteKV(tmp_path / "kv.db")
+    kv = _kv(backend, tmp_path, request)
     a = DurableCounters(kv, "group-1", replica="a")
     a.save({"consumed": 10, "decided": 7, "dead_lettered": 1, "inflight": 2, "redelivered": 1})
     b = DurableCounters(kv, "group-1", replica="b")
@@ -96,3 +85,38 @@ def test_durable_counters_add_up_across_replicas_and_survive_a_restart(tmp_path,
     assert totals["replicas"] == 3 and totals["inflight"] == 2 and totals["redelivered"] == 1
     stale = DurableCounters(kv, "group-1", replica="a", heartbeat_s=-1.0).totals()
     assert stale["live_replicas"] == 0 and stale["inflight"] == 0  # dead replicas' in-flight is not counted
+
+
+def _kv(backend: str, tmp_path, request) -> Any:
+    """A KV store of ``backend``; Redis: db 15, the tests' own, under a prefix of this run (never a flush)."""
+    from fedfraud.serving.kvstore import RedisKV
+
+    if backend != "redis":
+        return SqliteKV(tmp_path / "kv.db")
+    require_redis(db=15)
+    kv = RedisKV("redis://127.0.0.1:6379/15", prefix=f"fedfraud-test-{uuid.uuid4().hex}")
+
+    def drop_keys() -> None:
+        keys = list(kv._client.scan_iter(match=f"{kv.prefix}:*"))
+        if keys:
+            kv._client.delete(*keys)
+
+    request.addfinalizer(drop_keys)
+    return kv
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "redis"])
+def test_get_tables_reads_several_tables_in_one_call(tmp_path, backend, request):
+    """The hot path reads a batch's score rings and fraud states together (one MGET on Redis)."""
+    kv = _kv(backend, tmp_path, request)
+    kv.put_many("scores", [("a", b"s-a")])
+    kv.put_many("fraud", [("a", b"f-a"), ("b", b"f-b")])
+    assert kv.get_tables(("scores", "fraud"), ["a", "b", "x"]) == [[b"s-a", None, None], [b"f-a", b"f-b", None]]
+    assert kv.get_tables(("scores", "fraud"), []) == [[], []]
+    if backend == "redis":  # the server's own command counts (other clients may run MGETs too: at least one less)
+        def mgets() -> int:
+            return int(kv._client.info("commandstats").get("cmdstat_mget", {}).get("calls", 0))
+
+        before = mgets()
+        kv.get_tables(("scores", "fraud"), ["a", "b"])
+        assert mgets() - before == 1  # both tables in one round trip
