@@ -3,11 +3,15 @@
 A plain class: the hot path (:mod:`fedfraud.serving.hotpath`) runs it, benchmarks and
 tests call it. Per micro-batch, in event-time order::
 
-    read cardholder states (one batched Feast read) ──> apply each transaction
+    read cardholder states (one batched Feast read; score rings and fraud states in one KV read)
+    ──> apply each transaction
     ──> G_t per transaction (and G_{t-1} only when the cached q_{t-1} is stale)
     ──> q = embed(graphs) (in runs of at most ``max_nodes`` graph nodes)
-    ──> AS = 1 − f(q_{t-1}, q_t) ──> score ring, push states (one batched write)
+    ──> AS = 1 − f(q_{t-1}, q_t) ──> rings and q_t updated in memory
     ──> a :class:`fedfraud.serving.scored.ScoredBatch` for :class:`fedfraud.serving.fraud_stage.FraudStage`
+
+The hot path then writes the batch once (:meth:`AnomalyStage.write`): score rings with the fraud stage's rows in
+one KV write, then the states in one push.
 
 Sections are timed with :class:`fedfraud.serving.metrics.StageClock` (``fedfraud bench
 serving`` prints them as the per-stage profile).
@@ -16,7 +20,7 @@ Idempotence (at-least-once delivery means redelivery): a transaction whose
 noise key is already in the ego graph's ring of applied keys is *redelivered*;
 it does not touch the graph again and gets the anomaly score it got the first
 time from the score ring (written before the state push, so this holds after a
-crash between the two).
+crash between the two; a crash before either write leaves nothing to find, and the transaction is scored anew).
 
 Cached q_{t-1}: the store's ``q_t`` is reused when this process wrote it with
 the current model at the state's current version
@@ -114,6 +118,9 @@ class AnomalyWork:
     redelivered: list[bool] = field(default_factory=list)
     last_graph: dict[str, int] = field(default_factory=dict)
     events: dict[int, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)  # row → (prior, raw event)
+    applied_rows: list[int] = field(default_factory=list)  # rows applied to their state (complete fills these)
+    touched: set[str] = field(default_factory=set)  # cardholders whose score ring grew
+    changed: list[CardholderState] = field(default_factory=list)  # states to push, with their new q_t
     shadow: GraphScorer | None = None  # the challenger GNN, when one shadows (this batch's, fixed at begin)
 
     @property
@@ -214,14 +221,17 @@ class AnomalyStage:
         return work
 
     def complete(self, work: AnomalyWork, q: np.ndarray) -> ScoredBatch:
-        """Score with the embeddings of ``work.graphs``, write rings and states (anomaly-scores: the fraud stage)."""
+        """Score with the embeddings of ``work.graphs`` and fold them into rings and states, in memory.
+
+        Nothing is written here: :class:`fedfraud.serving.hotpath.HotPath` calls :meth:`write` once, after the
+        fraud stage, with the fraud stage's rows.
+        """
         batch, model = work.batch, work.model
         if q.shape[0] != len(work.graphs):
             raise ValueError(f"expected {len(work.graphs)} embeddings, got {q.shape[0]}")
         with self.clock.section("anomaly.gnn_score"):
             scores = _gnn_scores(work, q, model)
-        with self.clock.section("anomaly.state_write"):
-            self._write(work, q, scores)
+            self._remember(work, q, scores)
         return ScoredBatch(
             source=work.source,
             transaction_id=work.frame["transaction_id"].astype(str).tolist(),
@@ -240,12 +250,9 @@ class AnomalyStage:
             fraud_blobs=work.fraud_blobs,
         )
 
-    def _write(self, work: AnomalyWork, q: np.ndarray, scores: np.ndarray) -> None:
-        """Score ring first, then states and merchants in one push; fills redelivered rows' scores from the ring."""
+    def _remember(self, work: AnomalyWork, q: np.ndarray, scores: np.ndarray) -> None:
+        """Append fresh scores to the rings, fill redelivered rows' scores from them, set each state's q_t."""
         batch, model = work.batch, work.model
-        changed: list[CardholderState] = []
-        applied_rows: list[int] = []
-        touched: set[str] = set()
         for i, holder in enumerate(batch.cardholder):
             ring = work.rings[holder]
             if work.redelivered[i]:
@@ -254,19 +261,28 @@ class AnomalyStage:
                         scores[i] = math.nan if score is None else score
                         break
                 continue
-            applied_rows.append(i)
+            work.applied_rows.append(i)
             ring.append([batch.key[i], None if math.isnan(scores[i]) else float(scores[i]), model.tag])
             del ring[: max(len(ring) - self.ring, 0)]
-            touched.add(holder)
+            work.touched.add(holder)
         for holder, g in work.last_graph.items():
             state = work.states[holder]
             state.q_t = q[g].astype(np.float32)
-            changed.append(state)
-        # ring first: after a crash between the two writes, a redelivery still finds its score
-        self.kv.put_many("scores", [(h, json_bytes(work.rings[h])) for h in touched])
-        self.client.push(changed, self.bank_id, batch, applied_rows)
-        for state in changed:
-            self.fresh.put(state.cardholder, state.version, model.tag)
+            work.changed.append(state)
+
+    def write(self, work: AnomalyWork, also: Sequence[tuple[str, Sequence[tuple[str, bytes]]]] = ()) -> None:
+        """The batch's state, written once: the score rings with ``also`` (the fraud stage's ``fraud`` rows) in one
+        KV round trip, then the states and merchants in one push to the online store.
+
+        Rings first: after a crash between the two writes, a redelivery finds its transaction in the ego state's
+        recent keys and re-emits the score its ring kept; a crash before both leaves nothing, and it is scored anew.
+        """
+        with self.clock.section("state.kv_write"):
+            self.kv.put_tables([("scores", [(h, json_bytes(work.rings[h])) for h in work.touched]), *also])
+        with self.clock.section("state.push"):
+            self.client.push(work.changed, self.bank_id, work.batch, work.applied_rows)
+        for state in work.changed:
+            self.fresh.put(state.cardholder, state.version, work.model.tag)
 
     def embed(self, work: AnomalyWork) -> np.ndarray:
         """Embeddings of ``work.graphs``: one GNN forward per run of at most ``max_nodes`` graph nodes."""
@@ -276,8 +292,10 @@ class AnomalyStage:
             parts = [work.model.embed(chunk) for chunk in _node_chunks(work.graphs, self.max_nodes)]
             return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
-    def score(self, frame: pd.DataFrame, produced_us: np.ndarray, source: str = "kafka") -> ScoredBatch:
-        """Begin → embed → complete: the whole anomaly stage of one micro-batch, in this process.
+    def score(self, frame: pd.DataFrame, produced_us: np.ndarray, source: str = "kafka"
+              ) -> tuple[AnomalyWork, ScoredBatch]:
+        """Begin → embed → complete: the anomaly stage of one micro-batch, in this process; its writes are pending
+        in ``work`` until :meth:`write`.
 
         While a challenger shadows, its GNN embeds the same graphs and scores the
         same rows (its AS rides along in the batch; states keep the champion's q).
@@ -290,7 +308,7 @@ class AnomalyStage:
             if shadow is not None:
                 shadow[scored.redelivered] = np.nan
                 scored.shadow_anomaly_score, scored.shadow_anomaly_model = shadow, work.shadow.tag
-        return scored
+        return work, scored
 
     def _shadow_scores(self, work: AnomalyWork) -> np.ndarray:
         assert work.shadow is not None

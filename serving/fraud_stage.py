@@ -29,6 +29,7 @@ import logging
 import math
 import struct
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -45,9 +46,20 @@ if TYPE_CHECKING:
     from fedfraud.training.registry import ModelRegistry
     from fedfraud.training.retrain.drift import DriftMonitor
 
-__all__ = ["FraudStage", "fraud_config_for", "load_fraud_model", "pack_fraud_state", "unpack_fraud_state"]
+__all__ = ["Decided", "FraudStage", "fraud_config_for", "load_fraud_model", "pack_fraud_state", "unpack_fraud_state"]
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class Decided:
+    """One micro-batch's decisions before they are sent: records in row order (None: none for that row), the
+    ``fraud`` KV rows to write first, and the challenger's shadow records.
+    """
+
+    records: list[dict[str, Any] | None]
+    writes: list[tuple[str, bytes]]
+    shadow: list[dict[str, Any]]
 
 
 def load_fraud_model(registry: ModelRegistry, version: str = "latest") -> tuple[FraudModel, str]:
@@ -150,12 +162,9 @@ class FraudStage:
         self.shadow = shadow
         self.shadow_scored = self.shadow_agreed = 0  # the counters are per challenger
 
-    def decide(self, scored: ScoredBatch, sends: list[Any] | None = None) -> list[dict[str, Any]]:
-        """Decision records of ``scored`` (in its order), emitted with the scores.
-
-        Without ``sends`` the records are acknowledged by the broker before
-        this returns; with it the send futures are appended to ``sends`` for
-        the caller to confirm before it commits (the consumer's async acks).
+    def decide(self, scored: ScoredBatch) -> Decided:
+        """Decision records of ``scored`` (in its order) and the fraud states to write; nothing written or sent
+        (:class:`fedfraud.serving.hotpath.HotPath` writes the batch's state once, then calls :meth:`emit`).
         """
         from fedfraud.training.fraud.features import FraudInput
 
@@ -206,12 +215,20 @@ class FraudStage:
                 with clock.section("shadow.fraud"):
                     shadow_out = guarded("shadow", lambda: self._shadow_records(scored, fresh_rows, X, decisions,
                                                                                   tag)) or []
-        with clock.section("fraud.state_write"):
-            touched = {scored.cardholder[i] for i in fresh_rows}
-            self.kv.put_many("fraud", [(h, pack_fraud_state(states[h].to_bytes(), rings[h])) for h in touched])
-        decided = now_us()
-        out = [{**_public(r), "decided_us": decided} for r in records if r is not None]
-        futures = self._emit(scored, out, shadow_out)
+        touched = {scored.cardholder[i] for i in fresh_rows}
+        writes = [(h, pack_fraud_state(states[h].to_bytes(), rings[h])) for h in touched]
+        return Decided(records, writes, shadow_out)
+
+    def emit(self, scored: ScoredBatch, decided: Decided, sends: list[Any] | None = None) -> list[dict[str, Any]]:
+        """Send the decisions with the anomaly scores (and shadow scores), once the batch's state is written.
+
+        Without ``sends`` the records are acknowledged by the broker before
+        this returns; with it the send futures are appended to ``sends`` for
+        the caller to confirm before it commits (the consumer's async acks).
+        """
+        stamp = now_us()
+        out = [{**_public(r), "decided_us": stamp} for r in decided.records if r is not None]
+        futures = self._emit(scored, out, decided.shadow)
         if sends is None:
             with self.clock.section("kafka.flush"):
                 if futures:

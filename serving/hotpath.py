@@ -1,10 +1,11 @@
 """The scoring hot path of one replica, in one process: no actor hops between the stages.
 
-    frame ──> AnomalyStage (serving/anomaly_stage.py: one batched state read, ego-graph updates, one GNN forward,
-                            one batched write)
+    frame ──> AnomalyStage (serving/anomaly_stage.py: one batched read of the online store, one of the KV store
+                            for both stages, ego-graph updates, one GNN forward)
           ──> ScoredBatch  (serving/scored.py)
-          ──> FraudStage   (serving/fraud_stage.py: fraud features, XGBoost, decisions + anomaly scores produced and
-                            confirmed)
+          ──> FraudStage   (serving/fraud_stage.py: fraud features, XGBoost, decisions)
+          ──> one KV write (score rings, fraud states, decision rings), one online-store push
+          ──> FraudStage.emit (decisions + anomaly scores produced and confirmed)
 
 The Kafka consumer thread (:mod:`fedfraud.serving.consumer`) and ``POST /score`` both
 call :meth:`HotPath.score`; a lock makes them take turns, so one cardholder's
@@ -85,9 +86,12 @@ class HotPath:
         commits (:class:`fedfraud.serving.acks.AckWindow`).
         """
         with self._lock:
-            scored = self.anomaly.score(frame, produced_us, source)
+            work, scored = self.anomaly.score(frame, produced_us, source)
             scored.content = list(content or [])
-            return self.fraud.decide(scored, sends)
+            decided = self.fraud.decide(scored)
+            # the batch's state, written once: both stages' KV rows in one round trip, then the online-store push
+            self.anomaly.write(work, also=[("fraud", decided.writes)])
+            return self.fraud.emit(scored, decided, sends)
 
     def ready(self) -> None:
         """One read of each state store (Feast online store, scores/decisions KV); raises if one is down."""

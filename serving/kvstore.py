@@ -53,6 +53,11 @@ class KVStore(ABC):
         """
         return [self.get_many(table, keys) for table in tables]
 
+    def put_tables(self, writes: Sequence[tuple[str, Sequence[tuple[str, bytes]]]]) -> None:
+        """Write each (table, items) of ``writes`` in one round trip (one transaction) where the backend allows."""
+        for table, items in writes:
+            self.put_many(table, items)
+
     @abstractmethod
     def items(self, table: str, prefix: str = "") -> list[tuple[str, bytes]]:
         """Every (key, value) of ``table`` whose key starts with ``prefix`` (small tables only: counters)."""
@@ -93,12 +98,17 @@ class SqliteKV(KVStore):
         return [found.get(k) for k in keys]
 
     def put_many(self, table: str, items: Sequence[tuple[str, bytes]]) -> None:
-        if not items:
+        self.put_tables([(table, items)])
+
+    def put_tables(self, writes: Sequence[tuple[str, Sequence[tuple[str, bytes]]]]) -> None:
+        writes = [(_check(table), items) for table, items in writes if items]
+        if not writes:
             return
         with self._lock:
             self._conn.execute("BEGIN IMMEDIATE")
             try:
-                self._conn.executemany(f"INSERT OR REPLACE INTO {_check(table)} (k, v) VALUES (?, ?)", items)
+                for table, items in writes:
+                    self._conn.executemany(f"INSERT OR REPLACE INTO {table} (k, v) VALUES (?, ?)", items)
                 self._conn.execute("COMMIT")
             except BaseException:
                 self._conn.execute("ROLLBACK")
@@ -150,8 +160,12 @@ class RedisKV(KVStore):
         return list(self._client.mget([self._key(table, k) for k in keys]))
 
     def put_many(self, table: str, items: Sequence[tuple[str, bytes]]) -> None:
-        if items:
-            self._client.mset({self._key(table, k): v for k, v in items})
+        self.put_tables([(table, items)])
+
+    def put_tables(self, writes: Sequence[tuple[str, Sequence[tuple[str, bytes]]]]) -> None:
+        values = {self._key(table, k): v for table, items in writes for k, v in items}
+        if values:
+            self._client.mset(values)  # one MSET: atomic on the server, one round trip
 
     def get_tables(self, tables: Sequence[str], keys: Sequence[str]) -> list[list[bytes | None]]:
         if not keys:

@@ -88,7 +88,7 @@ class ServingBenchResult:
         if not rows:
             return ""
         names = ("consumer.poll", "consumer.decode", "anomaly.state_read", "anomaly.graphs", "anomaly.gnn_embed",
-                 "anomaly.state_write", "fraud.state_read", "fraud.features", "fraud.model", "fraud.state_write",
+                 "fraud.state_read", "fraud.features", "fraud.model", "state.kv_write", "state.push",
                  "kafka.produce", "kafka.flush", "consumer.commit")
         lines = ["", "Per micro-batch at each offered load (wall ms per call; batch = transactions per decode call):",
                  "", "| offered tx/s | batches | tx/batch | " + " | ".join(names) + " |",

@@ -93,7 +93,8 @@ def test_batch_scores_equal_serving_scores(published: tuple[Path, Path], tmp_pat
     served: dict[tuple[str, str], float] = {}
     for start in range(0, len(ordered), 64):
         part = ordered.iloc[start : start + 64]
-        scored = stage.score(part, np.zeros(len(part), dtype=np.int64))
+        work, scored = stage.score(part, np.zeros(len(part), dtype=np.int64))
+        stage.write(work)
         for c, t, s in zip(scored.cardholder, scored.transaction_id, scored.anomaly_score, strict=True):
             served[(c, t)] = s
     mine = batch[batch["bank"] == 0]

@@ -220,10 +220,12 @@ def test_streaming_matches_offline(built, dataset: Path, tmp_path: Path) -> None
     stage = _serving_anomaly_stage(cfg, client, featurizer, STREAMED_BANK, tmp_path)
     for start in range(0, len(frame), 64):
         part = frame.iloc[start : start + 64]
-        scored = stage.score(part, np.zeros(len(part), dtype=np.int64))
+        work, scored = stage.score(part, np.zeros(len(part), dtype=np.int64))
+        stage.write(work)
         assert not scored.redelivered.any()
         if start == 128:  # at-least-once delivery: the same micro-batch again is a no-op (dedupe ring)
-            again = stage.score(part, np.zeros(len(part), dtype=np.int64))
+            work, again = stage.score(part, np.zeros(len(part), dtype=np.int64))
+            stage.write(work)
             assert again.redelivered.all()
             np.testing.assert_array_equal(again.anomaly_score, scored.anomaly_score)  # the ring's scores
 
