@@ -121,6 +121,7 @@ class FraudStage:
         topic: str | None = None,
         scores_topic: str | None = None,
         clock: StageClock | None = None,
+        reasons_for: str = "fraud",
     ) -> None:
         self.kv = kv
         self.model = model
@@ -129,6 +130,7 @@ class FraudStage:
         self.dim = dim
         self.ring = ring
         self.top_k = top_k
+        self.reasons_for = reasons_for
         self.producer = producer
         self.topic = topic
         self.scores_topic = scores_topic
@@ -204,7 +206,7 @@ class FraudStage:
         if fresh_rows:
             X = np.stack(features)
             with clock.section("fraud.model"):
-                decisions = model.predict_batch(X, top_k=self.top_k)
+                decisions = model.predict_batch(X, top_k=self.top_k, reasons_for=self.reasons_for)
             with clock.section("fraud.records"):
                 self._records(scored, fresh_rows, decisions, tag, rings, records)
             # monitoring and shadowing never fail a decision: an error costs this batch's figures, not its records

@@ -67,7 +67,7 @@ class HotPath:
                     if bootstrap_servers else None)
         self.fraud = FraudStage(kv, model, tag, fraud_cfg, cfg.encoder.dim, s.decision_ring,
                                 getattr(fraud_cfg, "top_reasons", 3), producer, s.topics.decisions,
-                                s.topics.anomaly_scores, self.clock)
+                                s.topics.anomaly_scores, self.clock, s.reasons_for)
         self.fraud.shadow_topic = s.topics.shadow_scores if producer is not None else None
         self.retrain = cfg.retrain
         self.fraud.drift = self._drift_monitor(tag)

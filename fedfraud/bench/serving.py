@@ -248,7 +248,7 @@ def publish_bench_models(reg: Any, train: Any, cfg: Any) -> None:
     from fedfraud.training.fraud.model import fit_model
 
     if reg.latest("fraud") is None:
-        fcfg = FraudConfig(num_boost_round=50, nthread=1)
+        fcfg = FraudConfig(nthread=1)  # the production size (200 trees): the reasons' cost grows with it
         feats = build_features(train, PrivateFeaturizer.for_bank(cfg.encoder, cfg.privacy, 0).transform(train), fcfg)
         fit_model(feats, feats, True, fcfg, "centralized").publish(reg, config={"fraud": fcfg.model_dump()}, metrics={})
     if reg.latest("anomaly") is None:

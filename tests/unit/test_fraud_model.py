@@ -69,6 +69,22 @@ def test_predict_reasons_are_shap_contributions(banks):
         model.predict(rows[0][:-1])
 
 
+def test_reasons_for_fraud_explains_the_declines_only(banks):
+    """Serving's default: TreeSHAP only for the rows decided fraud; their reasons are those of the full path."""
+    model = train_local(banks[1], True, CFG, bank=1)
+    X = banks[1].X
+    order = np.argsort(-model.scores(X))
+    rows = X[np.concatenate([order[:5], order[-15:]])]  # the top-scored rows and some legit ones
+    every = model.predict_batch(rows, top_k=3)
+    declines = model.predict_batch(rows, top_k=3, reasons_for="fraud")
+    assert any(d.decision for d in every) and not all(d.decision for d in every)
+    for a, b in zip(every, declines, strict=True):
+        assert (a.score, a.decision) == (b.score, b.decision)
+        assert b.top_reasons == (a.top_reasons if a.decision else ())
+    with pytest.raises(ValueError, match="reasons_for"):
+        model.predict_batch(rows, reasons_for="some")
+
+
 def test_registry_round_trip_gives_identical_predictions(banks, tmp_path):
     model = train_centralized(banks, True, CFG)
     registry = ModelRegistry(tmp_path / "artifacts")

@@ -176,23 +176,36 @@ class FraudModel:
         """Fraud probability per row (float64) of full feature rows ``[n, F]`` or one row ``[F]``."""
         return np.asarray(self.booster.predict(self._dmatrix(X)), dtype=np.float64)
 
-    def predict_batch(self, X: np.ndarray, top_k: int = 3) -> list[FraudDecision]:
-        """Score, decision and the ``top_k`` reasons of each row.
+    def predict_batch(self, X: np.ndarray, top_k: int = 3, reasons_for: str = "all") -> list[FraudDecision]:
+        """Score, decision and the ``top_k`` reasons of each row (``reasons_for="fraud"``: of the rows decided
+        fraud only; the others get no reasons).
 
         The score comes from ``predict``, not from the sigmoid of the SHAP sum:
         the two differ in the last float bits, and the drift monitor compares
         live scores with :meth:`scores` on quantile bins whose edges sit on the
         (discrete) score values, so a last-bit difference moved whole bins.
+        Exact TreeSHAP is the expensive part (~0.2 ms per row for 200 trees of
+        depth 4, one thread, against ~0.01 ms for the score), hence ``reasons_for``.
         """
+        if reasons_for not in ("all", "fraud"):
+            raise ValueError(f"reasons_for must be 'all' or 'fraud', got {reasons_for!r}")
         dm = self._dmatrix(X)
         score = np.asarray(self.booster.predict(dm), dtype=np.float64)
-        contribs = np.asarray(self.booster.predict(dm, pred_contribs=True))[:, :-1]  # drop the bias column
+        explained = np.arange(len(score)) if reasons_for == "all" else np.flatnonzero(score >= self.threshold)
         values = np.asarray(X, dtype=np.float32).reshape(len(score), -1)[:, self._idx]
+        contribs: dict[int, np.ndarray] = {}
+        if len(explained):
+            part = dm if len(explained) == len(score) else dm.slice(explained)
+            shap = np.asarray(self.booster.predict(part, pred_contribs=True))[:, :-1]  # drop the bias column
+            contribs = dict(zip(explained.tolist(), shap, strict=True))
         out = []
         for i, s in enumerate(score.tolist()):
             fraud = s >= self.threshold
-            order = np.argsort(-contribs[i] if fraud else contribs[i], kind="stable")[:top_k]
-            reasons = tuple(Reason(self.used[j], float(values[i, j]), float(contribs[i, j])) for j in order)
+            reasons: tuple[Reason, ...] = ()
+            if i in contribs:
+                c = contribs[i]
+                order = np.argsort(-c if fraud else c, kind="stable")[:top_k]
+                reasons = tuple(Reason(self.used[j], float(values[i, j]), float(c[j])) for j in order)
             out.append(FraudDecision(float(min(max(s, 0.0), 1.0)), bool(fraud), reasons))
         return out
 
