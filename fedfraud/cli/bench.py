@@ -85,6 +85,26 @@ def tokenizer(
     emit(run_tokenizer_bench(config_of(ctx).tokenizer, quick=quick).to_markdown(), out)
 
 
+@bench_app.command("encoder")
+def encoder(
+    ctx: typer.Context,
+    csv: CsvOption = None,
+    sizes: Annotated[str, typer.Option("--sizes", help="graphs per embed call, comma-separated")] = "1,4,16,128",
+    calls: Annotated[int, typer.Option("--calls", min=20, help="timed calls per cell and path")] = 300,
+    threads: Annotated[str, typer.Option("--threads", help="torch thread counts, comma-separated (serving: 1)")] = "1",
+    out: OutOption = None,
+) -> None:
+    """Anomaly encoder: ms per embed call (p50/p99) and torch ops, sparse PyG path vs dense inference path."""
+    from fedfraud.bench.encoder import run_encoder_bench
+
+    try:
+        size_list = tuple(int(v) for v in sizes.split(","))
+        thread_list = tuple(int(v) for v in threads.split(","))
+    except ValueError as exc:
+        raise UserError(f"--sizes / --threads take comma-separated integers ({exc})") from exc
+    emit(run_encoder_bench(config_of(ctx), size_list, calls, thread_list, csv).to_markdown(), out)
+
+
 @bench_app.command("serving")
 def serving(
     ctx: typer.Context,

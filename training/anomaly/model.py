@@ -14,6 +14,10 @@ Encoder (one graph G_t → q_t):
    thesis's single-cluster embedding; the earlier terms keep a direct path
    from shallow levels, which trains far more reliably. ``dim(q) = 2·hidden``.
 
+Inference (eval, no autograd) runs steps 3–4 on padded dense tensors where every
+layer has a dense form (TopK does): same embeddings, a constant number of batched
+torch ops instead of PyG's per-call structure work (:mod:`fedfraud.training.anomaly.dense`).
+
 Discriminator: ``f(q_{t-1}, q_t) = σ(W2 ReLU(W1 [q_{t-1} ‖ q_t ‖ q_t − q_{t-1}]))``,
 two dense layers, trained with BCE, target 1 for a real transition and 0 for
 a perturbed one. **Anomaly score = 1 − f** (high = unusual).
@@ -39,6 +43,7 @@ from fedfraud.feature_store.config import EncoderConfig
 from fedfraud.feature_store.encoders import MerchantEmbedding
 from fedfraud.feature_store.events import SUMMARY_SIZE
 from fedfraud.training.anomaly.config import AnomalyConfig, parse_heads
+from fedfraud.training.anomaly.dense import DenseGraphs, dense_gcn, dense_readout, pad_graphs, supports_dense_gcn
 from fedfraud.training.anomaly.heads import ContrastiveHead, NextEventHead, event_targets, nll_to_score
 from fedfraud.training.anomaly.pool import GraphPooling, resolve_pooling
 from fedfraud.training.anomaly.temporal import TemporalMessage
@@ -75,6 +80,10 @@ class EncoderOutput:
 class GraphEncoder(nn.Module):
     """G_t → q_t: merchant table, temporal input layer, L × (GCN → pooling), hierarchical readout."""
 
+    #: Largest batch the dense path takes: it pays for padding every graph to the largest one, and on one CPU
+    #: thread it stopped winning between 64 and 128 graphs per call (`fedfraud bench encoder`, docs/benchmarks.md).
+    DENSE_MAX_GRAPHS = 64
+
     def __init__(self, cfg: AnomalyConfig, encoder_cfg: EncoderConfig, max_nodes: int) -> None:
         super().__init__()
         self.merchant = MerchantEmbedding.from_config(encoder_cfg)
@@ -92,6 +101,8 @@ class GraphEncoder(nn.Module):
         # event readouts: the graph-level event history (feature_store/events.py: history_summary) joins the readout
         self.history = nn.Linear(SUMMARY_SIZE, cfg.hidden) if cfg.uses_events else None
         self.out_dim = (3 if self.newest or self.history is not None else 2) * cfg.hidden
+        #: inference takes the dense path where it applies (:meth:`dense_applies`); False forces the sparse one
+        self.allow_dense = True
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -107,6 +118,16 @@ class GraphEncoder(nn.Module):
             nn.init.xavier_uniform_(self.history.weight)
             nn.init.zeros_(self.history.bias)
 
+    def dense_applies(self) -> bool:
+        """The dense path gives this encoder's embeddings: eval mode, no autograd, every layer has a dense form."""
+        return (
+            self.allow_dense
+            and not self.training
+            and not torch.is_grad_enabled()
+            and all(supports_dense_gcn(conv) for conv in self.convs)
+            and all(pool.supports_dense() for pool in self.pools)
+        )
+
     def forward(self, batch: Batch | Data | GraphBatch) -> EncoderOutput:
         # sparse gradient: a step touches a few hundred of the table's rows (see engine.train_model)
         x = batch.x + F.embedding(batch.merchant, self.merchant.weight, sparse=True)
@@ -115,8 +136,23 @@ class GraphEncoder(nn.Module):
         if vector is None:
             vector = torch.zeros(x.shape[0], dtype=torch.long, device=x.device)
         graphs = int(batch.num_graphs) if hasattr(batch, "num_graphs") else 1
+        if 0 < graphs <= self.DENSE_MAX_GRAPHS and x.shape[0] and self.dense_applies():
+            q, newest = self._dense_levels(x, batch.edge_index, vector, graphs)
+            aux = x.new_zeros(())
+        else:
+            q, newest, aux = self._sparse_levels(x, batch.edge_index, vector, graphs)
+        if newest is not None:
+            q = torch.cat([q, newest], dim=1)
+        if self.history is not None:
+            q = torch.cat([q, torch.relu(self.history(batch.history.reshape(graphs, -1)))], dim=1)
+        return EncoderOutput(q, aux)
+
+    def _sparse_levels(
+        self, x: Tensor, edge_index: Tensor, vector: Tensor, graphs: int
+    ) -> tuple[Tensor, Tensor | None, Tensor]:
+        """PyG path (training, and poolings without a dense form): readout sum, newest node, aux loss."""
         edge_index, edge_weight = to_undirected(
-            batch.edge_index, torch.ones(batch.edge_index.shape[1], device=x.device), num_nodes=x.shape[0]
+            edge_index, torch.ones(edge_index.shape[1], device=x.device), num_nodes=x.shape[0]
         )
         q = x.new_zeros(graphs, 2 * self.convs[0].out_channels)
         aux = x.new_zeros(())
@@ -130,11 +166,22 @@ class GraphEncoder(nn.Module):
             x, edge_index, edge_weight, vector = out.x, out.edge_index, out.edge_weight, out.batch
             aux = aux + out.aux_loss
             q = q + torch.cat([global_mean_pool(x, vector, graphs), global_max_pool(x, vector, graphs)], dim=1)
-        if newest is not None:
-            q = torch.cat([q, newest], dim=1)
-        if self.history is not None:
-            q = torch.cat([q, torch.relu(self.history(batch.history.reshape(graphs, -1)))], dim=1)
-        return EncoderOutput(q, aux)
+        return q, newest, aux
+
+    def _dense_levels(self, x: Tensor, edge_index: Tensor, vector: Tensor, graphs: int) -> tuple[Tensor, Tensor | None]:
+        """Inference path on padded graphs (:mod:`fedfraud.training.anomaly.dense`): same readout sum, newest node."""
+        # the first Θ before padding: fewer rows, and padded rows stay 0 (GCNConv's lin has no bias)
+        g = pad_graphs(self.convs[0].lin(x), edge_index, vector, graphs)
+        q = x.new_zeros(graphs, 2 * self.convs[0].out_channels)
+        newest: Tensor | None = None
+        pool: GraphPooling
+        for depth, (conv, pool) in enumerate(zip(self.convs, self.pools, strict=True)):
+            h = torch.relu(dense_gcn(conv, g.adj, g.x if depth == 0 else conv.lin(g.x)))  # eval: no dropout
+            if self.newest and newest is None:
+                newest = h[torch.arange(graphs, device=h.device), g.mask.sum(dim=1) - 1]
+            g = DenseGraphs(*pool.dense(h, g.adj, g.mask))
+            q = q + dense_readout(g.x, g.mask)
+        return q, newest
 
 
 class Discriminator(nn.Module):
@@ -269,11 +316,15 @@ def collate_graphs(graphs: Sequence[Data]) -> GraphBatch:
     ``history``).
     """
     sizes = [int(g.num_nodes) for g in graphs]
-    offsets = np.cumsum([0, *sizes[:-1]])
-    edges = [g.edge_index + int(o) if o else g.edge_index for g, o in zip(graphs, offsets, strict=True)]
+    edge_index = torch.cat([g.edge_index for g in graphs], dim=1)
+    if len(graphs) > 1:  # one shift for all graphs: a per-graph add cost ~1 torch op per graph
+        offsets = torch.as_tensor(np.cumsum([0, *sizes[:-1]]), dtype=torch.long)
+        edge_index = edge_index + torch.repeat_interleave(
+            offsets, torch.as_tensor([g.edge_index.shape[1] for g in graphs], dtype=torch.long)
+        )
     return GraphBatch(
         x=torch.cat([g.x for g in graphs]),
-        edge_index=torch.cat(edges, dim=1),
+        edge_index=edge_index,
         edge_attr=torch.cat([g.edge_attr for g in graphs]),
         merchant=torch.cat([g.merchant for g in graphs]),
         history=torch.cat([g.history for g in graphs]),

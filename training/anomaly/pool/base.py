@@ -95,6 +95,19 @@ class GraphPooling(nn.Module, ABC):
     def reset_parameters(self) -> None:
         """Re-initialise learned parameters (none by default)."""
 
+    def supports_dense(self) -> bool:
+        """Whether :meth:`dense` gives what :meth:`forward` gives (the encoder's inference-only fast path)."""
+        return False
+
+    def dense(self, x: Tensor, adj: Tensor, mask: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Coarsen padded graphs (``x`` [B, N, d], ``adj`` [B, N, N] with GCN's self-loops, ``mask`` [B, N]).
+
+        Inference only. Returns the same triple; the kept nodes are those in the
+        mask, any other slot is zero in ``x`` and has no edges, loops included
+        (:func:`fedfraud.training.anomaly.dense.pad_graphs`).
+        """
+        raise NotImplementedError(f"{self.__class__.__name__} has no dense form")
+
     def __repr__(self) -> str:
         return f"{self.__class__.__name__}({self.in_channels}, ratio={self.ratio})"
 
