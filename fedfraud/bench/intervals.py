@@ -6,14 +6,14 @@ interval of a difference between two detectors is paired and honest.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 import numpy as np
 from sklearn.metrics import average_precision_score, roc_auc_score
 
-__all__ = ["Interval", "bootstrap_by_group", "fraud_incidents", "paired_difference_rows"]
+__all__ = ["Interval", "bootstrap_by_group", "bootstrap_statistics", "fraud_incidents", "paired_difference_rows"]
 
 
 @dataclass(frozen=True)
@@ -103,6 +103,34 @@ def bootstrap_by_group(
         }
     for a, b in pairs:
         out[f"{a} − {b}"] = {"roc_auc": interval(point[a][0] - point[b][0], diffs[f"{a} − {b}"])}
+    return out
+
+
+def bootstrap_statistics(
+    values: Mapping[str, np.ndarray],
+    group: np.ndarray,
+    statistics: Mapping[str, Callable[[np.ndarray], float]],
+    *,
+    resamples: int = 500,
+    seed: int = 0,
+) -> dict[str, dict[str, Interval]]:
+    """Every statistic of every column of per-row ``values``, with a 95% percentile-bootstrap interval over
+    ``group`` (whole groups are drawn with replacement, the same draws for every column, so columns compare paired).
+    """
+    group = np.asarray(group)
+    groups, inverse = np.unique(group, return_inverse=True)
+    rows_of = np.split(np.argsort(inverse, kind="stable"), np.cumsum(np.bincount(inverse))[:-1])
+    rng = np.random.default_rng(seed)
+    draws = [np.concatenate([rows_of[i] for i in rng.integers(0, len(groups), len(groups))])
+             for _ in range(resamples)]
+    out: dict[str, dict[str, Interval]] = {}
+    for col, v in values.items():
+        v = np.asarray(v, dtype=np.float64)
+        out[col] = {}
+        for name, stat in statistics.items():
+            samples = np.array([stat(v[rows]) for rows in draws])
+            out[col][name] = Interval(float(stat(v)), float(np.quantile(samples, 0.025)),
+                                      float(np.quantile(samples, 0.975)))
     return out
 
 

@@ -356,16 +356,28 @@ def attacks(
     histograms: Annotated[
         bool, typer.Option("--histograms/--no-histograms", help="run the fraud model's histogram attack")
     ] = True,
+    inversion: Annotated[
+        bool, typer.Option("--inversion/--no-inversion", help="run the inversion bound (what L', T' give away)")
+    ] = True,
+    inversion_only: Annotated[
+        bool, typer.Option("--inversion-only", help="run only the inversion bound: no model is trained")
+    ] = False,
+    inversion_rows: Annotated[
+        int, typer.Option("--inversion-rows", min=100, help="train-split transactions the inversion bound decodes")
+    ] = 20_000,
     resamples: Annotated[int, typer.Option("--resamples", min=50, help="bootstrap resamples")] = 500,
     label: Annotated[str, typer.Option("--label", help="appended to the heading")] = "",
     out: OutOption = None,
 ) -> None:
-    """Attacks on what leaves a bank: cardholder membership inference (with and without DP) and what the server
-    reconstructs from the fraud model's histograms, with 95% CIs and no-information baselines.
+    """Attacks on what leaves a bank: cardholder membership inference (with and without DP), what the server
+    reconstructs from the fraud model's histograms, merchant membership, and what a perfect inversion of an update
+    recovers (the LDP bound), with 95% CIs and no-information baselines.
     """
     from fedfraud.bench.attacks import ATTACK_EPSILONS, run_attacks_bench
 
     _one_source(csv, data)
+    if inversion_only and not inversion:
+        raise UserError("--inversion-only and --no-inversion contradict each other")
     epsilons = tuple(epsilon or ATTACK_EPSILONS)
     _positive_epsilons(epsilons)
     cfg = config_of(ctx)
@@ -376,7 +388,8 @@ def attacks(
             overrides[key] = value
     result = run_attacks_bench(
         csv, work, epsilons, overrides=overrides, resamples=resamples, data=data, max_per_cardholder=per_cardholder,
-        histograms=histograms, label=label, config=cfg,
+        histograms=histograms, label=label, config=cfg, inversion=inversion, inversion_only=inversion_only,
+        inversion_rows=inversion_rows,
     )
     emit(result.to_markdown(), out)
 

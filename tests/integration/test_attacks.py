@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from fedfraud.bench.attacks import POOLED, histogram_leak, run_attacks_bench
-from fedfraud.feature_store.layout import split_of
+from fedfraud.config import FedfraudConfig
+from fedfraud.feature_store.layout import list_banks, read_bank, split_of
 from fedfraud.training.data.config import GeneratorConfig
 from fedfraud.training.data.synthetic import generate_dataset
 from fedfraud.training.fraud.config import FraudConfig
@@ -75,8 +76,6 @@ def test_attacks_bench_end_to_end_on_a_tiny_federation(tmp_path):
     (result,) = bench.membership
     assert result.card.get("dp") != "on"
     # members / non-members: exactly the cardholders with a score, by their split
-    from fedfraud.feature_store.layout import list_banks, read_bank
-
     # a cardholder's first transaction has no transition to score, so a cardholder needs two to be counted
     n_tx = {c: n for b in list_banks(data) for c, n in read_bank(data, b)["cardholder_id"].astype(str)
             .value_counts().items()}
@@ -93,7 +92,7 @@ def test_attacks_bench_end_to_end_on_a_tiny_federation(tmp_path):
     assert own.auc.low > 0.5 and own.pairs == 2 * TINY_RUN["encoder-merchant-buckets"] and own.visited > 0
     md = bench.to_markdown()
     for title in ("### 1. Membership inference", "### 2. What the server learns", "### 3. Merchant membership",
-                  "no-information baseline",
+                  "### 4. What a perfect inversion", "no-information baseline",
                   "SecAgg of the histograms", "not in the product"):
         assert title in md, title
     # reruns reuse the published model instead of training again
@@ -101,3 +100,23 @@ def test_attacks_bench_end_to_end_on_a_tiny_federation(tmp_path):
                               overrides={**TINY_RUN, "rounds": 1}, max_per_cardholder=20, histograms=False)
     assert again.membership[0].auc == result.auc
     assert Path(tmp_path / "work" / "registry-attacks-inf").is_dir()
+
+
+def test_inversion_only_trains_nothing_and_decodes_the_generated_banks(tmp_path):
+    data = tmp_path / "data"
+    generate_dataset(data, GeneratorConfig(banks=2, cardholders=30, days=21, fraud_rate=0.05, seed=4),
+                     raw_csv=False, progress=False)
+    bench = run_attacks_bench(None, tmp_path / "work", data=data, resamples=50, inversion_only=True,
+                              inversion_rows=200, config=FedfraudConfig(privacy={"secret_seed": "inversion"}))
+    assert not bench.membership and not bench.merchants and bench.histograms is None
+    assert not (tmp_path / "work").exists() or not any((tmp_path / "work").glob("registry-*"))
+    inv = bench.inversion
+    assert inv is not None and inv.rows == 200 and inv.banks == 2
+    train = {c for b in list_banks(data) for c in read_bank(data, b)["cardholder_id"].astype(str)
+             if split_of(c, val_fraction=0.15) == "train"}
+    assert inv.cardholders <= len(train)
+    clean = next(v for k, v in inv.location.items() if k.startswith("clean") and "every true place" in k)
+    base = next(v for k, v in inv.location.items() if k.startswith("no-information"))
+    assert clean["median km"].value == 0.0 and base["median km"].value > clean["median km"].value
+    md = bench.to_markdown()
+    assert "### 4. What a perfect inversion" in md and "### 1." not in md and "Load average at start / end" in md
