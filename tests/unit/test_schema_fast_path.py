@@ -99,7 +99,9 @@ def test_fast_path_accepts_exactly_what_the_frame_path_accepts(batch: list[dict[
     if fast is None:  # declined: the frame path judges the batch (validate_records does exactly that)
         return
     assert slow.rejects.empty, slow.rejects.to_dict("records")
-    pd.testing.assert_frame_equal(fast, slow.accepted)
+    pd.testing.assert_frame_equal(fast.frame(), slow.accepted)
+    for column in (*schema.REQUIRED_COLUMNS, "geo_source"):  # what the stream hashes and sorts on, before a frame
+        assert [str(v) for v in fast.values(column)] == [str(v) for v in slow.accepted[column].tolist()], column
 
 
 def _clean(i: int) -> dict[str, Any]:
@@ -109,8 +111,8 @@ def _clean(i: int) -> dict[str, Any]:
 
 def test_a_clean_batch_takes_the_fast_path_and_matches(monkeypatch: pytest.MonkeyPatch) -> None:
     batch = [_clean(i) for i in range(5)]
-    fast = schema._clean_records(batch, _validator()._window())
-    assert fast is not None
+    fast = _validator().clean_rows(batch)
+    assert fast is not None and len(fast) == 5
     result = _validator().validate_records(batch)
     pd.testing.assert_frame_equal(result.accepted, _frame_path(batch, monkeypatch).accepted)
     assert result.accepted["merchant_id"].tolist() == ["17"] * 5 and result.rejects.empty
@@ -122,3 +124,23 @@ def test_one_dirty_record_sends_the_batch_to_the_frame_path_with_its_reason() ->
     result = _validator().validate_records(batch)
     assert result.accepted["transaction_id"].tolist() == ["t0"]
     assert result.rejects[["row", "reason"]].values.tolist() == [[1, "bad_type"], [2, "bad_timestamp"]]
+
+
+def test_a_timestamp_that_overflows_in_utc_is_judged_by_the_frame_path_not_raised() -> None:
+    """Year 1 at +01:00 is year 0 in UTC: datetime raises OverflowError; the fast path declines, the frame path
+    rejects the record (it used to raise out of ``validate_records``)."""
+    batch = [_clean(0), {**_clean(1), "timestamp": "0001-01-01T00:00:00+01:00"}]
+    assert _validator().clean_rows(batch) is None
+    result = Validator(dedupe=False).validate_records(batch)
+    assert result.accepted["transaction_id"].tolist() == ["t0"]
+    assert result.rejects["reason"].tolist() == ["bad_timestamp"]
+
+
+def test_the_fast_path_builds_the_rows_asked_for_in_that_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    batch = [_clean(i) for i in range(4)]
+    fast = _validator().clean_rows(batch)
+    assert fast is not None
+    whole = _frame_path(batch, monkeypatch).accepted
+    pd.testing.assert_frame_equal(fast.frame([3, 1]), whole.iloc[[3, 1]].reset_index(drop=True))
+    empty = Validator(dedupe=False).validate_records([]).accepted
+    pd.testing.assert_frame_equal(fast.frame([]), empty)
