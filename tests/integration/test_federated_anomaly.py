@@ -115,10 +115,12 @@ def test_server_receives_only_parameters_and_scalar_metrics(runs):
 
 
 def test_published_model_loads_and_scores(runs):
-    version = ModelRegistry(runs["out"]).get("anomaly", "latest")
+    # the resumed run's version by its tag: in random order the centralized test may have published a later one
+    tag = runs["resumed"].version
+    version = ModelRegistry(runs["out"]).get("anomaly", tag.rsplit(":", 1)[-1])
     assert set(version.privacy["mu_gdp_per_bank"]) == {"0", "1"}
     assert version.metrics["rounds"] == 2 and version.config["mode"] == "federated"
-    scorer = AnomalyScorer.from_registry(runs["out"])
+    scorer = AnomalyScorer.from_registry(runs["out"], tag.rsplit(":", 1)[-1])
     checkpoint = Checkpoint.load(checkpoint_dir(runs["out"], "federated"))
     selected, state = checkpoint.selected  # the round with the lowest validation loss, not necessarily the last
     assert version.metrics["selected_round"] == selected in (1, 2)
