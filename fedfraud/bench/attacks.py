@@ -39,7 +39,7 @@ for ``docs/benchmarks.md``.
    thesis's divergence condition made concrete. No model is needed: ``--inversion-only`` runs this section alone.
 5. **An iterative gradient-inversion attack** (:mod:`fedfraud.bench.gradient_inversion`): "Inverting Gradients"
    (Geiping et al. 2020) on the anomaly model's gradient of one local step, decoded like section 4. Off by default
-   (several minutes): ``--gradient-inversion`` adds it, ``--gradient-inversion-only`` runs it alone.
+   (tens of minutes on a shared CPU): ``--gradient-inversion`` adds it, ``--gradient-inversion-only`` runs it alone.
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ import pandas as pd
 from fedfraud.bench.adversary import reused
 from fedfraud.bench.detection import DETECTION_SETTINGS, ingested, train_run
 from fedfraud.bench.intervals import Interval, bootstrap_by_group
-from fedfraud.bench.gradient_inversion import CONTROL_SIGMA, GRAPHS, RESTARTS, STEPS, GradientInversion
+from fedfraud.bench.gradient_inversion import CONTROL_SIGMA, GRAPHS, LR, RESTARTS, STEPS, GradientInversion
 from fedfraud.bench.inversion import GRID_DEG, INVERSION_ROWS, InversionBound
 
 __all__ = [
@@ -587,7 +587,8 @@ class AttacksBench:
             "next-event targets unless the row says otherwise (then it optimises soft targets too, as DLG does); "
             "dropout is off. This is generous: a bank sends the weight difference after a whole local run of Adam "
             "steps (FedProx), and one Adam step alone reveals ≈ −lr·sign(g), not g. Unknown: the node features L′. "
-            f"Search: {g.steps} Adam steps (learning rate ÷10 at 3/8, 5/8, 7/8), {g.restarts} restarts from random "
+            f"Search: {g.steps} Adam steps (learning rate {LR['features']:g} for x′, {LR['places']:g}° for places, "
+            f"÷10 at 3/8, 5/8, 7/8), {g.restarts} restart(s) from random "
             "true places (their encodings), the restart with the smallest final distance wins; priors: x′ free in "
             "R^d, or x′ = the encoder of optimised (lat′, lon′) (the attacker knows the encoder and the permutation). "
             f"Control row: the search started at the true L′ + N(0, {CONTROL_SIGMA:g}²) per coordinate (does the "

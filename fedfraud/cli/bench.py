@@ -367,16 +367,16 @@ def attacks(
     ] = 20_000,
     gradient_inversion: Annotated[
         bool, typer.Option("--gradient-inversion/--no-gradient-inversion",
-                           help="run the iterative gradient-inversion attack on the anomaly model (several minutes)")
+                           help="run the iterative gradient-inversion attack on the anomaly model (tens of minutes)")
     ] = False,
     gradient_inversion_only: Annotated[
         bool, typer.Option("--gradient-inversion-only", help="run only the gradient-inversion attack")
     ] = False,
     gradient_graphs: Annotated[
         int, typer.Option("--gradient-graphs", min=4, help="ego graphs the gradient-inversion attack attacks")
-    ] = 16,
-    gradient_steps: Annotated[int, typer.Option("--gradient-steps", min=10, help="Adam steps per restart")] = 500,
-    gradient_restarts: Annotated[int, typer.Option("--gradient-restarts", min=1, help="restarts per batch")] = 2,
+    ] = 8,
+    gradient_steps: Annotated[int, typer.Option("--gradient-steps", min=10, help="Adam steps per restart")] = 200,
+    gradient_restarts: Annotated[int, typer.Option("--gradient-restarts", min=1, help="restarts per batch")] = 1,
     resamples: Annotated[int, typer.Option("--resamples", min=50, help="bootstrap resamples")] = 500,
     label: Annotated[str, typer.Option("--label", help="appended to the heading")] = "",
     out: OutOption = None,
