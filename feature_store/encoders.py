@@ -46,6 +46,7 @@ Reading of the thesis formulas (documented choices):
 from __future__ import annotations
 
 import hashlib
+from typing import Any
 from collections.abc import Iterable
 
 import numpy as np
@@ -60,6 +61,7 @@ __all__ = [
     "C_EARTH_KM",
     "MerchantEmbedding",
     "encode_location",
+    "encode_location_torch",
     "encode_time",
     "epoch_seconds",
     "timestamps_us",
@@ -121,14 +123,27 @@ def _location_frequencies(dim: int) -> tuple[np.ndarray, np.ndarray]:
     return _ICOSAHEDRON_AXES[np.arange(pairs) % n_axes], omega
 
 
-def _location_multiscale(phi: np.ndarray, lam: np.ndarray, dim: int) -> np.ndarray:
+def _location_multiscale(phi: Any, lam: Any, dim: int, xp: Any = np) -> Any:
+    """The multiscale encoding of radians ``[n, 1]``; ``xp``: numpy, or torch for a differentiable copy (the
+    gradient-inversion bench optimises places through it).
+    """
     axes, omega = _location_frequencies(dim)
-    cos_phi = np.cos(phi)
-    u = (cos_phi * np.cos(lam), cos_phi * np.sin(lam), np.sin(phi))
+    if xp is not np:
+        axes, omega = xp.as_tensor(axes, dtype=phi.dtype), xp.as_tensor(omega, dtype=phi.dtype)
+    cos_phi = xp.cos(phi)
+    u = (cos_phi * xp.cos(lam), cos_phi * xp.sin(lam), xp.sin(phi))
     # elementwise rather than a matmul, so a row gives the same bits alone or in a batch
     angle = (u[0] * axes[:, 0] + u[1] * axes[:, 1] + u[2] * axes[:, 2]) * omega
     amplitude = (omega / omega[0]) ** -_LOCATION_DECAY
-    return np.concatenate([np.sin(angle) * amplitude, np.cos(angle) * amplitude], axis=1)
+    return xp.concatenate([xp.sin(angle) * amplitude, xp.cos(angle) * amplitude], axis=1)
+
+
+def encode_location_torch(lat_deg: Any, lon_deg: Any, cfg: EncoderConfig) -> Any:
+    """:func:`encode_location` of torch tensors (``[n]`` degrees), differentiable; the multiscale variant only."""
+    if cfg.variant != "multiscale":
+        raise ValueError("encode_location_torch implements the multiscale variant only")
+    return _location_multiscale(torch.deg2rad(lat_deg).reshape(-1, 1), torch.deg2rad(lon_deg).reshape(-1, 1),
+                                cfg.dim, torch)
 
 
 def encode_location(lat_deg: np.ndarray, lon_deg: np.ndarray, cfg: EncoderConfig) -> np.ndarray:

@@ -365,19 +365,34 @@ def attacks(
     inversion_rows: Annotated[
         int, typer.Option("--inversion-rows", min=100, help="train-split transactions the inversion bound decodes")
     ] = 20_000,
+    gradient_inversion: Annotated[
+        bool, typer.Option("--gradient-inversion/--no-gradient-inversion",
+                           help="run the iterative gradient-inversion attack on the anomaly model (tens of minutes)")
+    ] = False,
+    gradient_inversion_only: Annotated[
+        bool, typer.Option("--gradient-inversion-only", help="run only the gradient-inversion attack")
+    ] = False,
+    gradient_graphs: Annotated[
+        int, typer.Option("--gradient-graphs", min=4, help="ego graphs the gradient-inversion attack attacks")
+    ] = 8,
+    gradient_steps: Annotated[int, typer.Option("--gradient-steps", min=10, help="Adam steps per restart")] = 200,
+    gradient_restarts: Annotated[int, typer.Option("--gradient-restarts", min=1, help="restarts per batch")] = 1,
     resamples: Annotated[int, typer.Option("--resamples", min=50, help="bootstrap resamples")] = 500,
     label: Annotated[str, typer.Option("--label", help="appended to the heading")] = "",
     out: OutOption = None,
 ) -> None:
     """Attacks on what leaves a bank: cardholder membership inference (with and without DP), what the server
     reconstructs from the fraud model's histograms, merchant membership, and what a perfect inversion of an update
-    recovers (the LDP bound), with 95% CIs and no-information baselines.
+    recovers (the LDP bound), with 95% CIs and no-information baselines; optionally an iterative gradient-inversion
+    attack on the anomaly model's gradient.
     """
     from fedfraud.bench.attacks import ATTACK_EPSILONS, run_attacks_bench
 
     _one_source(csv, data)
     if inversion_only and not inversion:
         raise UserError("--inversion-only and --no-inversion contradict each other")
+    if inversion_only and gradient_inversion_only:
+        raise UserError("--inversion-only and --gradient-inversion-only each run one section: pick one")
     epsilons = tuple(epsilon or ATTACK_EPSILONS)
     _positive_epsilons(epsilons)
     cfg = config_of(ctx)
@@ -389,7 +404,9 @@ def attacks(
     result = run_attacks_bench(
         csv, work, epsilons, overrides=overrides, resamples=resamples, data=data, max_per_cardholder=per_cardholder,
         histograms=histograms, label=label, config=cfg, inversion=inversion, inversion_only=inversion_only,
-        inversion_rows=inversion_rows,
+        inversion_rows=inversion_rows, gradient_inversion=gradient_inversion,
+        gradient_inversion_only=gradient_inversion_only, gradient_graphs=gradient_graphs,
+        gradient_search=(gradient_steps, gradient_restarts),
     )
     emit(result.to_markdown(), out)
 
