@@ -10,7 +10,6 @@ are common; unparseable messages ride along, since they leave the rest of the ba
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -23,19 +22,11 @@ from fedfraud.feature_store import schema
 from fedfraud.feature_store.schema import Validator
 from fedfraud.serving import kafka
 from fedfraud.serving.kafka import PRODUCED_HEADER, DecodedBatch, content_hashes, decode_messages
+from tests.kafka_messages import Msg
 
 NOW = 1_800_000_000.0
 
 
-@dataclass
-class Msg:
-    value: bytes
-    offset: int
-    key: bytes | None = b"k"
-    headers: tuple = ()
-    timestamp: int = 1_700_000_000_000
-    topic: str = "transactions"
-    partition: int = 0
 
 
 records = st.fixed_dictionaries({

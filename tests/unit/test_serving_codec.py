@@ -5,7 +5,6 @@ from __future__ import annotations
 import base64
 import json
 import uuid
-from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -15,17 +14,9 @@ from fedfraud.serving.config import ConsumerSettings
 from fedfraud.serving.kafka import PRODUCED_HEADER, decode_messages, dlq_value
 from fedfraud.serving.kvstore import SqliteKV
 from tests.prerequisites import require_redis
+from tests.kafka_messages import Msg
 
 
-@dataclass
-class Msg:
-    value: bytes
-    offset: int
-    key: bytes | None = b"k"
-    headers: tuple = ()
-    timestamp: int = 1_700_000_000_000
-    topic: str = "transactions"
-    partition: int = 0
 
 
 def _tx(i: int, ts: str) -> bytes:
