@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from fedfraud.bench.gradient_inversion import (
-    DEFAULT_VIEW, NOISE_OFF, GradientInversion, _cosine_distance, _gradient, _loss, attack_batch, sample_ego_graphs,
+    THESIS_VIEW, NOISE_OFF, GradientInversion, _cosine_distance, _gradient, _loss, attack_batch, sample_ego_graphs,
 )
 from fedfraud.feature_store.config import EgoGraphConfig, EncoderConfig, PrivacyConfig
 from fedfraud.feature_store.encoders import encode_location, encode_location_torch
@@ -15,7 +15,7 @@ from fedfraud.training.anomaly.config import AnomalyConfig
 from fedfraud.training.anomaly.model import AnomalyModel, collate_graphs
 
 ENC = EncoderConfig(dim=16, merchant_buckets=64)
-PRIV = PrivacyConfig(secret_seed="test-gradient-inversion")
+PRIV = PrivacyConfig(mechanism="thesis", secret_seed="test-gradient-inversion")
 EGO = EgoGraphConfig(max_nodes=4)
 
 
@@ -33,7 +33,7 @@ def _frame(rows: int = 60, seed: int = 0) -> pd.DataFrame:
 
 
 def _views() -> dict:
-    return {DEFAULT_VIEW: PrivateFeaturizer(ENC, PRIV, b"bank"),
+    return {THESIS_VIEW: PrivateFeaturizer(ENC, PRIV, b"bank"),
             NOISE_OFF: PrivateFeaturizer(ENC, PRIV.model_copy(update={"delta": 0.0}), b"bank")}
 
 
@@ -46,15 +46,15 @@ def test_sampled_graphs_carry_the_nodes_true_places_and_both_views():
         assert x.shape == (len(s.lat), ENC.dim) and len(s.lat) >= 2
         # noise off: L' is exactly the permuted encoding of each node's true place
         np.testing.assert_allclose(x, encode_location(s.lat, s.lon, ENC)[:, f.permutation], atol=1e-6)
-        assert not np.allclose(s.graphs[DEFAULT_VIEW].x.numpy(), x)
-        assert torch.equal(s.graphs[DEFAULT_VIEW].edge_index, s.graphs[NOISE_OFF].edge_index)
+        assert not np.allclose(s.graphs[THESIS_VIEW].x.numpy(), x)
+        assert torch.equal(s.graphs[THESIS_VIEW].edge_index, s.graphs[NOISE_OFF].edge_index)
 
 
 def test_merchant_rows_of_the_observed_gradient_match_the_sparse_table_gradient():
     torch.manual_seed(0)
     model = AnomalyModel(AnomalyConfig(hidden=8, disc_hidden=8), ENC, EGO.max_nodes).eval()
     s = sample_ego_graphs(_frame(), _views(), EGO, graphs=2, seed=2)
-    batch = collate_graphs([p.graphs[DEFAULT_VIEW] for p in s])
+    batch = collate_graphs([p.graphs[THESIS_VIEW] for p in s])
     priors, events = np.stack([p.prior for p in s]), np.stack([p.event for p in s])
     rows = _gradient(model, batch, batch.x.clone().requires_grad_(True), priors, events)[-1]
     model.zero_grad()
@@ -95,12 +95,12 @@ def test_markdown_of_a_gradient_inversion_only_run_and_contradicting_switches(tm
     from fedfraud.cli.app import main
 
     one = Interval(1.0, 0.5, 1.5)
-    row = {"label": "gradient inversion: X", "model": "fresh", "view": DEFAULT_VIEW, "batch": 4, "targets": "known",
+    row = {"label": "gradient inversion: X", "model": "fresh", "view": THESIS_VIEW, "batch": 4, "targets": "known",
            "distance": "0.3 → 0.01", "errors": {s: one for s in ("median km", "p90 km", "≤ 1 km", "≤ 10 km")}}
     md = AttacksBench("x.csv", {}, gradient=GradientInversion(graphs=3, nodes=9, rows=[row]),
                       gradient_only=True).to_markdown()
     assert "### 5. An iterative gradient-inversion attack" in md and "--gradient-inversion-only" in md
-    assert "| gradient inversion: X | fresh | default LDP | 4 | known | 0.3 → 0.01 | 1.000 [0.500, 1.500] |" in md
+    assert "| gradient inversion: X | fresh | thesis LDP | 4 | known | 0.3 → 0.01 | 1.000 [0.500, 1.500] |" in md
     assert "### 1." not in md and "### 4." not in md
     assert "Not run" in AttacksBench("x.csv", {})._gradient_section()[0]
     assert main(["bench", "attacks", "--data", str(tmp_path), "--inversion-only", "--gradient-inversion-only"]) == 2

@@ -15,7 +15,7 @@ from fedfraud.feature_store.geo import haversine_km
 from fedfraud.feature_store.privacy import PrivateFeaturizer
 
 ENC = EncoderConfig()
-PRIV = PrivacyConfig(secret_seed="test-inversion")
+PRIV = PrivacyConfig(mechanism="thesis", secret_seed="test-inversion")
 BOX = (30.0, 45.0, -100.0, -80.0)
 
 

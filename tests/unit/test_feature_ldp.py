@@ -89,9 +89,9 @@ def test_calibrated_featurizer_noises_inputs_before_encoding():
     assert np.array_equal(t1, encode_time(np.array([hour * 3600]), enc))
 
 
-def test_thesis_stays_the_default_and_cards_say_which():
-    assert PrivacyConfig().mechanism == "thesis"
-    thesis, cal = feature_ldp_card(PrivacyConfig()), feature_ldp_card(CALIBRATED)
+def test_calibrated_is_the_default_and_cards_say_which():
+    assert PrivacyConfig().mechanism == "calibrated"  # the thesis shuffle hides nothing from an inversion
+    thesis, cal = feature_ldp_card(PrivacyConfig(mechanism="thesis")), feature_ldp_card(CALIBRATED)
     assert thesis["formal_guarantee"].startswith("none")
     assert cal["epsilon_geo_per_km_per_report"] == 0.5 and cal["epsilon_hour_per_report"] == 1.5
     assert "n x epsilon_hour" in cal["composition"]

@@ -21,7 +21,7 @@ def test_rule_and_attack_travel_as_run_keys():
     assert fed.attack.scale == -10.0 and fed.attack.bank == 3
     assert RunSettings.from_flat(s.to_flat()) == s
     assert RunSettings.from_flat({"attack-mode": "flip-targets"}).federated.attack.scale is None
-    assert RunSettings.defaults()["attack-mode"] == "" and RunSettings.defaults()["aggregation"] == "fedmedian"
+    assert RunSettings.defaults()["attack-mode"] == "" and RunSettings.defaults()["aggregation"] == "multikrum"
     with pytest.raises(ConfigError, match="attack-mode"):
         RunSettings.from_flat({"attack-mode": "scale:lots"})
     with pytest.raises(ConfigError, match="aggregation"):

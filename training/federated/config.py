@@ -88,9 +88,9 @@ class FederatedConfig(BaseModel):
         "machine, so loopback (fedfraud.net.ray_bind)")
     dp: DPConfig = Field(default_factory=DPConfig, description="client-level DP on the updates (run keys dp-*)")
     aggregation: Aggregation = Field(
-        "fedmedian",
-        description="server rule: fedmedian (default, chosen by fedfraud bench adversary: docs/benchmarks.md), fedavg "
-        "(FedProx's mean), fedtrimmedavg, krum, multikrum")
+        "multikrum",
+        description="server rule: multikrum (default, chosen by fedfraud bench adversary: docs/benchmarks.md), fedavg "
+        "(FedProx's mean), fedmedian, fedtrimmedavg, krum")
     trim_beta: float = Field(
         0.2, ge=0.0, lt=0.5, description="fedtrimmedavg: share of banks cut at each end per coordinate")
     byzantine_banks: int = Field(1, ge=0, description="krum/multikrum: how many malicious banks to tolerate (f)")

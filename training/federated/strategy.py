@@ -75,6 +75,9 @@ def aggregator(fed: FederatedConfig, banks: int, weighted_by_key: str) -> FedAvg
             logger.warning("trim-beta=%g cuts no bank out of %d per round: FedTrimmedAvg is the plain mean",
                            fed.trim_beta, n)
         return FedTrimmedAvg(beta=fed.trim_beta, **common)  # type: ignore[arg-type]
+    if fed.aggregation in ("krum", "multikrum") and n < 2 * fed.byzantine_banks + 3:
+        logger.warning("%s tolerates f=%d malicious banks only with n >= 2f + 3 per round, not %d: the selection "
+                       "stands but carries no Byzantine guarantee", fed.aggregation, fed.byzantine_banks, n)
     if fed.aggregation == "krum":
         return Krum(num_malicious_nodes=fed.byzantine_banks, **common)  # type: ignore[arg-type]
     return MultiKrum(
