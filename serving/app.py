@@ -306,6 +306,10 @@ class StreamScorer:
         """Per-section CPU/wall seconds of this replica (consumer, anomaly and fraud stages, Kafka I/O)."""
         return {"replica": self.hot.clock.snapshot(reset)}
 
+    def latency_split(self, reset: bool = False) -> dict[str, dict[str, dict[str, float]]]:
+        """p50/p99 of the two parts of produce → decision on this replica (:meth:`StreamConsumer._split_latency`)."""
+        return {"replica": self.hot.clock.percentiles(reset)}
+
 
 def build_app(args: ScoringArgs | dict[str, Any]) -> Application:
     """Typed builder (STYLE §7): ``serving.scorer_replicas`` replicas of :class:`StreamScorer`, each bound

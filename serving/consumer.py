@@ -37,6 +37,7 @@ from fedfraud.serving.kafka import (
     dlq_value,
     ingress_validator,
     json_bytes,
+    now_us,
 )
 from fedfraud.serving.kafka_consumer import CommitFailed, IngressConsumer, Partition
 from fedfraud.serving.metrics import DurableCounters, PipelineMetrics, StageClock
@@ -272,7 +273,7 @@ class StreamConsumer:
 
     def _process(self, consumer: Any, producer: Any, msgs: list[Any]) -> None:
         """Decode, score, dead-letter, confirm, commit, account: one micro-batch, start to end."""
-        t0 = time.perf_counter()
+        t0, picked_us = time.perf_counter(), now_us()
         self.metrics.consumed.inc(len(msgs))
         self.metrics.inflight.inc(len(msgs))
         self.metrics.batch_size.observe(len(msgs))
@@ -288,11 +289,21 @@ class StreamConsumer:
         sends: list[Any] = []
         records = self._score(decoded, sends) if len(decoded.frame) else []
         self.metrics.stage.labels(stage="score").observe(time.perf_counter() - t0)
+        self._split_latency(picked_us, records)
         with self.clock.section("consumer.commit"):
             futures += sends + self._rejects_and_copies(producer, decoded, records, dead_reasons)
             # committed once every send of this batch and of the batches before it is acknowledged
             # (DeliveryError: the loop stops uncommitted; Serve restarts it and the batch is redelivered)
             self._acks.add(futures, offsets, lambda: self._acked(records, decoded, dead_reasons))
+
+    def _split_latency(self, picked_us: int, records: list[dict[str, Any]]) -> None:
+        """Each decision's produce → decision time in two parts: until this replica picked its micro-batch up
+        (the producer's linger, the broker, the fetch wait, the batch window, the batches ahead of it) and from
+        there to the decision (decode and the hot path).
+        """
+        fresh = [r for r in records if "decided_us" in r and "produced_us" in r]
+        self.clock.observe("latency.produced_to_picked", [max(picked_us - r["produced_us"], 0) / 1e6 for r in fresh])
+        self.clock.observe("latency.picked_to_decided", [max(r["decided_us"] - picked_us, 0) / 1e6 for r in fresh])
 
     def _acked(self, records: list[dict[str, Any]], decoded: DecodedBatch, dead_reasons: list[str]) -> None:
         """A batch's sends are acknowledged: count it (the counters never run ahead of the topics)."""

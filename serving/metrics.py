@@ -12,7 +12,7 @@ import logging
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from contextlib import contextmanager
 from typing import Any
@@ -281,10 +281,14 @@ class StageClock:
     stay meaningful on a busy machine; wall time shows waiting (I/O, acks).
     """
 
+    #: most samples :meth:`observe` keeps per name between resets (a bench block holds far fewer)
+    MAX_SAMPLES = 200_000
+
     def __init__(self) -> None:
         self._cpu: defaultdict[str, float] = defaultdict(float)
         self._wall: defaultdict[str, float] = defaultdict(float)
         self._calls: defaultdict[str, int] = defaultdict(int)
+        self._samples: defaultdict[str, list[float]] = defaultdict(list)
 
     @contextmanager
     def section(self, name: str) -> Iterator[None]:
@@ -301,4 +305,23 @@ class StageClock:
         out = {k: {"cpu_s": self._cpu[k], "wall_s": self._wall[k], "calls": self._calls[k]} for k in list(self._cpu)}
         if reset:
             self._cpu.clear(), self._wall.clear(), self._calls.clear()
+        return out
+
+    def observe(self, name: str, seconds: Iterable[float]) -> None:
+        """Keep per-transaction durations (a mean hides the tail that a p99 target is about)."""
+        kept = self._samples[name]
+        kept.extend(seconds)
+        del kept[: max(len(kept) - self.MAX_SAMPLES, 0)]
+
+    def percentiles(self, reset: bool = False) -> dict[str, dict[str, float]]:
+        """``{name: {n, p50_ms, p99_ms}}`` of the :meth:`observe` samples since the last reset."""
+        import numpy as np
+
+        out = {}
+        for name, kept in list(self._samples.items()):
+            if kept:
+                p50, p99 = np.percentile(np.asarray(kept) * 1e3, [50, 99])
+                out[name] = {"n": float(len(kept)), "p50_ms": float(p50), "p99_ms": float(p99)}
+        if reset:
+            self._samples.clear()
         return out

@@ -54,6 +54,7 @@ class ServingBenchResult:
     replicas: int = 1
     partitions: int = 1
     http: dict[str, float] = field(default_factory=dict)
+    http_profile: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
 
     def to_markdown(self) -> str:
         ratio = self.sustained_tx_s / self.ceiling_tx_s if self.ceiling_tx_s else float("nan")
@@ -80,7 +81,24 @@ class ServingBenchResult:
                 f"{row['p50_ms']:.1f} / {row['p99_ms']:.1f} / {row.get('p999_ms', float('nan')):.1f} ms | "
                 f"{targets.get(row['offered'], '')} |"
             )
-        return "\n".join(lines) + "\n" + self._profile_markdown() + self._per_load_markdown()
+        return "\n".join(lines) + "\n" + self._profile_markdown() + self._per_load_markdown() + self._http_markdown()
+
+    def _http_markdown(self) -> str:
+        """Where a ``POST /score`` round trip goes: the replica's sections per request, and the rest (HTTP, the
+        Serve proxy's hop to the replica, JSON decode and validation, the bearer check), by subtraction.
+        """
+        if not self.http or not self.http_profile:
+            return ""
+        # the request's sections; the consumer thread's idle loop (consumer.*) runs beside it and is left out
+        sections = {n: v for n, v in next(iter(self.http_profile.values())).items() if not n.startswith("consumer.")}
+        requests = max(int(sections.get("anomaly.prepare", {}).get("calls", 0)), 1)
+        per = {n: v["wall_s"] / requests * 1e3 for n, v in sorted(sections.items(), key=lambda kv: -kv[1]["wall_s"])}
+        inside = sum(per.values())
+        cells = ", ".join(f"{n} {ms:.2f}" for n, ms in per.items() if ms >= 0.05)
+        rest = self.http["mean_ms"] - inside if "mean_ms" in self.http else float("nan")
+        return ("\n" f"`POST /score`, mean wall ms per request ({requests} requests): round trip "
+                f"{self.http.get('mean_ms', float('nan')):.1f}; the hot path's sections {inside:.1f} ({cells}); "
+                f"the rest (HTTP client and server, the Serve proxy's hop, decode and validation) {rest:.1f}.\n")
 
     def _per_load_markdown(self) -> str:
         """Wall ms per micro-batch of the main sections at each offered load (where latency comes from)."""
@@ -99,6 +117,22 @@ class ServingBenchResult:
             cells = [f"{sections[n]['wall_s'] / max(sections[n]['calls'], 1) * 1e3:.1f}" if n in sections else "–"
                      for n in names]
             lines.append(f"| {r['offered']:,.0f} | {batches} | {r['n'] / batches:.1f} | " + " | ".join(cells) + " |")
+        return "\n".join(lines) + "\n" + self._split_markdown()
+
+    def _split_markdown(self) -> str:
+        """Produce → decision in two parts at each load, per transaction (one replica's; with several, one of them)."""
+        rows = [r for r in self.loads if r.get("split")]
+        if not rows:
+            return ""
+        parts = (("latency.produced_to_picked", "produced → picked up (linger, broker, fetch wait, batch window, "
+                  "batches ahead)"), ("latency.picked_to_decided", "picked up → decided (decode, hot path)"))
+        lines = ["", "Produce → decision split at the moment the replica picks a micro-batch up (ms, per transaction):",
+                 "", "| offered tx/s | end to end p50 / p99 | " + " | ".join(f"{label} p50 / p99" for _, label in parts)
+                 + " |", "|---|---|" + "---|" * len(parts)]
+        for r in rows:
+            cells = [f"{r['split'][k]['p50_ms']:.1f} / {r['split'][k]['p99_ms']:.1f}" if k in r["split"] else "–"
+                     for k, _ in parts]
+            lines.append(f"| {r['offered']:,.0f} | {r['p50_ms']:.1f} / {r['p99_ms']:.1f} | " + " | ".join(cells) + " |")
         return "\n".join(lines) + "\n"
 
     def _profile_markdown(self) -> str:
@@ -218,22 +252,25 @@ def run_serving_bench(
             row, at_load = load_block(rt, chunk, rate)
             rows.append({**row, "profile": at_load})
             log.info("load=%.0f p50=%.1fms p99=%.1fms", rate, rows[-1]["p50_ms"], rows[-1]["p99_ms"])
-        http = _http_sequential(rt, frame.iloc[cursor : cursor + 300].reset_index(drop=True))
+        http, http_profile = _http_sequential(rt, frame.iloc[cursor : cursor + 300].reset_index(drop=True))
         models = rt.counters()["models"]
     finally:
         rt.stop()
     return ServingBenchResult(ceiling, sustained, backlog, rows, models, os.cpu_count() or 0, load_avg, store, profile,
-                              cfg.serving.scorer_replicas, cfg.serving.partitions, http)
+                              cfg.serving.scorer_replicas, cfg.serving.partitions, http, http_profile)
 
 
 def load_block(rt: Any, chunk: Any, rate: float, timeout_s: float = 600.0) -> tuple[dict[str, float], dict[str, Any]]:
     """Replay ``chunk`` at ``rate``: produce → decision percentiles and the replicas' stage profile of that block."""
     rt.handle.profile.remote(reset=True).result()
+    rt.handle.latency_split.remote(reset=True).result()
     res = rt.replay(chunk, rate=rate, timeout_s=timeout_s)
     profile = rt.handle.profile.remote(reset=True).result()
+    split = next(iter(rt.handle.latency_split.remote(reset=True).result().values()), {})
     lat = res.latencies_ms
     return {"offered": rate, "achieved": res.stats.rate, "n": len(chunk), "p50_ms": float(np.percentile(lat, 50)),
-            "p99_ms": float(np.percentile(lat, 99)), "p999_ms": float(np.percentile(lat, 99.9))}, profile
+            "p99_ms": float(np.percentile(lat, 99)), "p999_ms": float(np.percentile(lat, 99.9)),
+            "split": split}, profile
 
 
 def publish_bench_models(reg: Any, train: Any, cfg: Any) -> None:
@@ -264,9 +301,11 @@ def publish_bench_models(reg: Any, train: Any, cfg: Any) -> None:
                               config={}, metrics={}, privacy={}, card="benchmark")
 
 
-def _http_sequential(rt: Any, rows: Any) -> dict[str, float]:
+def _http_sequential(rt: Any, rows: Any, warm: int = 20) -> tuple[dict[str, float], dict[str, Any]]:
     """Round-trip latency of ``POST /score`` with one transaction per request, one request at a time (tokenized
-    as the bank's producer sends them, with the bearer token every client sends, so its check is in the figure).
+    as the bank's producer sends them, with the bearer token every client sends, so its check is in the figure),
+    and the replica's stage profile of the same requests (the first ``warm`` requests warm the HTTP path and are
+    left out of both).
     """
     import httpx
 
@@ -276,14 +315,18 @@ def _http_sequential(rt: Any, rows: Any) -> dict[str, float]:
     times: list[float] = []
     with httpx.Client(timeout=30, headers=rt.headers) as client:
         for i, record in enumerate(records):
+            if i == warm:
+                rt.handle.profile.remote(reset=True).result()
             t0 = time.perf_counter()
             response = client.post(f"{rt.url}/score", json=record)
-            if i >= 20 and response.status_code == 200:  # the first requests warm the HTTP path
+            if i >= warm and response.status_code == 200:
                 times.append((time.perf_counter() - t0) * 1e3)
+    profile = rt.handle.profile.remote(reset=True).result()
     if not times:
-        return {}
+        return {}, {}
     p50, p99 = np.percentile(times, [50, 99])
-    return {"n": float(len(times)), "p50_ms": float(p50), "p99_ms": float(p99)}
+    stats = {"n": float(len(times)), "p50_ms": float(p50), "p99_ms": float(p99), "mean_ms": float(np.mean(times))}
+    return stats, profile
 
 
 def _bench_redis(serving: Any, features: Any) -> tuple[Any, Any]:

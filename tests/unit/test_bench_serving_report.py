@@ -1,0 +1,36 @@
+"""`fedfraud bench serving`'s report: where a `POST /score` round trip goes, by subtraction."""
+
+from fedfraud.bench.serving import ServingBenchResult
+
+
+def test_score_round_trip_is_split_into_the_hot_path_and_the_rest():
+    sections = {"anomaly.prepare": {"cpu_s": 0.1, "wall_s": 0.2, "calls": 100},
+                "kafka.flush": {"cpu_s": 0.0, "wall_s": 0.3, "calls": 100},
+                "consumer.poll": {"cpu_s": 0.0, "wall_s": 9.0, "calls": 90}}  # the idle loop beside the requests
+    result = ServingBenchResult(1000.0, 500.0, 10, http={"n": 100.0, "p50_ms": 9.0, "p99_ms": 12.0, "mean_ms": 10.0},
+                                http_profile={"replica": sections})
+    md = result.to_markdown()
+    assert "| POST /score, one transaction, 100 sequential requests: p50 / p99 | 9.0 / 12.0 ms |" in md
+    # 2 ms + 3 ms per request inside the replica, so 5 ms of the 10 ms mean are outside it
+    assert ("round trip 10.0; the hot path's sections 5.0 (kafka.flush 3.00, anomaly.prepare 2.00); the rest "
+            "(HTTP client and server, the Serve proxy's hop, decode and validation) 5.0.") in md
+    assert "POST /score`, mean" not in ServingBenchResult(1000.0, 500.0, 10).to_markdown()
+
+
+def test_each_load_splits_its_latency_where_the_replica_picks_the_batch_up():
+    split = {"latency.produced_to_picked": {"n": 10.0, "p50_ms": 4.0, "p99_ms": 30.0},
+             "latency.picked_to_decided": {"n": 10.0, "p50_ms": 9.0, "p99_ms": 20.0}}
+    row = {"offered": 1000.0, "achieved": 990.0, "n": 10, "p50_ms": 14.0, "p99_ms": 45.0, "p999_ms": 50.0,
+           "split": split, "profile": {"replica": {"consumer.decode": {"cpu_s": 0.1, "wall_s": 0.1, "calls": 2}}}}
+    md = ServingBenchResult(1000.0, 500.0, 10, loads=[row]).to_markdown()
+    assert "| 1,000 | 14.0 / 45.0 | 4.0 / 30.0 | 9.0 / 20.0 |" in md
+
+
+def test_stage_clock_keeps_per_transaction_samples_for_percentiles():
+    from fedfraud.serving.metrics import StageClock
+
+    clock = StageClock()
+    clock.observe("latency.x", [i / 1000 for i in range(1, 101)])  # 1 … 100 ms
+    got = clock.percentiles(reset=True)["latency.x"]
+    assert got["n"] == 100 and abs(got["p50_ms"] - 50.5) < 1e-9 and 99.0 < got["p99_ms"] <= 100.0
+    assert clock.percentiles() == {}  # reset
