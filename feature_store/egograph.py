@@ -61,6 +61,7 @@ __all__ = [
     "CorruptStateError",
     "EgoGraphState",
     "FeatureSource",
+    "GraphView",
     "SnapshotPair",
     "active_cardholders",
     "build_snapshot_pairs",
@@ -99,6 +100,31 @@ class FeatureSource(Protocol):
     def time(self, ts: np.ndarray, keys: np.ndarray, eps: np.ndarray | float) -> np.ndarray:
         """T' rows."""
         ...
+
+
+@dataclass(frozen=True, slots=True)
+class GraphView:
+    """G_t's nodes and edges with their noise keys at one moment, before any private feature is looked up.
+
+    A copy (the state moves on after the view is taken). Serving takes one per
+    snapshot and :func:`fedfraud.training.anomaly.model.collate_views` builds a
+    micro-batch's model input from all of them with one L'/T' lookup, where
+    :meth:`EgoGraphState.to_data` makes one ``Data`` per graph.
+    """
+
+    node_key: list[int]
+    node_lat: list[float]
+    node_lon: list[float]
+    node_merchant: list[int]
+    edge_src: list[int]  # node positions
+    edge_dst: list[int]
+    edge_ts_us: list[int]
+    edge_key: list[int]
+    epsilon: float
+
+    @property
+    def num_nodes(self) -> int:
+        return len(self.node_key)
 
 
 class EgoGraphState:
@@ -336,6 +362,13 @@ class EgoGraphState:
             torch.from_numpy(buckets.astype(np.int64)),
             torch.from_numpy(history_summary(self.history)) if history is None else history,
         )
+
+    def view(self, epsilon: float) -> GraphView:
+        """This graph's :class:`GraphView` (what :meth:`to_data` reads, copied), for a batched build."""
+        pos = {m: i for i, m in enumerate(self.node_merchant)}
+        return GraphView(list(self.node_key), list(self.node_lat), list(self.node_lon), list(self.node_merchant),
+                         [pos[s] for s in self.edge_src], [pos[t] for t in self.edge_dst], list(self.edge_ts),
+                         list(self.edge_key), epsilon)
 
     def _edge_index(self) -> np.ndarray:
         """``[2, e]`` int64 node positions of the edges' endpoints."""

@@ -52,19 +52,20 @@ class CachedFeatures:
 
     def _rows(self, table: OrderedDict[tuple[int, float], np.ndarray], keys: np.ndarray, eps: np.ndarray | float,
               compute: Any) -> np.ndarray:
-        if isinstance(eps, float):  # to_data's case: one budget per graph
-            e = eps
-        else:
-            e = float(np.asarray(eps).reshape(-1)[0]) if np.ndim(eps) else float(eps)
-            if np.ndim(eps) and not np.all(np.asarray(eps) == e):
-                return compute(None)
+        ids = keys.tolist()  # python ints, as seed() stores them
+        if np.ndim(eps):  # collate_views' case: one budget per row (each graph's, repeated over its rows)
+            per_row = np.broadcast_to(np.asarray(eps, dtype=np.float64), (len(ids),)).tolist()
+            pairs = list(zip(ids, per_row, strict=True))
+        else:  # to_data's case: one budget per graph
+            e = float(eps)
+            pairs = [(k, e) for k in ids]
         get = table.get
-        hits = [get((k, e)) for k in keys.tolist()]  # tolist() already gives python ints
+        hits = [get(pair) for pair in pairs]
         miss = [i for i, h in enumerate(hits) if h is None]
         if miss:
             fresh = compute(np.asarray(miss, dtype=np.int64))
             for j, i in enumerate(miss):
-                hits[i] = table[(int(keys[i]), e)] = fresh[j]
+                hits[i] = table[pairs[i]] = fresh[j]
         return np.stack(hits) if hits else np.zeros((0, self.encoder_cfg.dim), dtype=np.float32)
 
     def location(self, lat: np.ndarray, lon: np.ndarray, keys: np.ndarray, eps: np.ndarray | float) -> np.ndarray:

@@ -5,7 +5,8 @@ tests call it. Per micro-batch, in event-time order::
 
     read cardholder states (one batched Feast read; score rings and fraud states in one KV read)
     ──> apply each transaction
-    ──> G_t per transaction (and G_{t-1} only when the cached q_{t-1} is stale)
+    ──> G_t per transaction (and G_{t-1} only when the cached q_{t-1} is stale), as views: structure and noise keys
+    ──> one model input per run of graphs, with one L′/T′ lookup for all their nodes and edges (collate_views)
     ──> q = embed(graphs) (in runs of at most ``max_nodes`` graph nodes)
     ──> AS = 1 − f(q_{t-1}, q_t) ──> rings and q_t updated in memory
     ──> a :class:`fedfraud.serving.scored.ScoredBatch` for :class:`fedfraud.serving.fraud_stage.FraudStage`
@@ -46,6 +47,7 @@ import pandas as pd
 import torch
 
 from fedfraud.feature_store.cardholder import CardholderState, PreparedBatch, prepare_batch
+from fedfraud.feature_store.egograph import GraphView
 from fedfraud.feature_store.events import history_summary
 from fedfraud.feature_store.privacy import PrivateFeaturizer
 from fedfraud.serving.anomaly_cache import CachedFeatures, FreshCache
@@ -54,10 +56,9 @@ from fedfraud.serving.kvstore import KVStore
 from fedfraud.serving.metrics import StageClock
 from fedfraud.serving.scored import ScoredBatch
 from fedfraud.serving.side_work import guarded
+from fedfraud.training.anomaly.model import GraphBatch, collate_views
 
 if TYPE_CHECKING:
-    from torch_geometric.data import Data
-
     from fedfraud.feature_store.online import OnlineStateClient
     from fedfraud.training.registry import ModelRegistry
 
@@ -69,8 +70,8 @@ class GraphScorer(Protocol):
 
     tag: str
 
-    def embed(self, graphs: Sequence[Data]) -> np.ndarray:
-        """Q ``[n, k]`` of n graphs."""
+    def embed(self, graphs: GraphBatch) -> np.ndarray:
+        """Q ``[n, k]`` of the n graphs of a batch (:func:`~fedfraud.training.anomaly.model.collate_views`)."""
         ...
 
     @property
@@ -111,7 +112,9 @@ class AnomalyWork:
     states: dict[str, CardholderState]
     rings: dict[str, list[list[Any]]]
     fraud_blobs: dict[str, bytes | None] = field(default_factory=dict)  # the fraud stage's state, read with the rings
-    graphs: list[Data] = field(default_factory=list)
+    graphs: list[GraphView] = field(default_factory=list)  # G_{t-1}/G_t snapshots, features not yet looked up
+    history: torch.Tensor | None = None  # each graph's history summary, [len(graphs), s]
+    batches: list[tuple[int, GraphBatch]] = field(default_factory=list)  # (graphs, GraphBatch) per forward, built once
     prev_graph: list[int] = field(default_factory=list)  # row → graph index of G_{t-1}, -1 none
     prev_cached: dict[int, np.ndarray] = field(default_factory=dict)  # row → cached q_{t-1}
     cur_graph: list[int] = field(default_factory=list)  # row → graph index of G_t, -1 if not applied
@@ -126,10 +129,6 @@ class AnomalyWork:
     @property
     def holders(self) -> list[str]:
         return list(self.states)
-
-
-#: Placeholder of a graph's history summary until :meth:`AnomalyStage._apply` summarises the batch's together.
-_NO_SUMMARY = torch.zeros(1, 0)
 
 
 class AnomalyStage:
@@ -179,12 +178,11 @@ class AnomalyStage:
     def _apply(self, work: AnomalyWork) -> AnomalyWork:
         """Fold each transaction into its state and collect G_t (and a stale G_{t-1}) to embed."""
         batch, model, states = work.batch, work.model, work.states
-        source = self.features  # L'/T' rows by noise key (the featurizer on a miss)
         eps_all = batch.features.epsilon
         histories: list[np.ndarray] = []  # each graph's history, summarised together below
 
         def snapshot(ego: Any, eps: float) -> None:
-            work.graphs.append(ego.to_data(source, eps, history=_NO_SUMMARY))
+            work.graphs.append(ego.view(eps))
             histories.append(ego.history.copy())
 
         for i, holder in enumerate(batch.cardholder):
@@ -215,9 +213,7 @@ class AnomalyStage:
             work.cur_graph.append(len(work.graphs) - 1)
             work.last_graph[holder] = len(work.graphs) - 1
         if histories:  # one vectorised call instead of one per graph
-            rows = torch.from_numpy(history_summary(np.stack(histories)))
-            for g, row in zip(work.graphs, rows, strict=True):
-                g._store._mapping["history"] = row.reshape(1, -1)
+            work.history = torch.from_numpy(history_summary(np.stack(histories)))
         return work
 
     def complete(self, work: AnomalyWork, q: np.ndarray) -> ScoredBatch:
@@ -289,8 +285,19 @@ class AnomalyStage:
         if not work.graphs:
             return np.zeros((0, 0), dtype=np.float32)
         with self.clock.section("anomaly.gnn_embed"):
-            parts = [work.model.embed(chunk) for chunk in _node_chunks(work.graphs, self.max_nodes)]
-            return parts[0] if len(parts) == 1 else np.concatenate(parts)
+            return self._embed_with(work.model, work)
+
+    def _embed_with(self, model: GraphScorer, work: AnomalyWork) -> np.ndarray:
+        """``model``'s Q of ``work.graphs``; the model inputs are built on the first call and kept for the shadow."""
+        if not work.batches:
+            assert work.history is not None
+            start = 0
+            for run in _node_chunks(work.graphs, self.max_nodes):
+                end = start + len(run)
+                work.batches.append((len(run), collate_views(run, self.features, work.history[start:end])))
+                start = end
+        parts = [model.embed(batch) for _, batch in work.batches]
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
     def score(self, frame: pd.DataFrame, produced_us: np.ndarray, source: str = "kafka"
               ) -> tuple[AnomalyWork, ScoredBatch]:
@@ -312,9 +319,7 @@ class AnomalyStage:
 
     def _shadow_scores(self, work: AnomalyWork) -> np.ndarray:
         assert work.shadow is not None
-        parts = [work.shadow.embed(chunk) for chunk in _node_chunks(work.graphs, self.max_nodes)]
-        q_s = parts[0] if len(parts) == 1 else np.concatenate(parts)
-        return _gnn_scores(work, q_s, work.shadow)
+        return _gnn_scores(work, self._embed_with(work.shadow, work), work.shadow)
 
 
 def _gnn_scores(work: AnomalyWork, q: np.ndarray, model: GraphScorer) -> np.ndarray:
@@ -335,11 +340,11 @@ def _gnn_scores(work: AnomalyWork, q: np.ndarray, model: GraphScorer) -> np.ndar
     return scores
 
 
-def _node_chunks(graphs: list[Data], budget: int) -> list[list[Data]]:
+def _node_chunks(graphs: list[GraphView], budget: int) -> list[list[GraphView]]:
     """Consecutive runs of ``graphs`` of at most ``budget`` nodes each (≥ 1 graph per run): bounds the memory
     of one GNN forward on a large micro-batch.
     """
-    chunks: list[list[Data]] = []
+    chunks: list[list[GraphView]] = []
     size = budget + 1
     for g in graphs:
         n = max(1, int(g.num_nodes))

@@ -259,3 +259,29 @@ def test_collate_graphs_matches_pyg_batch(pooling):
     model = AnomalyModel(AnomalyConfig(pooling=pooling), ENC, EgoGraphConfig().max_nodes).eval()
     with torch.no_grad():
         assert torch.allclose(model.embed(ours).q, model.embed(pyg).q, atol=1e-6)
+
+
+@pytest.mark.parametrize("mechanism", ["calibrated", "thesis"])
+def test_collate_views_builds_what_collate_graphs_builds(mechanism):
+    """Serving's batched build (views, one L'/T' lookup for all nodes and edges) gives the model input that one
+    ``to_data`` per graph and ``collate_graphs`` give, value for value, with a different budget per graph, through
+    the featurizer and through serving's row cache (seeded with some of the rows, so hits and misses mix)."""
+    from fedfraud.serving.anomaly_cache import CachedFeatures
+    from fedfraud.training.anomaly.model import collate_graphs, collate_views
+
+    feat = PrivateFeaturizer(ENC, PrivacyConfig(mechanism=mechanism), b"bank-test-secret")
+    states, eps = [], (1.0, 2.5, 0.3)
+    for stream in ([(1, A, 0)], [(1, A, 0), (2, B, 1), (3, A, 2), (4, C, 3)], [(5, D, 0), (6, B, 5), (7, B, 5.5)]):
+        state = EgoGraphState(EgoGraphConfig())
+        _apply(state, stream)
+        states.append(state)
+    want = collate_graphs([s.to_data(feat, e) for s, e in zip(states, eps, strict=True)])
+    cached = CachedFeatures(feat)
+    cached._loc[(states[1].node_key[0], eps[1])] = feat.location(  # one row already cached, the rest computed
+        np.array(states[1].node_lat[:1]), np.array(states[1].node_lon[:1]), np.array(states[1].node_key[:1],
+                                                                                      dtype=np.uint64), eps[1])[0]
+    for source in (feat, cached):
+        got = collate_views([s.view(e) for s, e in zip(states, eps, strict=True)], source, want.history)
+        for key in (*GRAPH_KEYS, "batch"):
+            assert torch.equal(getattr(got, key), getattr(want, key)), (source, key)
+        assert got.num_graphs == want.num_graphs == 3

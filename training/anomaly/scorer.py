@@ -34,6 +34,7 @@ from fedfraud.feature_store.egograph import FeatureSource, SnapshotPair, iter_sn
 from fedfraud.training.anomaly.config import AnomalyConfig
 from fedfraud.training.anomaly.model import (
     AnomalyModel,
+    GraphBatch,
     embed_graphs,
     pick_device,
     score_embeddings,
@@ -116,15 +117,17 @@ class AnomalyScorer:
     def __repr__(self) -> str:
         return f"{self.__class__.__name__}({self.tag}, pooling={self.model.cfg.pooling}, device={self.device})"
 
-    def embed(self, graphs: Sequence[Data]) -> np.ndarray:
-        """q_t of each graph, ``[n, q_dim]`` float32 numpy (cache it as the next q_{t-1}).
+    def embed(self, graphs: Sequence[Data] | GraphBatch) -> np.ndarray:
+        """q_t of each graph, ``[n, q_dim]`` float32 numpy (cache it as the next q_{t-1}); ``Data`` graphs or one
+        :class:`~fedfraud.training.anomaly.model.GraphBatch` (serving's :func:`collate_views`).
 
         Numpy in and out, like :meth:`score` and :meth:`score_events`: serving keeps
         q in its state stores as numpy, so it calls this scorer directly
         (``fedfraud.serving.anomaly_stage.GraphScorer``) with no wrapper.
         """
         with torch.inference_mode():
-            return embed_graphs(self.model, list(graphs), self.batch_size).float().cpu().numpy()
+            batch = graphs if isinstance(graphs, GraphBatch) else list(graphs)
+            return embed_graphs(self.model, batch, self.batch_size).float().cpu().numpy()
 
     @property
     def uses_events(self) -> bool:
