@@ -220,6 +220,10 @@ class StreamScorer:
         rejected items are listed with their index and reason next to the
         decisions of the others.
         """
+        with self.hot.clock.section("http.score"):  # the handler's wall time; the Serve proxy's hop is outside it
+            return await self._score(body)
+
+    async def _score(self, body: bytes) -> Response:
         from fedfraud.serving.kafka import parse_json
 
         g = self.guards

@@ -90,15 +90,22 @@ class ServingBenchResult:
         if not self.http or not self.http_profile:
             return ""
         # the request's sections; the consumer thread's idle loop (consumer.*) runs beside it and is left out
-        sections = {n: v for n, v in next(iter(self.http_profile.values())).items() if not n.startswith("consumer.")}
+        profile = next(iter(self.http_profile.values()))
+        sections = {n: v for n, v in profile.items() if not n.startswith(("consumer.", "http."))}
         requests = max(int(sections.get("anomaly.prepare", {}).get("calls", 0)), 1)
         per = {n: v["wall_s"] / requests * 1e3 for n, v in sorted(sections.items(), key=lambda kv: -kv[1]["wall_s"])}
         inside = sum(per.values())
         cells = ", ".join(f"{n} {ms:.2f}" for n, ms in per.items() if ms >= 0.05)
-        rest = self.http["mean_ms"] - inside if "mean_ms" in self.http else float("nan")
-        return ("\n" f"`POST /score`, mean wall ms per request ({requests} requests): round trip "
-                f"{self.http.get('mean_ms', float('nan')):.1f}; the hot path's sections {inside:.1f} ({cells}); "
-                f"the rest (HTTP client and server, the Serve proxy's hop, decode and validation) {rest:.1f}.\n")
+        trip = self.http.get("mean_ms", float("nan"))
+        if "http.score" not in profile:
+            return ("\n" f"`POST /score`, mean wall ms per request ({requests} requests): round trip {trip:.1f}; the "
+                    f"hot path's sections {inside:.1f} ({cells}); the rest (HTTP client and server, the Serve proxy's "
+                    f"hop, decode and validation) {trip - inside:.1f}.\n")
+        handler = profile["http.score"]["wall_s"] / requests * 1e3
+        return ("\n" f"`POST /score`, mean wall ms per request ({requests} requests): round trip {trip:.1f}; the "
+                f"replica's handler {handler:.1f}, of which the hot path's sections {inside:.1f} ({cells}) and "
+                f"{handler - inside:.1f} body checks, decode, validation and the thread hop; outside the handler "
+                f"(HTTP client, the Serve proxy and its hop to the replica) {trip - handler:.1f}.\n")
 
     def _per_load_markdown(self) -> str:
         """Wall ms per micro-batch of the main sections at each offered load (where latency comes from)."""

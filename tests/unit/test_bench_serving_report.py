@@ -15,6 +15,12 @@ def test_score_round_trip_is_split_into_the_hot_path_and_the_rest():
     assert ("round trip 10.0; the hot path's sections 5.0 (kafka.flush 3.00, anomaly.prepare 2.00); the rest "
             "(HTTP client and server, the Serve proxy's hop, decode and validation) 5.0.") in md
     assert "POST /score`, mean" not in ServingBenchResult(1000.0, 500.0, 10).to_markdown()
+    # with the handler's own section, the rest splits into the handler's overhead and what is outside it
+    timed = {**sections, "http.score": {"cpu_s": 0.0, "wall_s": 0.7, "calls": 100}}
+    md = ServingBenchResult(1000.0, 500.0, 10, http=result.http, http_profile={"replica": timed}).to_markdown()
+    assert ("round trip 10.0; the replica's handler 7.0, of which the hot path's sections 5.0 (kafka.flush 3.00, "
+            "anomaly.prepare 2.00) and 2.0 body checks, decode, validation and the thread hop; outside the handler "
+            "(HTTP client, the Serve proxy and its hop to the replica) 3.0.") in md
 
 
 def test_each_load_splits_its_latency_where_the_replica_picks_the_batch_up():
