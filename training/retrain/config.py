@@ -45,6 +45,9 @@ class RetrainConfig(BaseModel):
         None, description="file with serving's API token, sent as a bearer token to metrics_url (a mounted Secret); "
         "None: $FEDFRAUD_API_TOKEN")
     policy_check_s: float = Field(60.0, gt=0, description="how often the scheduler runs the promotion policy")
+    nice: int = Field(
+        10, ge=0, le=19, description="CPU niceness of a scheduled cycle's process (and the Ray it starts): a cycle "
+        "that shares cores with serving must not take them from the scoring path (0: same priority)")
 
     @field_validator("schedule")
     @classmethod

@@ -113,8 +113,8 @@ class RetrainScheduler:
         # the child gets this exact config; the file holds the bank's settings, so 0600 and gone afterwards
         with tempfile.NamedTemporaryFile("w", suffix=".yaml", prefix="fedfraud-retrain-", delete=False) as fh:
             fh.write(yaml.safe_dump(self.cfg.model_dump(mode="json")))
-        cmd = [sys.executable, "-m", "fedfraud", "--config", fh.name, "retrain", "run", "--data",
-               str(self.data), "--registry", str(self.registry), "--trigger", trigger, "--json"]
+        cmd = [*_niced(self.cfg.retrain.nice), sys.executable, "-m", "fedfraud", "--config", fh.name, "retrain",
+               "run", "--data", str(self.data), "--registry", str(self.registry), "--trigger", trigger, "--json"]
         t0 = time.perf_counter()
         log.info("retrain cycle starting trigger=%s", trigger)
         try:
@@ -195,3 +195,18 @@ class RetrainScheduler:
     def shutdown(self, wait: bool = True) -> None:
         if self.scheduler.running:
             self.scheduler.shutdown(wait=wait)
+
+
+def _niced(level: int) -> list[str]:
+    """The ``nice -n LEVEL`` prefix of a cycle's command (inherited by the Ray processes the cycle starts), or none
+    when the level is 0 or the machine has no ``nice``.
+    """
+    import shutil
+
+    if level <= 0:
+        return []
+    found = shutil.which("nice")
+    if found is None:
+        log.warning("no `nice` on this machine: the retrain cycle runs at serving's CPU priority")
+        return []
+    return [found, "-n", str(level)]
