@@ -1,8 +1,10 @@
 """Per-cardholder dynamic ego graph G_t (thesis §4.4.1): incremental update and batch build.
 
 One code path. Serving keeps an :class:`EgoGraphState` per cardholder and calls
-:meth:`EgoGraphState.update` for each transaction, then
-:meth:`EgoGraphState.to_data`. Training calls :func:`build_snapshot_pairs`,
+:meth:`EgoGraphState.update` for each transaction, then :meth:`EgoGraphState.view`
+(a micro-batch's views become one model input, with one feature lookup, in
+:func:`fedfraud.training.anomaly.model.collate_views`; :meth:`EgoGraphState.to_data`
+is the one-graph form). Training calls :func:`build_snapshot_pairs`,
 which replays each cardholder's transactions through the very same ``update``;
 it only precomputes the private features of the cardholder's transactions in
 one vectorised call (they are a pure function of the transaction, see

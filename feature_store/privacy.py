@@ -56,8 +56,9 @@ import hashlib
 import logging
 import math
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields
+from typing import Any
 from pathlib import Path
 
 import numpy as np
@@ -88,6 +89,7 @@ __all__ = [
     "mu_gdp",
     "noise_keys",
     "per_run_secret",
+    "check_feature_mechanism",
     "feature_ldp_card",
     "planar_laplace",
     "private_shuffle",
@@ -221,6 +223,24 @@ def feature_ldp_card(cfg: PrivacyConfig) -> dict[str, object]:
         "formal_guarantee": "none at these scales (noise std 0.003-0.1, public permutation); see thesis_heuristic",
         "where": "inside each bank; features never leave it",
     }
+
+
+def check_feature_mechanism(tag: str, privacy: Mapping[str, Any], cfg: PrivacyConfig) -> None:
+    """Refuse to score with a model whose card names another feature mechanism than ``cfg``'s.
+
+    L′/T′ (and the fraud features computed from them) differ in distribution
+    between ``thesis`` and ``calibrated``, so a model trained under one and fed
+    the other scores off-distribution, silently. A card from before the
+    mechanism was recorded passes with a warning (those models were trained
+    under ``thesis``).
+    """
+    ldp = privacy.get("feature_ldp")
+    named = str(ldp.get("mechanism", "")).split(":", 1)[0].strip() if isinstance(ldp, Mapping) else ""
+    if not named:
+        logger.warning("%s does not record its feature mechanism; serving computes `%s` features", tag, cfg.mechanism)
+    elif named != cfg.mechanism:
+        raise UserError(f"{tag} was trained on `{named}` features but privacy.mechanism is `{cfg.mechanism}`: its "
+                        f"scores would be off-distribution; set privacy.mechanism={named} or retrain the model")
 
 
 def shuffle_permutation(seed: int, d: int) -> np.ndarray:

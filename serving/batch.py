@@ -33,7 +33,7 @@ from tqdm.auto import tqdm
 
 from fedfraud.errors import UserError
 from fedfraud.feature_store.config import PrivacyConfig
-from fedfraud.feature_store.privacy import PrivateFeaturizer
+from fedfraud.feature_store.privacy import PrivateFeaturizer, check_feature_mechanism
 from fedfraud.feature_store.layout import MANIFEST_FILE, REJECTS_FILE, list_banks, read_bank
 
 __all__ = ["ScoreReport", "score_path"]
@@ -205,6 +205,11 @@ def score_path(
         raise UserError(f"{path} does not exist")
     privacy_cfg = privacy_cfg or PrivacyConfig()
     scorer, fraud, fraud_cfg, models = _load_models(Path(registry))
+    from fedfraud.training.registry import ModelRegistry
+
+    reg = ModelRegistry(registry)
+    for kind, tag in models.items():  # the models' features must be computed the way they were trained on
+        check_feature_mechanism(tag, reg.get(kind, tag.rsplit(":v", 1)[-1]).privacy, privacy_cfg)
     out.parent.mkdir(parents=True, exist_ok=True)
     report = ScoreReport(models=models)
     start = time.perf_counter()

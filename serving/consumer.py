@@ -301,7 +301,7 @@ class StreamConsumer:
         (the producer's linger, the broker, the fetch wait, the batch window, the batches ahead of it) and from
         there to the decision (decode and the hot path).
         """
-        fresh = [r for r in records if "decided_us" in r and "produced_us" in r]
+        fresh = [r for r in records if r["decision"] != "rejected" and "decided_us" in r and "produced_us" in r]
         self.clock.observe("latency.produced_to_picked", [max(picked_us - r["produced_us"], 0) / 1e6 for r in fresh])
         self.clock.observe("latency.picked_to_decided", [max(r["decided_us"] - picked_us, 0) / 1e6 for r in fresh])
 

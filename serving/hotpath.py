@@ -53,14 +53,18 @@ class HotPath:
         self._load_anomaly = lambda v: loader(self.registry, v)
         self._load_fraud = lambda v: load_fraud_model(self.registry, v)
         self.clock = StageClock()
+        self.privacy = cfg.privacy
         kv = open_kv(s.fraud_state_path, Path(cfg.features.repo_dir), s.fraud_state_password_env,
                      s.fraud_state_ca_file)
         client = OnlineStateClient.open(cfg.features, cfg.egograph)
         featurizer = PrivateFeaturizer.for_bank(cfg.encoder, cfg.privacy, s.bank_id)
-        self.anomaly = AnomalyStage(client, featurizer, kv, self._load_anomaly(s.anomaly_version), s.bank_id,
+        anomaly_model = self._load_anomaly(s.anomaly_version)
+        self._check_features("anomaly", anomaly_model.tag)
+        self.anomaly = AnomalyStage(client, featurizer, kv, anomaly_model, s.bank_id,
                                     cfg.features.location_cell_deg, cfg.egograph.dedupe_ring, self.clock,
                                     max_nodes=s.max_nodes_per_batch)
         model, tag = self._load_fraud(s.fraud_version)
+        self._check_features("fraud", tag)
         trained = self.registry.get("fraud", tag.rsplit(":v", 1)[-1]).config
         fraud_cfg = fraud_config_for(trained, cfg.fraud)
         producer = (make_producer(bootstrap_servers, s.producer, client_id="fedfraud-scorer", security=s.kafka_security)
@@ -92,6 +96,13 @@ class HotPath:
             # the batch's state, written once: both stages' KV rows in one round trip, then the online-store push
             self.anomaly.write(work, also=[("fraud", decided.writes)])
             return self.fraud.emit(scored, decided, sends)
+
+    def _check_features(self, kind: str, tag: str) -> None:
+        """The model's card must name this replica's feature mechanism (L′/T′ differ between them)."""
+        from fedfraud.feature_store.privacy import check_feature_mechanism
+
+        if ":v" in tag:  # a registry model (a custom anomaly loader may serve something else)
+            check_feature_mechanism(tag, self.registry.get(kind, tag.rsplit(":v", 1)[-1]).privacy, self.privacy)
 
     def ready(self) -> None:
         """One read of each state store (Feast online store, scores/decisions KV); raises if one is down."""
@@ -158,8 +169,10 @@ class HotPath:
             loaded: dict[str, Any] = {}
             if "anomaly" in changed:
                 loaded["anomaly"] = self._load_anomaly(str(changed["anomaly"].version))
+                self._check_features("anomaly", loaded["anomaly"].tag)
             if "fraud" in changed:
                 model, tag = self._load_fraud(str(changed["fraud"].version))
+                self._check_features("fraud", tag)
                 self.fraud.check_layout(model)
                 loaded["fraud"] = (model, tag, self._drift_monitor(tag))
         except Exception:  # keep serving the old pair if a new model cannot be read
@@ -196,6 +209,9 @@ class HotPath:
                 return
             a_model = self._load_anomaly(str(a.version)) if a else None
             f_model = self._load_fraud(str(f.version)) if f else (self.fraud.model, self.fraud.model_tag)
+            for kind, found in (("anomaly", a), ("fraud", f)):
+                if found is not None:
+                    self._check_features(kind, found.tag)
             self.fraud.check_layout(f_model[0])
         except Exception:  # a challenger that cannot be read never stops the champion
             log.exception("challenger could not be loaded; shadow state unchanged")

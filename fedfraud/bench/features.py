@@ -208,7 +208,8 @@ def encoder_fidelity(
 ) -> list[FidelityRow]:
     """Correlations of noised embedding geometry with geodesic distance, bearing and time difference.
 
-    ``noise="variance"`` gives exactly the production features (``PrivateFeaturizer``).
+    ``noise="variance"`` gives exactly the thesis mechanism's features (``PrivateFeaturizer`` under
+    ``privacy.mechanism: thesis``; the default, ``calibrated``, noises the coordinates before encoding instead).
     """
     rng = np.random.default_rng(seed)
     perm = shuffle_permutation(shuffle_seed(privacy_cfg), encoder_cfg.dim)

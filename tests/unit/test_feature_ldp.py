@@ -97,3 +97,14 @@ def test_calibrated_is_the_default_and_cards_say_which():
     assert "n x epsilon_hour" in cal["composition"]
     with pytest.raises(ValidationError, match="thesis"):
         PrivacyConfig(mechanism="gaussian")
+
+
+def test_a_model_is_scored_only_with_the_feature_mechanism_it_was_trained_on():
+    from fedfraud.errors import UserError
+    from fedfraud.feature_store.privacy import check_feature_mechanism
+
+    thesis_card = {"feature_ldp": feature_ldp_card(PrivacyConfig(mechanism="thesis"))}
+    check_feature_mechanism("anomaly:v1", thesis_card, PrivacyConfig(mechanism="thesis"))
+    with pytest.raises(UserError, match="trained on `thesis` features but privacy.mechanism is `calibrated`"):
+        check_feature_mechanism("anomaly:v1", thesis_card, PrivacyConfig())
+    check_feature_mechanism("anomaly:v0", {}, PrivacyConfig())  # a card from before the field: a warning only

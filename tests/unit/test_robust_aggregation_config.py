@@ -36,6 +36,9 @@ def test_each_rule_is_flowers_message_api_strategy():
         assert type(rule) is kind and rule.weighted_by_key == "equal-weight"
     multi = aggregator(FederatedConfig(aggregation="multikrum", byzantine_banks=1), 5, "num-examples")
     assert multi.num_nodes_to_select == 4 and multi.num_malicious_nodes == 1
+    # two banks: n − f = 1 would release one bank's update as the model; MultiKrum averages both instead
+    assert aggregator(FederatedConfig(aggregation="multikrum"), 2, "num-examples").num_nodes_to_select == 2
+    assert aggregator(FederatedConfig(aggregation="multikrum", multikrum_keep=1), 3, "n").num_nodes_to_select == 2
 
 
 def _ball(rng: np.random.Generator, n: int, d: int, c: float) -> np.ndarray:

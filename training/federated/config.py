@@ -94,6 +94,8 @@ class FederatedConfig(BaseModel):
     trim_beta: float = Field(
         0.2, ge=0.0, lt=0.5, description="fedtrimmedavg: share of banks cut at each end per coordinate")
     byzantine_banks: int = Field(1, ge=0, description="krum/multikrum: how many malicious banks to tolerate (f)")
-    multikrum_keep: int = Field(0, ge=0, description="multikrum: updates averaged; 0 = banks per round − f")
+    multikrum_keep: int = Field(
+        0, ge=0, description="multikrum: updates averaged; 0 = banks per round − f; never fewer than two when two "
+        "banks answered (one would be released verbatim)")
     attack: AttackConfig = Field(
         default_factory=AttackConfig, description="simulated malicious bank (run keys attack-*; bench/tests only)")

@@ -54,8 +54,11 @@ def banks_per_round(banks: int, fraction_train: float) -> int:
 
 
 def _kept(fed: FederatedConfig, n: int) -> int:
-    """Updates MultiKrum averages out of ``n``: ``multikrum_keep``, else n − f (at least 1)."""
-    return max(1, min(n, fed.multikrum_keep or n - fed.byzantine_banks))
+    """Updates MultiKrum averages out of ``n``: ``multikrum_keep``, else n − f, and at least two when two banks
+    answered, so that the global model is never one bank's update released verbatim (Krum's flaw; at n = 2 and
+    f = 1 that makes it the mean).
+    """
+    return max(min(n, 2), min(n, fed.multikrum_keep or n - fed.byzantine_banks))
 
 
 def aggregator(fed: FederatedConfig, banks: int, weighted_by_key: str) -> FedAvg | None:
@@ -77,7 +80,9 @@ def aggregator(fed: FederatedConfig, banks: int, weighted_by_key: str) -> FedAvg
         return FedTrimmedAvg(beta=fed.trim_beta, **common)  # type: ignore[arg-type]
     if fed.aggregation in ("krum", "multikrum") and n < 2 * fed.byzantine_banks + 3:
         logger.warning("%s tolerates f=%d malicious banks only with n >= 2f + 3 per round, not %d: the selection "
-                       "stands but carries no Byzantine guarantee", fed.aggregation, fed.byzantine_banks, n)
+                       "stands but carries no Byzantine guarantee%s", fed.aggregation, fed.byzantine_banks, n,
+                       " (multikrum averages at least two updates, so with two banks it is their mean)"
+                       if fed.aggregation == "multikrum" else "")
     if fed.aggregation == "krum":
         return Krum(num_malicious_nodes=fed.byzantine_banks, **common)  # type: ignore[arg-type]
     return MultiKrum(

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
+from fedfraud.feature_store.privacy import feature_ldp_card
 from fedfraud.training.fraud.dataset import dataset_features, materialize
 from fedfraud.training.fraud.features import ANOMALY_FEATURE, FraudFeatures
 from fedfraud.training.fraud.metrics import classification_metrics
@@ -192,9 +193,11 @@ def train_and_publish(cfg: FedfraudConfig, data: Path, out: Path, bank: int = 0,
             "test_precision": m.precision, "test_recall": m.recall, "test_rows": m.n, "test_frauds": m.n_pos,
             "valid_f1": float(model.meta.get("valid_f1", float("nan"))), "threshold": model.threshold,
         }
+        ldp = feature_ldp_card(cfg.privacy)
         privacy = {
-            "inputs": "noised L'/T' (personalized LDP private shuffle, Algorithm 3) + the bank's own amount, MCC, "
-                      "timestamp and merchant bucket; AS from the federated anomaly model",
+            "inputs": f"noised L'/T' ({str(ldp['mechanism']).split(':', 1)[0]} mechanism, feature_ldp) + the bank's "
+                      "own amount, MCC, timestamp and merchant bucket; AS from the federated anomaly model",
+            "feature_ldp": ldp,
             "epsilon_range": [cfg.privacy.epsilon_min, cfg.privacy.epsilon_max], "delta": cfg.privacy.delta,
             "leaves_a_bank": (
                 "federated (histogram): per-feature quantile sketches (bin boundaries), per-node gradient/hessian "
