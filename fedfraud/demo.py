@@ -408,6 +408,8 @@ def _stage_stream(cfg: FedfraudConfig, args: DemoArgs, ctx: dict[str, Any]) -> S
                                        / (part_a.stats.seconds + part_b.stats.seconds), 1),
             "latency_p50_ms": round(float(np.percentile(latency, 50)), 1) if len(latency) else None,
             "latency_p99_ms": round(float(np.percentile(latency, 99)), 1) if len(latency) else None,
+            "latency_by_part": {"champion alone": _latency_figures(part_a.latencies_ms),
+                                "challenger shadowing": _latency_figures(part_b.latencies_ms)},
             **summary,
             "consumed": counters.get("consumed"),
             "decided_by": sorted({f'{d["models"]["anomaly"]}+{d["models"]["fraud"]}' for d in first_seen.values()}),
@@ -534,3 +536,13 @@ def summary_lines(report: DemoReport) -> list[str]:
                 parts.append(f"{key}={value}")
         lines.append(f"{s.name:>16} ({s.seconds:5.1f}s): " + " ".join(parts))
     return lines
+
+
+def _latency_figures(latency_ms: np.ndarray) -> dict[str, Any]:
+    """p50 / p99 / max of one part of the stream, and where in it (share of the way through) the slowest were."""
+    if not len(latency_ms):
+        return {}
+    slowest = np.argsort(latency_ms)[::-1][:5]
+    return {"n": len(latency_ms), "p50_ms": round(float(np.percentile(latency_ms, 50)), 1),
+            "p99_ms": round(float(np.percentile(latency_ms, 99)), 1), "max_ms": round(float(latency_ms.max()), 1),
+            "slowest_at": [round(float(i) / len(latency_ms), 3) for i in slowest]}

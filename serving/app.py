@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -99,6 +100,21 @@ def _tune_gc(threshold: int) -> None:
     gc.freeze()
     _, gen1, gen2 = gc.get_threshold()
     gc.set_threshold(threshold, gen1, gen2)
+    gc.callbacks.append(_log_long_collections)
+
+
+_GC_STARTED: list[float] = [0.0]
+
+
+def _log_long_collections(phase: str, info: dict[str, int]) -> None:
+    """Log a collection that stops the scoring thread for more than 20 ms (it shows up as a latency spike)."""
+    if phase == "start":
+        _GC_STARTED[0] = time.perf_counter()
+        return
+    ms = (time.perf_counter() - _GC_STARTED[0]) * 1e3
+    if ms > 20.0:
+        log.warning("gc pause %.0f ms generation=%d collected=%d", ms, info.get("generation", -1),
+                       info.get("collected", 0))
 
 
 @dataclass(frozen=True)

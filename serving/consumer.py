@@ -288,7 +288,10 @@ class StreamConsumer:
         dead_reasons = [dead.reason for dead in decoded.dead]
         sends: list[Any] = []
         records = self._score(decoded, sends) if len(decoded.frame) else []
-        self.metrics.stage.labels(stage="score").observe(time.perf_counter() - t0)
+        took = time.perf_counter() - t0
+        self.metrics.stage.labels(stage="score").observe(took)
+        if took > 0.25:
+            log.warning("slow micro-batch: %.0f ms for %d records", took * 1e3, len(msgs))
         self._split_latency(picked_us, records)
         with self.clock.section("consumer.commit"):
             futures += sends + self._rejects_and_copies(producer, decoded, records, dead_reasons)
