@@ -77,12 +77,16 @@ class MultiViewRedisOnlineStore(RedisOnlineStore):
         if not isinstance(store_cfg, RedisOnlineStoreConfig) or not store_cfg.skip_dedup:
             raise ValueError("write_views needs a redis online store with skip_dedup: true")
         merged: dict[bytes, dict[bytes | str, bytes]] = {}
+        stamps: dict[datetime, bytes] = {}  # an entity's views share its event time: serialise each time once
         for table, view_rows in rows:
             for redis_key, (_, values, event_ts, _) in view_rows:
-                ts = Timestamp()
-                ts.FromDatetime(event_ts)
+                stamp = stamps.get(event_ts)
+                if stamp is None:
+                    ts = Timestamp()
+                    ts.FromDatetime(event_ts)
+                    stamp = stamps[event_ts] = ts.SerializeToString()
                 mapping = merged.setdefault(redis_key, {})
-                mapping[f"_ts:{table.name}"] = ts.SerializeToString()
+                mapping[f"_ts:{table.name}"] = stamp
                 names = list(values)
                 for field, name in zip(self._view_fields(table, names), names, strict=False):
                     mapping[field] = values[name].SerializeToString()
