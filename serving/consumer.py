@@ -290,7 +290,7 @@ class StreamConsumer:
         records = self._score(decoded, sends) if len(decoded.frame) else []
         took = time.perf_counter() - t0
         self.metrics.stage.labels(stage="score").observe(took)
-        if took > 0.25:
+        if took > 0.25 and took > 0.002 * len(msgs):  # a stall, not a large batch (~0.2–0.5 ms per record)
             log.warning("slow micro-batch: %.0f ms for %d records", took * 1e3, len(msgs))
         self._split_latency(picked_us, records)
         with self.clock.section("consumer.commit"):
