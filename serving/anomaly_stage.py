@@ -114,7 +114,7 @@ class AnomalyWork:
     fraud_blobs: dict[str, bytes | None] = field(default_factory=dict)  # the fraud stage's state, read with the rings
     graphs: list[GraphView] = field(default_factory=list)  # G_{t-1}/G_t snapshots, features not yet looked up
     history: torch.Tensor | None = None  # each graph's history summary, [len(graphs), s]
-    batches: list[tuple[int, GraphBatch]] = field(default_factory=list)  # (graphs, GraphBatch) per forward, built once
+    batches: list[GraphBatch] = field(default_factory=list)  # the model input of each forward, built once
     prev_graph: list[int] = field(default_factory=list)  # row → graph index of G_{t-1}, -1 none
     prev_cached: dict[int, np.ndarray] = field(default_factory=dict)  # row → cached q_{t-1}
     cur_graph: list[int] = field(default_factory=list)  # row → graph index of G_t, -1 if not applied
@@ -294,9 +294,9 @@ class AnomalyStage:
             start = 0
             for run in _node_chunks(work.graphs, self.max_nodes):
                 end = start + len(run)
-                work.batches.append((len(run), collate_views(run, self.features, work.history[start:end])))
+                work.batches.append(collate_views(run, self.features, work.history[start:end]))
                 start = end
-        parts = [model.embed(batch) for _, batch in work.batches]
+        parts = [model.embed(batch) for batch in work.batches]
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
     def score(self, frame: pd.DataFrame, produced_us: np.ndarray, source: str = "kafka"
