@@ -344,7 +344,12 @@ def _stage_stream(cfg: FedfraudConfig, args: DemoArgs, ctx: dict[str, Any]) -> S
     loop: dict[str, Any] = {}
     try:
         # 1. the champion serves; labels flow back a (replayed) day late
+        def split() -> dict[str, dict[str, float]]:  # the replica's pickup split since the last call
+            return next(iter(runtime.handle.latency_split.remote(reset=True).result().values()), {})
+
+        split()
         part_a = runtime.replay(first, rate=args.stream_rate, timeout_s=300.0, extra=poison, labels=feed)
+        loop["split_a"] = split()
         loop["drift_after_champion"] = _drift(runtime.url, runtime.headers)
         # 2. the cron schedule starts a federated retrain cycle (a child process); it registers the challenger
         scheduler.start()
@@ -360,9 +365,11 @@ def _stage_stream(cfg: FedfraudConfig, args: DemoArgs, ctx: dict[str, Any]) -> S
         _wait_for(lambda: f'challenger="{challenger}"' in _metrics(runtime.url, runtime.headers), 60,
                   "serving to shadow the challenger")
         # 3. the challenger shadows the second half; its labels all come back
+        split()
         part_b = runtime.replay(second, rate=args.stream_rate, timeout_s=300.0,
                                 labels=LabelFeed(feed.topic, feed.delay_s, flush=True))
         counters = runtime.wait_idle()
+        loop["split_b"] = split()
         expected = int(live["is_fraud"].notna().sum()) - _not_yet_due(first, feed.delay_s)
         _wait_for(lambda: store.count("labels") >= expected, 120, "the labels to be joined")
         loop["shadow_scored"] = _metric_value(_metrics(runtime.url, runtime.headers), "fedfraud_shadow_scored_total")
@@ -408,8 +415,9 @@ def _stage_stream(cfg: FedfraudConfig, args: DemoArgs, ctx: dict[str, Any]) -> S
                                        / (part_a.stats.seconds + part_b.stats.seconds), 1),
             "latency_p50_ms": round(float(np.percentile(latency, 50)), 1) if len(latency) else None,
             "latency_p99_ms": round(float(np.percentile(latency, 99)), 1) if len(latency) else None,
-            "latency_by_part": {"champion alone": _latency_figures(part_a.latencies_ms),
-                                "challenger shadowing": _latency_figures(part_b.latencies_ms)},
+            "latency_by_part": {"champion alone": _latency_figures(part_a.latencies_ms, loop.pop("split_a", {})),
+                                "challenger shadowing": _latency_figures(part_b.latencies_ms,
+                                                                         loop.pop("split_b", {}))},
             **summary,
             "consumed": counters.get("consumed"),
             "decided_by": sorted({f'{d["models"]["anomaly"]}+{d["models"]["fraud"]}' for d in first_seen.values()}),
@@ -538,11 +546,14 @@ def summary_lines(report: DemoReport) -> list[str]:
     return lines
 
 
-def _latency_figures(latency_ms: np.ndarray) -> dict[str, Any]:
-    """p50 / p99 / max of one part of the stream, and where in it (share of the way through) the slowest were."""
+def _latency_figures(latency_ms: np.ndarray, split: dict[str, dict[str, float]]) -> dict[str, Any]:
+    """p50 / p99 / max of one part of the stream, where in it (share of the way through) the slowest were, and the
+    replica's split of produce → decision at pickup (:meth:`fedfraud.serving.app.StreamScorer.latency_split`).
+    """
     if not len(latency_ms):
         return {}
     slowest = np.argsort(latency_ms)[::-1][:5]
     return {"n": len(latency_ms), "p50_ms": round(float(np.percentile(latency_ms, 50)), 1),
             "p99_ms": round(float(np.percentile(latency_ms, 99)), 1), "max_ms": round(float(latency_ms.max()), 1),
-            "slowest_at": [round(float(i) / len(latency_ms), 3) for i in slowest]}
+            "slowest_at": [round(float(i) / len(latency_ms), 3) for i in slowest],
+            **{f"{name.removeprefix('latency.')}_p99_ms": round(v["p99_ms"], 1) for name, v in split.items()}}
