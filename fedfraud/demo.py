@@ -332,7 +332,7 @@ def _stage_stream(cfg: FedfraudConfig, args: DemoArgs, ctx: dict[str, Any]) -> S
     feed = LabelFeed(cfg.serving.topics.labels, args.label_delay_days * 86_400.0, flush=False)
     poison = [(None, b"{not json"), (None, b'{"transaction_id": "poison-1", "amount": -5}')]
     t0 = time.perf_counter()
-    runtime = start(cfg, apply_features=False)
+    runtime = start(cfg, apply_features=False, replay_source=True)
     started = time.perf_counter() - t0
     store = OutcomeStore(outcomes)
     joiner = LabelJoiner(runtime.bootstrap_servers, store, cfg.serving.topics, cfg.serving.producer,

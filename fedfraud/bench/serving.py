@@ -233,7 +233,7 @@ def run_serving_bench(
         serving, features = _bench_redis(serving, features)
     cfg = cfg.model_copy(update={"serving": serving, "features": features})
     load_avg = os.getloadavg()[0]
-    rt = start(cfg)
+    rt = start(cfg, replay_source=True)
     try:
         ceiling = _ceiling(rt.bootstrap_servers, 20_000, cfg.serving)
         log.info("ceiling %.0f msg/s", ceiling)
