@@ -255,6 +255,12 @@ class ServingConfig(_Section):
         "gc.freeze() after start-up and this threshold the scorer used ~30% less CPU per transaction",
     )
     http_port: int = Field(8000, ge=0, le=65535)
+    direct_ingress: bool = Field(
+        False, description="Ray Serve's direct ingress (alpha in Ray 2.55): each replica also answers HTTP on a port "
+        "of its own (30000-30999 by default, the same routes and bearer token), so a `POST /score` skips the proxy "
+        "and its hop to the replica; the proxy on http_port keeps working. Takes effect when fedfraud starts Ray "
+        "itself (the flag must be in the raylet's environment; on a cluster, set it where `ray start` runs)",
+    )
     ray_host: str = Field(
         "127.0.0.1", min_length=1,
         description="address Ray's GCS, raylet and workers listen on when `fedfraud serve` starts Ray itself: "

@@ -17,6 +17,7 @@ dashboard, bound to ``serving.ray_host``), starts Serve's HTTP proxy on
 from __future__ import annotations
 
 import logging
+import os
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -39,16 +40,27 @@ __all__ = ["ServingRuntime", "ensure_ray", "start"]
 log = logging.getLogger(__name__)
 
 
-def ensure_ray(num_cpus: int = 2, host: str = LOOPBACK) -> None:
+#: Environment of Ray Serve's direct ingress. Serve's controller and replicas read it when they start, so it must
+#: be in the raylet's environment: set before ``ray.init`` starts one. No draining wait: a replica stops as fast as
+#: it does behind the proxy (the alpha default holds every ingress replica 30 s at shutdown).
+DIRECT_INGRESS_ENV = {"RAY_SERVE_ENABLE_DIRECT_INGRESS": "1", "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "0"}
+
+
+def ensure_ray(num_cpus: int = 2, host: str = LOOPBACK, direct_ingress: bool = False) -> None:
     """Initialise Ray unless it already is (tests share one instance; Flower's simulation may have shut it down).
 
     Its GCS, raylet and workers listen on ``host`` (``serving.ray_host``; loopback by default, see
-    :func:`fedfraud.net.ray_bind`), with no dashboard.
+    :func:`fedfraud.net.ray_bind`), with no dashboard. ``direct_ingress`` puts :data:`DIRECT_INGRESS_ENV` in the
+    environment first; a Ray that is already up keeps the environment it started with.
     """
     import ray
 
     if not ray.is_initialized():
+        if direct_ingress:
+            os.environ.update(DIRECT_INGRESS_ENV)
         ray.init(num_cpus=num_cpus, log_to_driver=False, logging_level=logging.WARNING, **ray_bind(host))
+    elif direct_ingress and os.environ.get("RAY_SERVE_ENABLE_DIRECT_INGRESS") != "1":
+        log.warning("Ray was started without direct ingress: POST /score goes through the Serve proxy only")
 
 
 @dataclass
@@ -95,6 +107,20 @@ class ServingRuntime:
                                            security=s.kafka_security)
         return replay_and_collect(frame, self.bootstrap_servers, self.featurizer(), rate, timeout_s, s.topics,
                                   extra, progress, labels, s.kafka_security, self._producer)
+
+    def direct_urls(self) -> list[str]:
+        """The replicas' own HTTP addresses under direct ingress (``serving.direct_ingress``); empty without it.
+
+        Serve publishes them as the application's target groups (a replica's port is assigned after it starts);
+        without direct ingress the only target is the proxy, which :attr:`url` already names.
+        """
+        from ray.serve.context import _get_global_client
+
+        groups = _get_global_client().get_serve_details().get("target_groups") or []
+        proxy_port = self.config.serving.http_port
+        return [f"http://{target['ip']}:{target['port']}" for group in groups
+                if group.get("app_name") == APP_NAME and str(group.get("protocol")).upper().endswith("HTTP")
+                for target in group.get("targets", []) if int(target["port"]) != proxy_port]
 
     def counters(self) -> dict[str, Any]:
         """Delivery counters of the gateway (consumed, decided, dead_lettered, inflight, models...)."""
@@ -219,7 +245,7 @@ def start(
             from fedfraud.feature_store.feast_store import apply_repo, open_store
 
             apply_repo(open_store(config.features))
-        ensure_ray(num_cpus, s.ray_host)
+        ensure_ray(num_cpus, s.ray_host, s.direct_ingress)
         serve.start(http_options={"host": LOOPBACK, "port": s.http_port})
         args = ScoringArgs(config=config.model_dump(mode="json"), bootstrap_servers=bootstrap, consume=consume,
                            **({"anomaly_loader": anomaly_loader} if anomaly_loader else {}))
@@ -235,5 +261,22 @@ def start(
         if broker is not None:
             broker.stop()
         raise
-    return ServingRuntime(config, bootstrap, f"http://{LOOPBACK}:{s.http_port}", broker, handle, token,
-                          _producer=producer)
+    rt = ServingRuntime(config, bootstrap, f"http://{LOOPBACK}:{s.http_port}", broker, handle, token,
+                        _producer=producer)
+    if s.direct_ingress and os.environ.get("RAY_SERVE_ENABLE_DIRECT_INGRESS") == "1":
+        _wait_direct(rt, timeout_s=30.0)
+    return rt
+
+
+def _wait_direct(rt: ServingRuntime, timeout_s: float) -> None:
+    """Until Serve publishes the replicas' own ports (a few seconds after the app is ready); logged either way."""
+    deadline = time.monotonic() + timeout_s
+    urls = rt.direct_urls()
+    while not urls and time.monotonic() < deadline:
+        time.sleep(0.5)
+        urls = rt.direct_urls()
+    if urls:
+        log.info("direct ingress: replicas answer at %s", " ".join(urls))
+    else:
+        log.warning("direct ingress: no replica port published within %.0fs; POST /score goes through the proxy",
+                    timeout_s)

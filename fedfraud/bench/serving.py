@@ -55,6 +55,9 @@ class ServingBenchResult:
     partitions: int = 1
     http: dict[str, float] = field(default_factory=dict)
     http_profile: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
+    #: the same requests sent straight to the replica's own port (Serve's direct ingress), when it published one
+    http_direct: dict[str, float] = field(default_factory=dict)
+    http_direct_profile: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
 
     def to_markdown(self) -> str:
         ratio = self.sustained_tx_s / self.ceiling_tx_s if self.ceiling_tx_s else float("nan")
@@ -71,9 +74,11 @@ class ServingBenchResult:
             f"| max sustained throughput ({self.backlog:,} tx backlog) | {self.sustained_tx_s:,.0f} tx/s | ≥ 3,000 |",
             f"| ratio to ceiling | {ratio:.1%} | ≥ 40% |",
         ]
-        if self.http:
-            lines.append(f"| POST /score, one transaction, {int(self.http['n'])} sequential requests: p50 / p99 | "
-                         f"{self.http['p50_ms']:.1f} / {self.http['p99_ms']:.1f} ms | p99 ≤ 15 ms |")
+        for via, http in (("through the Serve proxy", self.http), ("straight to the replica (direct ingress)",
+                                                                  self.http_direct)):
+            if http:
+                lines.append(f"| POST /score {via}, one transaction, {int(http['n'])} sequential requests: p50 / p99 "
+                             f"| {http['p50_ms']:.1f} / {http['p99_ms']:.1f} ms | p99 ≤ 15 ms |")
         targets = {250.0: "p99 ≤ 25 ms", 1000.0: "p99 ≤ 50 ms"}
         for row in self.loads:
             lines.append(
@@ -81,31 +86,9 @@ class ServingBenchResult:
                 f"{row['p50_ms']:.1f} / {row['p99_ms']:.1f} / {row.get('p999_ms', float('nan')):.1f} ms | "
                 f"{targets.get(row['offered'], '')} |"
             )
-        return "\n".join(lines) + "\n" + self._profile_markdown() + self._per_load_markdown() + self._http_markdown()
-
-    def _http_markdown(self) -> str:
-        """Where a ``POST /score`` round trip goes: the replica's sections per request, and the rest (HTTP, the
-        Serve proxy's hop to the replica, JSON decode and validation, the bearer check), by subtraction.
-        """
-        if not self.http or not self.http_profile:
-            return ""
-        # the request's sections; the consumer thread's idle loop (consumer.*) runs beside it and is left out
-        profile = next(iter(self.http_profile.values()))
-        sections = {n: v for n, v in profile.items() if not n.startswith(("consumer.", "http."))}
-        requests = max(int(sections.get("anomaly.prepare", {}).get("calls", 0)), 1)
-        per = {n: v["wall_s"] / requests * 1e3 for n, v in sorted(sections.items(), key=lambda kv: -kv[1]["wall_s"])}
-        inside = sum(per.values())
-        cells = ", ".join(f"{n} {ms:.2f}" for n, ms in per.items() if ms >= 0.05)
-        trip = self.http.get("mean_ms", float("nan"))
-        if "http.score" not in profile:
-            return ("\n" f"`POST /score`, mean wall ms per request ({requests} requests): round trip {trip:.1f}; the "
-                    f"hot path's sections {inside:.1f} ({cells}); the rest (HTTP client and server, the Serve proxy's "
-                    f"hop, decode and validation) {trip - inside:.1f}.\n")
-        handler = profile["http.score"]["wall_s"] / requests * 1e3
-        return ("\n" f"`POST /score`, mean wall ms per request ({requests} requests): round trip {trip:.1f}; the "
-                f"replica's handler {handler:.1f}, of which the hot path's sections {inside:.1f} ({cells}) and "
-                f"{handler - inside:.1f} body checks, decode, validation and the thread hop; outside the handler "
-                f"(HTTP client, the Serve proxy and its hop to the replica) {trip - handler:.1f}.\n")
+        return ("\n".join(lines) + "\n" + self._profile_markdown() + self._per_load_markdown()
+                + _http_markdown(self.http, self.http_profile, "the Serve proxy and its hop to the replica")
+                + _http_markdown(self.http_direct, self.http_direct_profile, "direct ingress: no proxy"))
 
     def _per_load_markdown(self) -> str:
         """Wall ms per micro-batch of the main sections at each offered load (where latency comes from)."""
@@ -218,7 +201,7 @@ def run_serving_bench(
 
     cfg: FedfraudConfig = config or FedfraudConfig()
     tmp = Path(tempfile.mkdtemp(prefix="fedfraud-bench-serving-"))
-    need = backlog + int(sum(loads) * seconds) + 2000 + 300 + 300  # training rows, warm-up, HTTP requests
+    need = backlog + int(sum(loads) * seconds) + 2000 + 300 + 600  # training rows, warm-up, HTTP requests (2 ways)
     frame, _ = generate_frame(GeneratorConfig(banks=1, cardholders=max(200, need // 60), days=60, seed=5))
     frame = frame.sort_values(["timestamp", "transaction_id"]).reset_index(drop=True)[COLUMNS]
     if len(frame) < need:
@@ -226,7 +209,7 @@ def run_serving_bench(
     reg = ModelRegistry(registry or tmp / "registry")
     publish_bench_models(reg, frame.head(2000), cfg)
     serving = cfg.serving.model_copy(update={"registry_root": str(reg.root), "bootstrap_servers": None,
-                                             "auth": per_run_token(cfg.serving.auth, tmp)})
+                                             "auth": per_run_token(cfg.serving.auth, tmp), "direct_ingress": True})
     features = cfg.features.model_copy(update={"repo_dir": str(tmp / "repo")})
     store = cfg.features.profile.strip().lower()
     if store == "redis":
@@ -259,12 +242,39 @@ def run_serving_bench(
             row, at_load = load_block(rt, chunk, rate)
             rows.append({**row, "profile": at_load})
             log.info("load=%.0f p50=%.1fms p99=%.1fms", rate, rows[-1]["p50_ms"], rows[-1]["p99_ms"])
-        http, http_profile = _http_sequential(rt, frame.iloc[cursor : cursor + 300].reset_index(drop=True))
+        http, http_profile = _http_sequential(rt, frame.iloc[cursor : cursor + 300].reset_index(drop=True), rt.url)
+        cursor += 300
+        direct = rt.direct_urls()
+        http_direct, direct_profile = _http_sequential(
+            rt, frame.iloc[cursor : cursor + 300].reset_index(drop=True), direct[0]) if direct else ({}, {})
         models = rt.counters()["models"]
     finally:
         rt.stop()
     return ServingBenchResult(ceiling, sustained, backlog, rows, models, os.cpu_count() or 0, load_avg, store, profile,
-                              cfg.serving.scorer_replicas, cfg.serving.partitions, http, http_profile)
+                              cfg.serving.scorer_replicas, cfg.serving.partitions, http, http_profile, http_direct,
+                              direct_profile)
+
+
+def _http_markdown(http: dict[str, float], http_profile: dict[str, Any], outside: str) -> str:
+    """Where a ``POST /score`` round trip goes: the replica's sections per request, and the rest (HTTP, the
+    Serve proxy's hop to the replica when there is one, JSON decode and validation, the bearer check), by subtraction.
+    """
+    if not http or not http_profile:
+        return ""
+    # the request's sections; the consumer thread's idle loop (consumer.*) runs beside it and is left out
+    profile = next(iter(http_profile.values()))
+    sections = {n: v for n, v in profile.items() if not n.startswith(("consumer.", "http."))}
+    requests = max(int(sections.get("anomaly.prepare", {}).get("calls", 0)), 1)
+    per = {n: v["wall_s"] / requests * 1e3 for n, v in sorted(sections.items(), key=lambda kv: -kv[1]["wall_s"])}
+    inside = sum(per.values())
+    cells = ", ".join(f"{n} {ms:.2f}" for n, ms in per.items() if ms >= 0.05)
+    trip = http.get("mean_ms", float("nan"))
+    handler = profile.get("http.score", {}).get("wall_s", 0.0) / requests * 1e3
+    return ("\n" f"`POST /score` ({outside}), mean wall ms per request ({requests} requests): round trip "
+            f"{trip:.1f}; the replica's handler {handler:.1f}, of which the hot path's sections {inside:.1f} "
+            f"({cells}) and {handler - inside:.1f} body checks, decode, validation and the thread hop; outside the "
+            f"handler "
+            f"(HTTP client and server, {outside}) {trip - handler:.1f}.\n")
 
 
 def load_block(rt: Any, chunk: Any, rate: float, timeout_s: float = 600.0) -> tuple[dict[str, float], dict[str, Any]]:
@@ -308,7 +318,7 @@ def publish_bench_models(reg: Any, train: Any, cfg: Any) -> None:
                               config={}, metrics={}, privacy={}, card="benchmark")
 
 
-def _http_sequential(rt: Any, rows: Any, warm: int = 20) -> tuple[dict[str, float], dict[str, Any]]:
+def _http_sequential(rt: Any, rows: Any, url: str, warm: int = 20) -> tuple[dict[str, float], dict[str, Any]]:
     """Round-trip latency of ``POST /score`` with one transaction per request, one request at a time (tokenized
     as the bank's producer sends them, with the bearer token every client sends, so its check is in the figure),
     and the replica's stage profile of the same requests (the first ``warm`` requests warm the HTTP path and are
@@ -325,7 +335,7 @@ def _http_sequential(rt: Any, rows: Any, warm: int = 20) -> tuple[dict[str, floa
             if i == warm:
                 rt.handle.profile.remote(reset=True).result()
             t0 = time.perf_counter()
-            response = client.post(f"{rt.url}/score", json=record)
+            response = client.post(f"{url}/score", json=record)
             if i >= warm and response.status_code == 200:
                 times.append((time.perf_counter() - t0) * 1e3)
     profile = rt.handle.profile.remote(reset=True).result()

@@ -42,8 +42,9 @@ def serve_command(
     rt = start(cfg, consume=not no_consume)
     where = f"embedded Tansu broker at {rt.bootstrap_servers}" if rt.embedded else f"Kafka at {rt.bootstrap_servers}"
     auth = "NO AUTHENTICATION (--insecure-no-auth)" if rt.token is None else "bearer token on /score and /metrics"
-    typer.echo(f"serving: {where}; HTTP {rt.url} (/score /healthz /readyz /metrics; {auth}); Ctrl-C to stop",
-               err=True)
+    direct = f"; direct ingress {' '.join(rt.direct_urls())}" if cfg.serving.direct_ingress else ""
+    typer.echo(f"serving: {where}; HTTP {rt.url}{direct} (/score /healthz /readyz /metrics; {auth}); Ctrl-C to "
+               "stop", err=True)
     try:
         while True:
             time.sleep(10)

@@ -6,21 +6,25 @@ from fedfraud.bench.serving import ServingBenchResult
 def test_score_round_trip_is_split_into_the_hot_path_and_the_rest():
     sections = {"anomaly.prepare": {"cpu_s": 0.1, "wall_s": 0.2, "calls": 100},
                 "kafka.flush": {"cpu_s": 0.0, "wall_s": 0.3, "calls": 100},
+                "http.score": {"cpu_s": 0.0, "wall_s": 0.7, "calls": 100},
                 "consumer.poll": {"cpu_s": 0.0, "wall_s": 9.0, "calls": 90}}  # the idle loop beside the requests
-    result = ServingBenchResult(1000.0, 500.0, 10, http={"n": 100.0, "p50_ms": 9.0, "p99_ms": 12.0, "mean_ms": 10.0},
-                                http_profile={"replica": sections})
-    md = result.to_markdown()
-    assert "| POST /score, one transaction, 100 sequential requests: p50 / p99 | 9.0 / 12.0 ms |" in md
-    # 2 ms + 3 ms per request inside the replica, so 5 ms of the 10 ms mean are outside it
-    assert ("round trip 10.0; the hot path's sections 5.0 (kafka.flush 3.00, anomaly.prepare 2.00); the rest "
-            "(HTTP client and server, the Serve proxy's hop, decode and validation) 5.0.") in md
-    assert "POST /score`, mean" not in ServingBenchResult(1000.0, 500.0, 10).to_markdown()
-    # with the handler's own section, the rest splits into the handler's overhead and what is outside it
-    timed = {**sections, "http.score": {"cpu_s": 0.0, "wall_s": 0.7, "calls": 100}}
-    md = ServingBenchResult(1000.0, 500.0, 10, http=result.http, http_profile={"replica": timed}).to_markdown()
+    http = {"n": 100.0, "p50_ms": 9.0, "p99_ms": 12.0, "mean_ms": 10.0}
+    md = ServingBenchResult(1000.0, 500.0, 10, http=http, http_profile={"replica": sections}).to_markdown()
+    assert ("| POST /score through the Serve proxy, one transaction, 100 sequential requests: p50 / p99 | "
+            "9.0 / 12.0 ms |") in md
+    assert "direct ingress" not in md  # no replica port published: no such row
+    # 2 ms + 3 ms per request in the hot path, 7 ms in the handler, so 3 ms of the 10 ms mean are outside it
     assert ("round trip 10.0; the replica's handler 7.0, of which the hot path's sections 5.0 (kafka.flush 3.00, "
             "anomaly.prepare 2.00) and 2.0 body checks, decode, validation and the thread hop; outside the handler "
-            "(HTTP client, the Serve proxy and its hop to the replica) 3.0.") in md
+            "(HTTP client and server, the Serve proxy and its hop to the replica) 3.0.") in md
+    assert "POST /score`" not in ServingBenchResult(1000.0, 500.0, 10).to_markdown()
+    # the same requests straight to the replica: a second row and a second split, in the same report
+    direct = {"n": 100.0, "p50_ms": 6.0, "p99_ms": 8.0, "mean_ms": 8.0}
+    md = ServingBenchResult(1000.0, 500.0, 10, http=http, http_profile={"replica": sections}, http_direct=direct,
+                            http_direct_profile={"replica": sections}).to_markdown()
+    assert ("| POST /score straight to the replica (direct ingress), one transaction, 100 sequential requests: "
+            "p50 / p99 | 6.0 / 8.0 ms |") in md
+    assert "(HTTP client and server, direct ingress: no proxy) 1.0." in md
 
 
 def test_each_load_splits_its_latency_where_the_replica_picks_the_batch_up():
