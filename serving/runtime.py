@@ -46,21 +46,34 @@ log = logging.getLogger(__name__)
 DIRECT_INGRESS_ENV = {"RAY_SERVE_ENABLE_DIRECT_INGRESS": "1", "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "0"}
 
 
-def ensure_ray(num_cpus: int = 2, host: str = LOOPBACK, direct_ingress: bool = False) -> None:
+def ensure_ray(num_cpus: int = 2, host: str = LOOPBACK, direct_ingress: bool = False) -> bool:
     """Initialise Ray unless it already is (tests share one instance; Flower's simulation may have shut it down).
 
     Its GCS, raylet and workers listen on ``host`` (``serving.ray_host``; loopback by default, see
     :func:`fedfraud.net.ray_bind`), with no dashboard. ``direct_ingress`` puts :data:`DIRECT_INGRESS_ENV` in the
-    environment first; a Ray that is already up keeps the environment it started with.
+    environment of the Ray it starts, and only of that one (the driver's environment is restored after
+    ``ray.init``). Returns whether direct ingress is known to be on: this Ray was started with it, or the driver's
+    environment already asked for it (a Ray started by someone else keeps the environment it started with).
     """
     import ray
 
-    if not ray.is_initialized():
-        if direct_ingress:
-            os.environ.update(DIRECT_INGRESS_ENV)
+    if ray.is_initialized():
+        active = os.environ.get("RAY_SERVE_ENABLE_DIRECT_INGRESS") == "1"
+        if direct_ingress and not active:
+            log.warning("Ray was started without direct ingress: POST /score goes through the Serve proxy only")
+        return direct_ingress and active
+    saved = {k: os.environ.get(k) for k in DIRECT_INGRESS_ENV}
+    if direct_ingress:
+        os.environ.update(DIRECT_INGRESS_ENV)
+    try:
         ray.init(num_cpus=num_cpus, log_to_driver=False, logging_level=logging.WARNING, **ray_bind(host))
-    elif direct_ingress and os.environ.get("RAY_SERVE_ENABLE_DIRECT_INGRESS") != "1":
-        log.warning("Ray was started without direct ingress: POST /score goes through the Serve proxy only")
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+    return direct_ingress
 
 
 @dataclass
@@ -111,16 +124,25 @@ class ServingRuntime:
     def direct_urls(self) -> list[str]:
         """The replicas' own HTTP addresses under direct ingress (``serving.direct_ingress``); empty without it.
 
-        Serve publishes them as the application's target groups (a replica's port is assigned after it starts);
-        without direct ingress the only target is the proxy, which :attr:`url` already names.
+        Serve publishes them as the application's target groups (a replica's port is assigned after it starts, and
+        a restarted replica may get another). A replica's server binds the proxy's host and its own port, so the
+        address is that host unless the host is a wildcard, then the replica's node address.
         """
         from ray.serve.context import _get_global_client
 
-        groups = _get_global_client().get_serve_details().get("target_groups") or []
-        proxy_port = self.config.serving.http_port
-        return [f"http://{target['ip']}:{target['port']}" for group in groups
-                if group.get("app_name") == APP_NAME and str(group.get("protocol")).upper().endswith("HTTP")
-                for target in group.get("targets", []) if int(target["port"]) != proxy_port]
+        details = _get_global_client().get_serve_details()
+        bound = str((details.get("http_options") or {}).get("host") or "")
+        out = []
+        for group in details.get("target_groups") or []:
+            protocol = group.get("protocol")
+            if group.get("app_name") != APP_NAME or getattr(protocol, "value", protocol) != "HTTP":
+                continue
+            for target in group.get("targets", []):
+                if not str(target.get("name", "")).startswith("SERVE_REPLICA::"):
+                    continue  # the proxy, listed while no replica runs
+                host = target["ip"] if bound in ("", "0.0.0.0", "::") else bound
+                out.append(f"http://{host}:{target['port']}")
+        return out
 
     def counters(self) -> dict[str, Any]:
         """Delivery counters of the gateway (consumed, decided, dead_lettered, inflight, models...)."""
@@ -238,14 +260,15 @@ def start(
         broker = EmbeddedBroker(topics={t: s.partitions for t in s.topics.all()}).start()
         bootstrap = broker.bootstrap_servers
         log.info("no --bootstrap-servers: started the embedded Tansu broker at %s (memory only)", bootstrap)
-    producer = make_producer(bootstrap, s.producer, client_id="fedfraud-replay",
-                             security=s.kafka_security) if replay_source else None
+    producer = None
     try:
+        if replay_source:
+            producer = make_producer(bootstrap, s.producer, client_id="fedfraud-replay", security=s.kafka_security)
         if apply_features:
             from fedfraud.feature_store.feast_store import apply_repo, open_store
 
             apply_repo(open_store(config.features))
-        ensure_ray(num_cpus, s.ray_host, s.direct_ingress)
+        direct = ensure_ray(num_cpus, s.ray_host, s.direct_ingress)
         serve.start(http_options={"host": LOOPBACK, "port": s.http_port})
         args = ScoringArgs(config=config.model_dump(mode="json"), bootstrap_servers=bootstrap, consume=consume,
                            **({"anomaly_loader": anomaly_loader} if anomaly_loader else {}))
@@ -254,6 +277,10 @@ def start(
         if consume:
             _wait_ready(f"http://127.0.0.1:{s.http_port}", timeout_s=120.0)
         _mount_tokenizer(s.registry_root, s.auth)
+        rt = ServingRuntime(config, bootstrap, f"http://{LOOPBACK}:{s.http_port}", broker, handle, token,
+                            _producer=producer)
+        if direct:
+            _wait_direct(rt, timeout_s=30.0)
         log.info("serving up in %.1fs bootstrap=%s", time.perf_counter() - t0, bootstrap)
     except BaseException:
         if producer is not None:
@@ -261,10 +288,6 @@ def start(
         if broker is not None:
             broker.stop()
         raise
-    rt = ServingRuntime(config, bootstrap, f"http://{LOOPBACK}:{s.http_port}", broker, handle, token,
-                        _producer=producer)
-    if s.direct_ingress and os.environ.get("RAY_SERVE_ENABLE_DIRECT_INGRESS") == "1":
-        _wait_direct(rt, timeout_s=30.0)
     return rt
 
 

@@ -269,7 +269,10 @@ def _http_markdown(http: dict[str, float], http_profile: dict[str, Any], outside
     inside = sum(per.values())
     cells = ", ".join(f"{n} {ms:.2f}" for n, ms in per.items() if ms >= 0.05)
     trip = http.get("mean_ms", float("nan"))
-    handler = profile.get("http.score", {}).get("wall_s", 0.0) / requests * 1e3
+    if "http.score" not in profile:  # e.g. a request that reached another replica than the one profiled
+        return ("\n" f"`POST /score` ({outside}), mean wall ms per request ({requests} requests): round trip "
+                f"{trip:.1f}; the hot path's sections {inside:.1f} ({cells}); the rest {trip - inside:.1f}.\n")
+    handler = profile["http.score"]["wall_s"] / requests * 1e3
     return ("\n" f"`POST /score` ({outside}), mean wall ms per request ({requests} requests): round trip "
             f"{trip:.1f}; the replica's handler {handler:.1f}, of which the hot path's sections {inside:.1f} "
             f"({cells}) and {handler - inside:.1f} body checks, decode, validation and the thread hop; outside the "

@@ -59,7 +59,7 @@ print("RESULT " + json.dumps(out))
 
 
 def test_replica_answers_score_on_its_own_port_with_the_same_token(tmp_path: Path, api_token) -> None:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     env.pop("RAY_ADDRESS", None)  # a Ray of its own, started with the flag in its environment
     done = subprocess.run([sys.executable, "-c", CHILD, str(tmp_path), str(api_token.file)], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=600)
