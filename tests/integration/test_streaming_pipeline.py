@@ -259,6 +259,7 @@ def test_promote_and_rollback_mid_stream_lose_and_double_nothing(runtime, frame)
     thread, results = _stream_until(runtime, part, done)
     try:
         _wait_decided(runtime, counts, 150)
+        _wait_model(runtime, a.tag)  # a serves before b is promoted (150 decisions can come before the watcher polls)
         reg.promote("anomaly", b.version, actor="test", reason="challenger better")
         _wait_model(runtime, b.tag)
         reg.rollback("anomaly", actor="test", reason="alarm")
