@@ -82,7 +82,7 @@ class Activity:
     @classmethod
     def from_features(cls, values: dict[str, Any]) -> Activity:
         """Inverse of :meth:`to_features`; missing or null fields take their defaults (first transaction)."""
-        kwargs = {f.name: values[f.name] for f in fields(cls) if values.get(f.name) is not None}
+        kwargs = {name: value for name in ACTIVITY_FEATURES if (value := values.get(name)) is not None}
         return cls(**kwargs)
 
 

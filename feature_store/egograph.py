@@ -37,6 +37,8 @@ Graph definition (documented choices):
 from __future__ import annotations
 
 import bisect
+import functools
+import itertools
 import logging
 import struct
 import zlib
@@ -397,8 +399,7 @@ class EgoGraphState:
             self.last_merchant,
             self.n_transactions,
         )
-        body = struct.pack(
-            _body_format(n, e, r),
+        body = _body(n, e, r).pack(
             *self.node_merchant,
             *self.node_key,
             *self.node_lat,
@@ -412,7 +413,10 @@ class EgoGraphState:
             *self.edge_key,
             *self.recent,
         )
-        payload = header + body + _HISTORY.pack(*self.history.tolist())
+        history = np.asarray(self.history, dtype="<f8")
+        if history.shape != (HISTORY_SIZE,):
+            raise ValueError(f"history has shape {history.shape}, not ({HISTORY_SIZE},)")
+        payload = header + body + history.tobytes()
         return payload + _CRC.pack(zlib.crc32(payload))
 
     @staticmethod
@@ -435,15 +439,15 @@ class EgoGraphState:
             raise CorruptStateError("not an ego-graph state (bad magic)")
         if version not in (1, _VERSION):
             raise CorruptStateError(f"unsupported ego-graph state version {version}")
-        fmt = _body_format(n, e, r)
+        body = _body(n, e, r)
         history_size = _HISTORY.size if version >= 2 else 0
-        if len(payload) != _HEADER.size + struct.calcsize(fmt) + history_size:
+        if len(payload) != _HEADER.size + body.size + history_size:
             raise CorruptStateError("ego-graph state length does not match its header")
-        values = struct.unpack_from(fmt, payload, _HEADER.size)
+        values = body.unpack_from(payload, _HEADER.size)
         state = cls(cfg)
         if history_size:
-            state.history = np.array(_HISTORY.unpack_from(payload, _HEADER.size + struct.calcsize(fmt)))
-        cuts = np.cumsum([0, n, n, n, n, n, n, n, e, e, e, e, r])
+            state.history = np.frombuffer(payload, "<f8", HISTORY_SIZE, _HEADER.size + body.size).astype(np.float64)
+        cuts = _cuts(n, e, r)
         cols = [list(values[a:b]) for a, b in zip(cuts[:-1], cuts[1:], strict=True)]
         (
             state.node_merchant,
@@ -459,7 +463,7 @@ class EgoGraphState:
             state.edge_key,
             state.recent,
         ) = cols
-        if any(i >= n for i in src) or any(i >= n for i in dst):
+        if max(src, default=-1) >= n or max(dst, default=-1) >= n:
             raise CorruptStateError("ego-graph state edge refers to a missing node")
         state.edge_src = [state.node_merchant[i] for i in src]
         state.edge_dst = [state.node_merchant[i] for i in dst]
@@ -494,6 +498,18 @@ _NO_HISTORY = torch.zeros(1, 0)
 def _body_format(n: int, e: int, r: int) -> str:
     # nodes: merchant Q, key Q, lat d, lon d, first q, last q, visits I; edges: src H, dst H, ts q, key Q; ring Q
     return f"<{n}Q{n}Q{n}d{n}d{n}q{n}q{n}I{e}H{e}H{e}q{e}Q{r}Q"
+
+
+@functools.lru_cache(maxsize=4096)
+def _body(n: int, e: int, r: int) -> struct.Struct:
+    """The compiled body layout of a state with ``n`` nodes, ``e`` edges and ``r`` ring entries."""
+    return struct.Struct(_body_format(n, e, r))
+
+
+@functools.lru_cache(maxsize=4096)
+def _cuts(n: int, e: int, r: int) -> tuple[int, ...]:
+    """Offsets of the twelve columns in a body's flat values (see :func:`_body_format`)."""
+    return tuple(itertools.accumulate((n, n, n, n, n, n, n, e, e, e, e, r), initial=0))
 
 
 # ---------------------------------------------------------------------- batch build

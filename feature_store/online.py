@@ -8,10 +8,12 @@ activity, latest T' and q_t of many cardholders), :meth:`CardholderState.apply` 
 Why not ``FeatureStore.get_online_features`` / ``FeatureStore.push``: they
 rebuild request plans and convert through pandas/arrow on every call, which
 costs milliseconds per 64 rows (``fedfraud bench features --store`` measures
-both). This client resolves the feature views once and calls the online store's
-own ``online_read`` / ``online_write_batch`` (Feast's ``OnlineStore`` interface,
-what ``get_online_features`` and ``push`` end in) with protos it builds
-directly. Rows are bit-identical to what the SDK writes. The feature lists are those of the applied views, so
+both). This client resolves the feature views once and deals in Python values. On SQLite (or any other
+store) it calls the online store's own ``online_read`` / ``online_write_batch`` (Feast's ``OnlineStore``
+interface, what ``get_online_features`` and ``push`` end in) with protos it builds by the views' dtypes; on
+Redis it reads and writes every view of a batch in one pipeline each way, encoding values straight to
+Feast's bytes (:mod:`~fedfraud.feature_store.redis_store`, :mod:`~fedfraud.feature_store.feast_values`).
+Rows are bit-identical to what the SDK writes. The feature lists are those of the applied views, so
 the repo's ``definitions.py`` is the one declaration of a cardholder's fields; the versioned services
 (``anomaly_scoring_v1``, ``fraud_scoring_v1``) are how the plain SDK reads the same rows, and
 ``tests/integration/test_feature_store_online.py`` reads what this client wrote through them.
@@ -28,18 +30,16 @@ from datetime import datetime, UTC
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from fedfraud.feature_store.activity import Activity
 from fedfraud.feature_store.cardholder import CardholderState, PreparedBatch
 from fedfraud.feature_store.config import EgoGraphConfig
 from fedfraud.feature_store.egograph import CorruptStateError, EgoGraphState
+from fedfraud.feature_store.feast_values import from_proto, to_proto, value_kind
 from fedfraud.feature_store.store_config import FeatureStoreConfig
 
 if TYPE_CHECKING:
     from feast import FeatureStore, FeatureView
     from feast.infra.online_stores.online_store import OnlineStore
-    from feast.protos.feast.types.Value_pb2 import Value
     from feast.repo_config import RepoConfig
 
     from fedfraud.feature_store.redis_store import MultiViewRedisOnlineStore
@@ -59,39 +59,51 @@ def _from_us(us: int) -> datetime:
     return datetime.fromtimestamp(us // 1_000_000, tz=UTC).replace(microsecond=us % 1_000_000)
 
 
-def _python(value: Value) -> Any:
-    """The python value of a Feast ``Value`` proto of the types used here (None when unset)."""
-    kind = value.WhichOneof("val")
-    if kind is None or kind == "null_val":
-        return None
-    if kind == "float_list_val":
-        values = value.float_list_val.val
-        return np.fromiter(values, dtype=np.float32, count=len(values))
-    return getattr(value, kind)
-
-
 #: A Feast entity of this module: a card token, or (bank, merchant key) of ``merchant_location`` (a keyed hash,
 #: :func:`fedfraud.feature_store.cardholder.merchant_key`).
 Entity = str | tuple[int, str]
-#: Rows of one view: (entity, feature values, event time, created time).
-ViewRows = list[tuple[Entity, dict[str, "Value"], datetime, datetime]]
+#: Rows of one view: (entity, feature name → Python value, event time, created time).
+ViewRows = list[tuple[Entity, dict[str, Any], datetime, datetime]]
+#: Python values of one view per entity, None for an entity the store has no row of.
+ViewValues = list[dict[str, Any] | None]
 
 
 class _ViewIO:
-    """Per-view reads and writes through Feast's ``OnlineStore`` interface (any online store)."""
+    """Per-view reads and writes through Feast's ``OnlineStore`` interface (any online store).
+
+    Values cross this interface as Python values; this generic path converts them to and from ``Value``
+    protos by the views' declared dtypes (:mod:`~fedfraud.feature_store.feast_values`).
+    """
 
     def __init__(self, online: OnlineStore, config: RepoConfig) -> None:
         self.online = online
         self.config = config
+        self._kinds: dict[str, dict[str, str]] = {}
 
-    def read(self, tables: Sequence[tuple[FeatureView, Sequence[str]]], holders: Sequence[str]) -> list[list[Any]]:
-        keys = _entity_keys(holders)
-        return [self.online.online_read(self.config, table, keys, list(features)) for table, features in tables]
+    def forget_views(self) -> None:
+        """Drop what was cached about the views (after a ``feast apply`` changed them)."""
+        self._kinds.clear()
+
+    def read(self, tables: Sequence[tuple[FeatureView, Sequence[str]]], entities: Sequence[Entity]) -> list[ViewValues]:
+        keys = _entity_keys(entities)
+        return [
+            [
+                None if values is None else {k: from_proto(v) for k, v in values.items()}
+                for _, values in self.online.online_read(self.config, table, keys, list(features))
+            ]
+            for table, features in tables
+        ]
 
     def write(self, rows: Sequence[tuple[FeatureView, ViewRows]]) -> None:
         for table, view_rows in rows:
+            kinds = self._kinds.get(table.name)
+            if kinds is None:
+                kinds = self._kinds[table.name] = {f.name: value_kind(f.dtype) for f in table.features}
             keys = _entity_keys([entity for entity, *_ in view_rows])
-            data = [(key, values, ts, created) for key, (_, values, ts, created) in zip(keys, view_rows, strict=True)]
+            data = [
+                (key, {name: to_proto(kinds[name], v) for name, v in values.items()}, ts, created)
+                for key, (_, values, ts, created) in zip(keys, view_rows, strict=True)
+            ]
             if data:
                 self.online.online_write_batch(self.config, table, data, None)
 
@@ -106,6 +118,10 @@ class _RedisViewIO(_ViewIO):
         self.multi = online
         self._keys: dict[Entity, bytes] = {}
 
+    def forget_views(self) -> None:
+        super().forget_views()
+        self.multi.forget_views()
+
     def _redis_keys(self, entities: Sequence[Entity]) -> list[bytes]:
         missing = list(dict.fromkeys(e for e in entities if e not in self._keys))
         if missing:
@@ -115,14 +131,14 @@ class _RedisViewIO(_ViewIO):
             self._keys.update(zip(missing, built, strict=True))
         return [self._keys[e] for e in entities]
 
-    def read(self, tables: Sequence[tuple[FeatureView, Sequence[str]]], holders: Sequence[str]) -> list[list[Any]]:
-        return self.multi.read_views(self.config, tables, self._redis_keys(holders))
+    def read(self, tables: Sequence[tuple[FeatureView, Sequence[str]]], entities: Sequence[Entity]) -> list[ViewValues]:
+        return self.multi.read_views(self.config, tables, self._redis_keys(entities))
 
     def write(self, rows: Sequence[tuple[FeatureView, ViewRows]]) -> None:
         merged = []
         for table, view_rows in rows:
             keys = self._redis_keys([entity for entity, *_ in view_rows])
-            merged.append((table, [(k, (None, v, ts, c)) for k, (_, v, ts, c) in zip(keys, view_rows, strict=True)]))
+            merged.append((table, [(k, v, ts) for k, (_, v, ts, _) in zip(keys, view_rows, strict=True)]))
         self.multi.write_views(self.config, merged)
 
 
@@ -211,7 +227,6 @@ class OnlineStateClient:
         self.ego_cfg = ego_cfg
         self.cell_deg = cell_deg
         self._io = _view_io(store.config)
-        self._online = self._io.online
         self._views: dict[str, FeatureView] = {}
         self.refresh()
 
@@ -240,6 +255,7 @@ class OnlineStateClient:
                 f"feature repo {self.store.repo_path} is not applied ({exc.__class__.__name__}); "
                 "run `fedfraud features apply`"
             ) from None
+        self._io.forget_views()
         self._cardholder_tables = [
             (self._views[name], tuple(f.name for f in self._views[name].features)) for name in CARDHOLDER_VIEWS
         ]
@@ -247,10 +263,7 @@ class OnlineStateClient:
     # ------------------------------------------------------------------ read
     def read_states(self, cardholders: Sequence[str]) -> list[CardholderState]:
         """States of many cardholders (pseudonyms) in one batched read; unknown ones come back empty."""
-        ego_rows, time_rows, act_rows = (
-            [None if values is None else {k: _python(v) for k, v in values.items()} for _, values in view_rows]
-            for view_rows in self._io.read(self._cardholder_tables, cardholders)
-        )
+        ego_rows, time_rows, act_rows = self._io.read(self._cardholder_tables, cardholders)
         out: list[CardholderState] = []
         for holder, ego_row, time_row, act_row in zip(cardholders, ego_rows, time_rows, act_rows, strict=True):
             state = CardholderState.empty(holder, self.ego_cfg)
@@ -275,29 +288,22 @@ class OnlineStateClient:
         return out
 
     # ------------------------------------------------------------------ write
-    def _cardholder_rows(self, states: Sequence[CardholderState]) -> list[tuple[FeatureView, list[Any]]]:
-        from feast.protos.feast.types.Value_pb2 import FloatList, Value
-
+    def _cardholder_rows(self, states: Sequence[CardholderState]) -> list[tuple[FeatureView, ViewRows]]:
         now = datetime.now(UTC)
         ego_rows, time_rows, act_rows = [], [], []
         for s in states:
             act = s.activity
             ts = _from_us(act.last_seen_us) if act.tx_count else now
-            ego = {
-                "ego_state": Value(bytes_val=s.ego.to_bytes()),
-                "q_t": Value(float_list_val=FloatList(val=np.asarray(s.q_t, dtype=np.float32).tolist())),
-                "state_version": Value(int64_val=s.version),
-            }
+            ego = {"ego_state": s.ego.to_bytes(), "q_t": s.q_t, "state_version": s.version}
             ego_rows.append((s.cardholder, ego, ts, now))
-            tim: dict[str, Value] = {}
+            tim: dict[str, Any] = {}
             if s.time_embedding is not None:
-                tim["time_embedding"] = Value(float_list_val=FloatList(val=s.time_embedding.tolist()))
+                tim["time_embedding"] = s.time_embedding
             if s.epsilon is not None:
-                tim["epsilon"] = Value(double_val=s.epsilon)
+                tim["epsilon"] = s.epsilon
             if tim:
                 time_rows.append((s.cardholder, tim, ts, now))
-            activity = {name: Value(**{_VALUE_FIELD[type(v)]: v}) for name, v in act.to_features().items()}
-            act_rows.append((s.cardholder, activity, ts, now))
+            act_rows.append((s.cardholder, act.to_features(), ts, now))
         views = self._views
         return [
             (views["cardholder_ego_state"], ego_rows),
@@ -312,8 +318,6 @@ class OnlineStateClient:
 
     def _merchant_rows(self, bank: int, batch: PreparedBatch, rows: Sequence[int]) -> ViewRows:
         """``merchant_location`` rows of the latest of ``rows`` per merchant (rows are in event-time order)."""
-        from feast.protos.feast.types.Value_pb2 import FloatList, Value
-
         latest: dict[str, int] = {}
         for i in rows:  # the last one wins, like materialisation
             latest[batch.merchant_key(i)] = i
@@ -321,10 +325,7 @@ class OnlineStateClient:
         return [
             (
                 (bank, merchant),
-                {
-                    "location_embedding": Value(float_list_val=FloatList(val=batch.features.location[i].tolist())),
-                    "merchant_bucket": Value(int64_val=int(batch.features.merchant[i])),
-                },
+                {"location_embedding": batch.features.location[i], "merchant_bucket": int(batch.features.merchant[i])},
                 _from_us(batch.ts_us[i]),
                 now,
             )
@@ -351,15 +352,6 @@ class OnlineStateClient:
 
         ``merchants`` are store keys (:func:`fedfraud.feature_store.cardholder.merchant_key`), never names.
         """
-        from feast.protos.feast.types.EntityKey_pb2 import EntityKey
-        from feast.protos.feast.types.Value_pb2 import Value
-
-        keys = [
-            EntityKey(join_keys=["bank", "merchant"], entity_values=[Value(int64_val=bank), Value(string_val=m)])
-            for m in merchants
-        ]
-        rows = self._online.online_read(self.store.config, self._views[MERCHANT_VIEW], keys, None)
-        return [None if values is None else {k: _python(v) for k, v in values.items()} for _, values in rows]
-
-
-_VALUE_FIELD: dict[type, str] = {int: "int64_val", float: "double_val", str: "string_val"}
+        view = self._views[MERCHANT_VIEW]
+        (rows,) = self._io.read([(view, [f.name for f in view.features])], [(bank, m) for m in merchants])
+        return rows

@@ -138,6 +138,46 @@ def test_push_round_trip_and_sdk_compat(built) -> None:
     assert sdk["amount_sum"] == [12.5, 25.0, 37.5]
 
 
+@pytest.mark.parametrize("built", ["redis"], indirect=True)  # the Redis writer only
+def test_redis_hash_bytes_are_what_the_sdk_push_writes(built) -> None:
+    """Serving's Redis writer encodes values itself: the stored hash is byte for byte the SDK push's."""
+    from feast.data_source import PushMode
+
+    from fedfraud.bench.store import _push_frame
+
+    _, store, client = built
+    ours, sdk = ["bytes-ours-0", "bytes-ours-1"], ["bytes-sdk-0", "bytes-sdk-1"]
+    states = client.read_states(ours)
+    for k, s in enumerate(states):
+        s.ego.update(key=9 + k, merchant=3, lat=41.5, lon=-73.25, ts_us=1_767_225_600_000_123 + k, amount=7.25,
+                     mcc="travel")
+        s.activity.update(1_767_225_600_000_123 + k, 7.25 + k, 41.5, -73.25, "travel", 0.1)
+        s.q_t = np.linspace(-1, 1, 5, dtype=np.float32) * (k + 1)
+        s.time_embedding = np.array([0.1, -2.5, 3e-8], dtype=np.float32)
+        s.epsilon = 0.75 + k
+    client.push_states(states)
+    for s, name in zip(states, sdk, strict=True):
+        s.cardholder = name
+    store.push("cardholder_push", _push_frame(states), to=PushMode.ONLINE)
+    # a merchant row, written by serving's writer and by the SDK
+    when = pd.Timestamp("2026-01-02 03:04:05.678901", tz="UTC")
+    location = np.array([0.25, -1.5, 7e-3, 0.0], dtype=np.float32)
+    merchant = store.get_feature_view("merchant_location")
+    client._io.write([(merchant, [((4, "bytes-m-ours"), {"location_embedding": location, "merchant_bucket": 77},
+                                   when.to_pydatetime(), when.to_pydatetime())])])
+    store.write_to_online_store("merchant_location", pd.DataFrame(
+        {"bank": [4], "merchant": ["bytes-m-sdk"], "event_timestamp": [when], "created": [when],
+         "location_embedding": [location], "merchant_bucket": [77]}))
+
+    redis = client._io.multi._get_client(store.config.online_store)
+    pairs = [*zip(client._io._redis_keys(ours), client._io._redis_keys(sdk), [3 + (3 + 2 + 13)] * 2, strict=True),
+             (*client._io._redis_keys([(4, "bytes-m-ours"), (4, "bytes-m-sdk")]), 1 + 2)]
+    for a, b, n_fields in pairs:  # n_fields: a _ts field per view and every feature of the views
+        written, pushed = redis.hgetall(a), redis.hgetall(b)
+        assert len(written) == n_fields
+        assert written == pushed
+
+
 @pytest.mark.parametrize("built", ["sqlite"], indirect=True)  # the SQLite writer only
 def test_sqlite_writes_a_batch_of_every_view_in_one_transaction(built) -> None:
     """Serving's SQLite writes: Feast's own upserts for every view, one commit per batch (not one per view)."""
@@ -245,6 +285,13 @@ def test_streaming_matches_offline(built, dataset: Path, tmp_path: Path) -> None
         assert row is not None
         np.testing.assert_array_equal(row["location_embedding"], latest.loc[name, "location_embedding"])
         assert row["merchant_bucket"] == latest.loc[name, "merchant_bucket"]
+
+
+def test_unknown_entities_read_as_none(built) -> None:
+    _, _, client = built
+    assert client.read_merchants(STREAMED_BANK, ["never-seen-merchant"]) == [None]
+    (state,) = client.read_states(["never-seen-cardholder"])
+    assert not state.found and state.activity.tx_count == 0 and state.time_embedding is None
 
 
 def test_offline_table_has_state_on_last_row_only(built, dataset: Path) -> None:
