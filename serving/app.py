@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from fastapi import Depends, FastAPI, HTTPException, Request, Response
@@ -39,6 +41,9 @@ __all__ = ["ScoringArgs", "StreamScorer", "build_app"]
 
 log = logging.getLogger(__name__)
 APP_NAME = "fedfraud"
+#: The environment variable a Ray worker reads its niceness from when it starts (``ray_constants``; Ray's job
+#: supervisor sets it to 0 for itself the same way).
+RAY_WORKER_NICENESS = "RAY_worker_niceness"
 
 
 class ScoringArgs(BaseModel):
@@ -163,6 +168,20 @@ def _item_bytes(item: Any) -> bytes:
         return json_bytes(item)
     except ValueError:
         return b"<an object with a non-finite number>"
+
+
+def thread_niceness() -> list[int]:
+    """The distinct niceness values of this process's threads (Linux ``/proc``; else the calling thread's)."""
+    tasks = Path("/proc/self/task")
+    if not tasks.is_dir():
+        return [os.getpriority(os.PRIO_PROCESS, 0)]
+    values = set()
+    for task in tasks.iterdir():
+        try:  # field 19 of stat, the 17th after the ")" that ends the thread's name
+            values.add(int((task / "stat").read_text().rsplit(")", 1)[1].split()[16]))
+        except (OSError, IndexError, ValueError):  # a thread that ended meanwhile
+            continue
+    return sorted(values)
 
 
 def _json(body: dict[str, Any], status_code: int = 200) -> Response:
@@ -322,6 +341,10 @@ class StreamScorer:
         totals = self.durable.totals()
         return {**local, **totals, "replica": local}
 
+    def process(self) -> dict[str, Any]:
+        """This replica's pid and the niceness of each of its threads (``serving.replica_niceness``)."""
+        return {"pid": os.getpid(), "niceness": thread_niceness()}
+
     def profile(self, reset: bool = False) -> dict[str, dict[str, dict[str, float]]]:
         """Per-section CPU/wall seconds of this replica (consumer, anomaly and fraud stages, Kafka I/O)."""
         return {"replica": self.hot.clock.snapshot(reset)}
@@ -347,4 +370,8 @@ def build_app(args: ScoringArgs | dict[str, Any]) -> Application:
     api_token(s.auth)  # ... and if no API token is configured (each replica reads it again, where it runs)
     replica = _ReplicaArgs(config=cfg, bootstrap_servers=args.bootstrap_servers, consume=args.consume,
                            anomaly_loader=args.anomaly_loader)
-    return StreamScorer.options(num_replicas=s.scorer_replicas).bind(replica.model_dump(mode="json"))
+    niceness = {"env_vars": {RAY_WORKER_NICENESS: str(s.replica_niceness)}}  # applied by the worker at start-up
+    actor = {**(StreamScorer.ray_actor_options or {}), "runtime_env": niceness}
+    return StreamScorer.options(num_replicas=s.scorer_replicas, ray_actor_options=actor).bind(
+        replica.model_dump(mode="json")
+    )

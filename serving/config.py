@@ -254,6 +254,13 @@ class ServingConfig(_Section):
         "large long-lived caches (L'/T' rows, fresh q_t, Feast protos) that every full collection walks; with "
         "gc.freeze() after start-up and this threshold the scorer used ~30% less CPU per transaction",
     )
+    replica_niceness: int = Field(
+        0, ge=-20, le=19,
+        description="Unix niceness of the StreamScorer replicas' processes (Ray's RAY_worker_niceness, per actor). "
+        "Ray starts workers at 15 so that its own daemons win the CPU; for the real-time replicas that default "
+        "lets any process at normal priority (a co-located broker, a batch job, the load generator) preempt "
+        "scoring. 0 is what Ray's job supervisor uses for itself",
+    )
     http_port: int = Field(8000, ge=0, le=65535)
     direct_ingress: bool = Field(
         False, description="Ray Serve's direct ingress (alpha in Ray 2.55): each replica also answers HTTP on a port "

@@ -191,6 +191,18 @@ def test_http_score_single_and_batch(runtime, frame):
     assert len(batch["decisions"]) == 2 and batch["rejected"][0]["reason"] == "missing_field"
 
 
+def test_the_replica_runs_at_the_configured_niceness(runtime):
+    """Ray starts its workers at niceness 15; the scoring replica's threads run at ``serving.replica_niceness``
+    (default 0), or at this process's own niceness where that is higher (a worker cannot raise its priority)."""
+    import os
+
+    from fedfraud.config import FedfraudConfig
+
+    expected = max(FedfraudConfig().serving.replica_niceness, os.getpriority(os.PRIO_PROCESS, 0))
+    info = runtime.handle.process.remote().result()
+    assert info["pid"] != os.getpid() and info["niceness"] == [expected]
+
+
 def _wait_decided(runtime, before: dict, n: int, timeout_s: float = 30.0) -> None:
     """Until the group decided ``n`` more transactions than in ``before``: mid-stream, whatever the test order."""
     deadline = time.monotonic() + timeout_s
