@@ -370,8 +370,11 @@ def build_app(args: ScoringArgs | dict[str, Any]) -> Application:
     api_token(s.auth)  # ... and if no API token is configured (each replica reads it again, where it runs)
     replica = _ReplicaArgs(config=cfg, bootstrap_servers=args.bootstrap_servers, consume=args.consume,
                            anomaly_loader=args.anomaly_loader)
-    niceness = {"env_vars": {RAY_WORKER_NICENESS: str(s.replica_niceness)}}  # applied by the worker at start-up
-    actor = {**(StreamScorer.ray_actor_options or {}), "runtime_env": niceness}
+    actor = dict(StreamScorer.ray_actor_options or {})
+    runtime_env = dict(actor.get("runtime_env") or {})
+    # the worker applies it at start-up: nice(n) on top of the Ray node's niceness
+    runtime_env["env_vars"] = {**(runtime_env.get("env_vars") or {}), RAY_WORKER_NICENESS: str(s.replica_niceness)}
+    actor["runtime_env"] = runtime_env
     return StreamScorer.options(num_replicas=s.scorer_replicas, ray_actor_options=actor).bind(
         replica.model_dump(mode="json")
     )

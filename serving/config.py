@@ -255,11 +255,12 @@ class ServingConfig(_Section):
         "gc.freeze() after start-up and this threshold the scorer used ~30% less CPU per transaction",
     )
     replica_niceness: int = Field(
-        0, ge=-20, le=19,
-        description="Unix niceness of the StreamScorer replicas' processes (Ray's RAY_worker_niceness, per actor). "
-        "Ray starts workers at 15 so that its own daemons win the CPU; for the real-time replicas that default "
-        "lets any process at normal priority (a co-located broker, a batch job, the load generator) preempt "
-        "scoring. 0 is what Ray's job supervisor uses for itself",
+        0, ge=0, le=19,
+        description="niceness the StreamScorer replicas' worker processes add to the Ray node's (Ray's "
+        "RAY_worker_niceness, set per actor; 0 when the node runs at normal priority). Ray starts workers at 15 so "
+        "that its own daemons win the CPU; for the real-time replicas that default lets any process at normal "
+        "priority (a co-located broker, a batch job, the load generator) take the CPU from scoring. 0 is what "
+        "Ray's job supervisor uses for itself; a negative value would need CAP_SYS_NICE and is not offered",
     )
     http_port: int = Field(8000, ge=0, le=65535)
     direct_ingress: bool = Field(

@@ -8,11 +8,12 @@ fixed offered loads. Latency uses the ``produced-us`` header stamped by the
 replay tool and ``decided_us`` stamped by the fraud stage when the decision is
 made (before its send and flush, whose wall time the stage profile shows).
 
-The ceiling runs on an embedded broker of its own, stopped before the deployment starts. The embedded
-Tansu broker keeps every message in memory, and its CPU per message grows with the messages it holds, in any
-topic: at 1,000 msg/s through one consumer, 0.28 ms/msg on an empty broker, 0.42 with 50,000 messages held and
-0.67 with 350,000 (``docs/benchmarks.md``). The ceiling's 40,000 messages on the scoring broker made the
-broker take about a third more CPU through every later phase, on the cores the replica needs.
+The ceiling runs while the deployment is up and idle (Ray, Serve and the replica on the same cores, as
+always), but on an embedded broker of its own, stopped before the warm-up. The embedded Tansu broker keeps
+every message in memory, and its CPU per message grows with the messages it holds, in any topic: at 1,000
+msg/s through one consumer, 0.28 ms/msg on an empty broker, 0.42 with 50,000 messages held and 0.67 with
+350,000 (``docs/benchmarks.md``). By that measurement, the ceiling's 40,000 messages left on the scoring
+broker would cost it roughly a third more CPU per message through every later phase.
 
 The per-stage table is the replicas' :class:`fedfraud.serving.metrics.StageClock` over
 the backlog: CPU ms per transaction of each section (thread CPU time, so other
@@ -223,11 +224,12 @@ def run_serving_bench(
         serving, features = _bench_redis(serving, features)
     cfg = cfg.model_copy(update={"serving": serving, "features": features})
     load_avg = os.getloadavg()[0]
-    with EmbeddedBroker() as ceiling_broker:  # its own broker: see the module docstring
-        ceiling = _ceiling(ceiling_broker.bootstrap_servers, 20_000, cfg.serving)
-    log.info("ceiling %.0f msg/s", ceiling)
     rt = start(cfg, replay_source=True)
     try:
+        # with the deployment up and idle, as before; on a broker of its own (see the module docstring)
+        with EmbeddedBroker() as ceiling_broker:
+            ceiling = _ceiling(ceiling_broker.bootstrap_servers, 20_000, cfg.serving)
+        log.info("ceiling %.0f msg/s", ceiling)
         cursor = 2000
         warm = frame.iloc[cursor : cursor + 300].reset_index(drop=True)
         rt.replay(warm, rate=0)  # warm-up: first calls import and compile
