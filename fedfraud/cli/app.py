@@ -8,9 +8,13 @@ and a missing optional part only breaks the command that needs it.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import pkgutil
+import signal
 import sys
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated
 
@@ -58,10 +62,33 @@ def _register_all() -> None:
 _register_all()
 
 
+@contextlib.contextmanager
+def sigterm_unwinds() -> Iterator[None]:
+    """While inside, SIGTERM (``kill``, a container stop) unwinds the main thread like Ctrl-C.
+
+    Without it Python dies on SIGTERM without running ``finally`` blocks, and what a command started in a
+    session of its own (the embedded Kafka broker, a federation's processes) outlives it. The previous handler
+    comes back on exit, so an in-process caller (a test) keeps its own.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def _interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Console-script entry point: user errors become one line on stderr and exit status 2."""
     try:
-        app(args=argv, standalone_mode=False, prog_name="fedfraud")
+        with sigterm_unwinds():
+            app(args=argv, standalone_mode=False, prog_name="fedfraud")
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
