@@ -109,6 +109,7 @@ class ReplayStats:
     seconds: float
     transaction_ids: list[str]
     labels_sent: int = 0
+    started: float = 0.0  #: ``time.perf_counter()`` when the first record was sent (benchmarks window on it)
 
     @property
     def rate(self) -> float:
@@ -166,7 +167,7 @@ def replay(
             producer.close()
     seconds = time.perf_counter() - start
     stats = ReplayStats(len(records) + len(extra), seconds, frame["transaction_id"].astype(str).tolist(),
-                        feed.sent if feed is not None else 0)
+                        feed.sent if feed is not None else 0, start)
     log.info("replay sent=%d seconds=%.2f rate=%.0f/s topic=%s", stats.sent, seconds, stats.rate, topic)
     return stats
 

@@ -44,3 +44,15 @@ def test_stage_clock_keeps_per_transaction_samples_for_percentiles():
     got = clock.percentiles(reset=True)["latency.x"]
     assert got["n"] == 100 and abs(got["p50_ms"] - 50.5) < 1e-9 and 99.0 < got["p99_ms"] <= 100.0
     assert clock.percentiles() == {}  # reset
+
+
+def test_each_load_reports_the_cores_of_each_kind_of_process_and_the_ceiling_runs():
+    row = {"offered": 1000.0, "achieved": 990.0, "n": 10, "p50_ms": 14.0, "p99_ms": 45.0, "p999_ms": 50.0,
+           "cpu": {"scoring replicas": 0.8, "embedded broker": 0.55, "redis": 0.04,
+                   "bench (load generator)": 0.15}}
+    md = ServingBenchResult(30_000.0, 3_000.0, 10, loads=[row], cpus=2,
+                            ceiling_runs=[29_000.0, 30_000.0, 90_000.0]).to_markdown()
+    assert "| 1,000 | 0.80 | 0.55 | 0.04 | 0.00 | 0.15 | 1.54 |" in md
+    assert "this machine has 2" in md
+    assert "median of 3: 29,000, 30,000, 90,000) | 30,000 msg/s |" in md
+    assert "| ratio to ceiling | 10.0% |" in md

@@ -277,9 +277,9 @@ def test_collate_views_builds_what_collate_graphs_builds(mechanism):
         states.append(state)
     want = collate_graphs([s.to_data(feat, e) for s, e in zip(states, eps, strict=True)])
     cached = CachedFeatures(feat)
-    cached._loc[(states[1].node_key[0], eps[1])] = feat.location(  # one row already cached, the rest computed
+    cached._loc.put([(states[1].node_key[0], eps[1])], feat.location(  # one row already cached, the rest computed
         np.array(states[1].node_lat[:1]), np.array(states[1].node_lon[:1]), np.array(states[1].node_key[:1],
-                                                                                      dtype=np.uint64), eps[1])[0]
+                                                                                     dtype=np.uint64), eps[1]))
     for source in (feat, cached):
         got = collate_views([s.view(e) for s, e in zip(states, eps, strict=True)], source, want.history)
         for key in (*GRAPH_KEYS, "batch"):

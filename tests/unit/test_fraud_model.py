@@ -54,7 +54,7 @@ def test_predict_reasons_are_shap_contributions(banks):
     rows = banks[1].X[:20]
     decisions = model.predict_batch(rows, top_k=4)
     scores = model.scores(rows)
-    contribs = model.booster.predict(model._dmatrix(rows), pred_contribs=True)
+    contribs = model.booster.predict(_dmatrix(model, rows), pred_contribs=True)
     for d, s, c in zip(decisions, scores, contribs, strict=True):
         assert d.score == pytest.approx(s) and d.decision == (s >= model.threshold)
         assert len(d.top_reasons) == 4
@@ -67,6 +67,29 @@ def test_predict_reasons_are_shap_contributions(banks):
     assert one.score == decisions[0].score and len(one.top_reasons) == 2
     with pytest.raises(ValueError, match="feature rows"):
         model.predict(rows[0][:-1])
+
+
+def _dmatrix(model: FraudModel, X: np.ndarray):
+    import xgboost as xgb
+
+    return xgb.DMatrix(np.asarray(X, dtype=np.float32)[:, model._idx], feature_names=list(model.used), missing=np.nan)
+
+
+def test_scores_without_a_dmatrix_are_the_floats_predict_gives_with_one(banks):
+    """Scores come from ``inplace_predict`` (no DMatrix per micro-batch); the drift monitor bins them on edges
+    computed with :meth:`FraudModel.scores`, so they must equal ``predict`` on a DMatrix bit for bit, NaNs included."""
+    model = train_local(banks[0], True, CFG, bank=0)
+    X = banks[0].X.copy()
+    X[::7, 0] = np.nan
+    assert np.array_equal(model.scores(X), np.asarray(model.booster.predict(_dmatrix(model, X)), dtype=np.float64))
+    assert [d.score for d in model.predict_batch(X[:30], reasons_for="fraud")] == model.scores(X[:30]).tolist()
+    assert model.predict_batch(X[:0]) == [] and model.scores(X[:0]).shape == (0,)
+    wide = X.astype(np.float64)
+    wide[3, 0] = 1e39  # beyond float32: a DMatrix refused it, and so does the score without one
+    with pytest.raises(ValueError, match="infinite"):
+        model.scores(wide)
+    with pytest.raises(ValueError, match="trained on"):
+        FraudModel(model.booster, model.input_names, tuple(reversed(model.used)), model.threshold, model.variant)
 
 
 def test_reasons_for_fraud_explains_the_declines_only(banks):

@@ -157,30 +157,42 @@ class FraudModel:
         if not 0.0 <= self.threshold <= 1.0 or math.isnan(self.threshold):
             raise ValueError(f"threshold must be in [0, 1], got {self.threshold}")
         self._idx = np.asarray([self.input_names.index(n) for n in self.used], dtype=np.int64)
+        trained = getattr(self.booster, "feature_names", None)
+        if trained is not None and list(trained) != list(self.used):  # inplace_predict does not check the columns
+            raise ValueError(f"the booster was trained on {list(trained)}, not on the model's {list(self.used)}")
 
     @property
     def uses_anomaly_score(self) -> bool:
         return ANOMALY_FEATURE in self.used
 
-    def _dmatrix(self, X: np.ndarray) -> Any:
-        import xgboost as xgb
-
-        X = np.asarray(X, dtype=np.float32)
+    def _rows(self, X: np.ndarray) -> np.ndarray:
+        """The used columns of full feature rows ``[n, F]`` (or one row ``[F]``), float32, in the booster's order."""
+        with np.errstate(over="ignore"):  # a value beyond float32 becomes inf, refused below with a clear error
+            X = np.asarray(X, dtype=np.float32)
         if X.ndim == 1:
             X = X.reshape(1, -1)
         if X.ndim != 2 or X.shape[1] != len(self.input_names):
             raise ValueError(f"expected feature rows of {len(self.input_names)} values, got shape {X.shape}")
-        return xgb.DMatrix(X[:, self._idx], feature_names=list(self.used), missing=np.nan, nthread=1)
+        rows = X[:, self._idx]
+        if np.isinf(rows).any():  # what a DMatrix refuses (also a float64 beyond float32's range, now inf)
+            raise ValueError("feature rows hold an infinite value (or one beyond float32's range)")
+        return rows
+
+    def _score_rows(self, rows: np.ndarray) -> np.ndarray:
+        """Probabilities of :meth:`_rows` output. ``inplace_predict`` skips building a DMatrix (~0.1 ms of a
+        micro-batch's ~0.24 ms here) and gives the same floats as ``predict`` on one.
+        """
+        return np.asarray(self.booster.inplace_predict(rows, missing=np.nan), dtype=np.float64).reshape(-1)
 
     def scores(self, X: np.ndarray) -> np.ndarray:
         """Fraud probability per row (float64) of full feature rows ``[n, F]`` or one row ``[F]``."""
-        return np.asarray(self.booster.predict(self._dmatrix(X)), dtype=np.float64)
+        return self._score_rows(self._rows(X))
 
     def predict_batch(self, X: np.ndarray, top_k: int = 3, reasons_for: str = "all") -> list[FraudDecision]:
         """Score, decision and the ``top_k`` reasons of each row (``reasons_for="fraud"``: of the rows decided
         fraud only; the others get no reasons).
 
-        The score comes from ``predict``, not from the sigmoid of the SHAP sum:
+        The score comes from the booster's prediction (:meth:`scores`), not from the sigmoid of the SHAP sum:
         the two differ in the last float bits, and the drift monitor compares
         live scores with :meth:`scores` on quantile bins whose edges sit on the
         (discrete) score values, so a last-bit difference moved whole bins.
@@ -189,13 +201,14 @@ class FraudModel:
         """
         if reasons_for not in ("all", "fraud"):
             raise ValueError(f"reasons_for must be 'all' or 'fraud', got {reasons_for!r}")
-        dm = self._dmatrix(X)
-        score = np.asarray(self.booster.predict(dm), dtype=np.float64)
+        import xgboost as xgb
+
+        values = self._rows(X)
+        score = self._score_rows(values)
         explained = np.arange(len(score)) if reasons_for == "all" else np.flatnonzero(score >= self.threshold)
-        values = np.asarray(X, dtype=np.float32).reshape(len(score), -1)[:, self._idx]
         contribs: dict[int, np.ndarray] = {}
         if len(explained):
-            part = dm if len(explained) == len(score) else dm.slice(explained)
+            part = xgb.DMatrix(values[explained], feature_names=list(self.used), missing=np.nan, nthread=1)
             shap = np.asarray(self.booster.predict(part, pred_contribs=True))[:, :-1]  # drop the bias column
             contribs = dict(zip(explained.tolist(), shap, strict=True))
         out = []
