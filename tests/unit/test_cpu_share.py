@@ -5,6 +5,8 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import pytest
 
@@ -13,23 +15,35 @@ from fedfraud.bench.cpu_share import CpuSampler, serving_role
 pytestmark = pytest.mark.skipif(not CpuSampler().available, reason="needs Linux /proc")
 
 
-def test_a_busy_process_uses_about_a_core_and_a_sleeping_one_none():
-    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
-    idle = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    roles = {busy.pid: "busy", idle.pid: "idle"}
+BUSY, IDLE = "while True: pass", "import time; time.sleep(60)"
+
+
+@contextmanager
+def _children(*programs: str) -> Iterator[list[subprocess.Popen[bytes]]]:
+    procs = [subprocess.Popen([sys.executable, "-c", program]) for program in programs]
     try:
-        with CpuSampler(lambda pid, argv: roles.get(pid), interval_s=0.05) as cpu:
-            time.sleep(0.3)
-            start = time.perf_counter()
-            time.sleep(1.0)
-            end = time.perf_counter()
-            time.sleep(0.1)
-        share = cpu.share(start, end)
+        yield procs
     finally:
-        busy.kill()
-        idle.kill()
-        busy.wait()
-        idle.wait()
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+
+
+def _measure(roles: dict[int, str], during: Callable[[], None]) -> tuple[CpuSampler, float, float]:
+    """Sample at 20 Hz; the window is ``during()``, after 0.3 s of settling."""
+    with CpuSampler(lambda pid, argv: roles.get(pid), interval_s=0.05) as cpu:
+        time.sleep(0.3)
+        start = time.perf_counter()
+        during()
+        end = time.perf_counter()
+        time.sleep(0.1)
+    return cpu, start, end
+
+
+def test_a_busy_process_uses_about_a_core_and_a_sleeping_one_none():
+    with _children(BUSY, IDLE) as (busy, idle):
+        cpu, start, end = _measure({busy.pid: "busy", idle.pid: "idle"}, lambda: time.sleep(1.0))
+    share = cpu.share(start, end)
     # one core when it gets one; the 2-core machine may be shared, so only a lower bound that a sleeper never reaches
     assert 0.3 < share["busy"] <= 1.2
     assert share["idle"] < 0.05
@@ -38,26 +52,17 @@ def test_a_busy_process_uses_about_a_core_and_a_sleeping_one_none():
 
 def test_a_process_that_exits_inside_the_window_keeps_the_cpu_it_used_there():
     """Two busy processes of one role, one killed half-way: the role's share counts both up to their ends."""
-    first = subprocess.Popen([sys.executable, "-c", "while True: pass"])
-    second = subprocess.Popen([sys.executable, "-c", "while True: pass"])
-    roles = {first.pid: "busy", second.pid: "busy"}
-    try:
-        with CpuSampler(lambda pid, argv: roles.get(pid), interval_s=0.05) as cpu:
-            time.sleep(0.3)
-            start = time.perf_counter()
+    with _children(BUSY, BUSY) as (first, second):
+        def kill_one_half_way() -> None:
             time.sleep(0.6)
             second.kill()
             second.wait()
             time.sleep(0.6)
-            end = time.perf_counter()
-            time.sleep(0.1)
-        share = cpu.share(start, end)
-    finally:
-        first.kill()
-        first.wait()
+
+        cpu, start, end = _measure({first.pid: "busy", second.pid: "busy"}, kill_one_half_way)
     # ~1.5 cores on 2 free cores; a machine shared with other work gives less, but the killed process's 0.6 s of
     # CPU must still count (dropping it, the earlier bug, left ~0.75 at most)
-    assert share["busy"] > 0.8
+    assert cpu.share(start, end)["busy"] > 0.8
 
 
 def test_roles_come_from_the_command_line():
