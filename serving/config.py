@@ -63,9 +63,12 @@ class ConsumerSettings(_Section):
     heartbeat_interval_ms: int = Field(2000, ge=100)
     max_poll_interval_ms: int = Field(30_000, ge=1000)
     request_timeout_ms: int = Field(30_000, ge=1000)
-    max_poll_records: int = Field(500, ge=1, description="N: a micro-batch closes at this many transactions")
+    max_poll_records: int = Field(
+        500, ge=1, description="N: a micro-batch closes at this many transactions (a sweep in docs/benchmarks.md)"
+    )
     max_batch_wait_ms: int = Field(
-        2, ge=0, description="T: ... or when its first transaction has waited this long (0: whatever one poll gives)"
+        2, ge=0, description="T: ... or when its first transaction has waited this long (0: whatever one poll "
+        "gives; a sweep in docs/benchmarks.md)"
     )
     fetch_max_wait_ms: int = Field(5, ge=0, description="broker waits this long for fetch_min_bytes: latency knob")
     auto_offset_reset: str = Field("earliest", pattern="^(earliest|latest)$")
