@@ -17,12 +17,20 @@ Protocol:
 * every transaction of the validation and test cardholders is scored by the
   published models through :meth:`AnomalyScorer.score_frame` (the replay
   serving's ego graphs use), and by the causal label-free baselines of
-  :mod:`fedfraud.training.anomaly.baselines`;
+  :mod:`fedfraud.training.anomaly.baselines` (each bank fits their
+  population statistics on its training cardholders);
+* the rank combination's weights and *the* baseline (the highest ROC-AUC
+  among all baselines) are chosen on validation cardholders, never on test;
 * ROC-AUC and PR-AUC on the test cardholders with 95% bootstrap intervals
-  over cardholders (paired: the same draws for every detector), the
-  federated − best-baseline and federated − centralized differences with
+  over cardholders (paired: the same draws for every detector), each
+  model − the chosen baseline and federated − centralized differences with
   their intervals, and the number of test frauds and fraud incidents;
-  validation figures are printed too, since settings were chosen on them.
+  validation figures are printed too, since settings were chosen on them;
+* with scenario labels (``--scenarios FILE``: ``trans_num`` → scenario, or a
+  generated dataset's ``labels.parquet``), one ROC-AUC per scenario and
+  detector: that scenario's frauds against all legitimate rows;
+* ``--skip-model`` trains nothing and evaluates the baselines on validation
+  cardholders only: a cheap look that prints no test figure.
 """
 
 from __future__ import annotations
@@ -39,13 +47,19 @@ import numpy as np
 import pandas as pd
 
 from fedfraud.bench.intervals import Interval, bootstrap_by_group, fraud_incidents, paired_difference_rows
+from fedfraud.errors import UserError
 
 __all__ = [
     "DETECTION_SETTINGS",
     "DetectionBench",
+    "best_on_validation",
+    "choose_rank_weights",
     "evaluate_published",
     "ingested",
+    "load_scenarios",
     "run_detection_bench",
+    "scenario_aucs",
+    "scenario_column",
     "score_split",
     "split_counts",
     "train_run",
@@ -78,14 +92,43 @@ class DetectionBench:
     counts: dict[str, int] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
     models: dict[str, str] = field(default_factory=dict)
-    scenarios: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: split → scenario → ``frauds`` (that scenario's frauds scored) and each detector's ROC-AUC.
+    scenario_aucs: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
+    #: The baseline with the highest validation ROC-AUC: the one the models' paired differences are taken against.
+    baseline: str = ""
+    #: The rank combination's weights, chosen on validation.
+    rank_weights: dict[str, float] = field(default_factory=dict)
+    resamples: int = 500
 
-    def _rows(self, table: dict[str, dict[str, Interval]]) -> list[str]:
-        out = ["| detector | ROC-AUC [95% CI] | PR-AUC [95% CI] |", "|---|---|---|"]
+    def _rows(self, table: dict[str, dict[str, Interval]], frauds: int | None = None) -> list[str]:
+        count = f" | {frauds:,}" if frauds is not None else ""
+        out = [f"| detector | ROC-AUC [95% CI] | PR-AUC [95% CI]{' | frauds' if count else ''} |",
+               f"|---|---|---{'|---:' if count else ''}|"]
         for name, m in table.items():
             if "pr_auc" in m:
-                out.append(f"| {name} | {m['roc_auc']} | {m['pr_auc']} |")
+                mark = " (chosen on validation)" if name == self.baseline else ""
+                out.append(f"| {name}{mark} | {m['roc_auc']} | {m['pr_auc']}{count} |")
         return out + paired_difference_rows(table, "paired difference")
+
+    def _split_section(self, split: str, heading: str) -> list[str]:
+        """One split's table, its paired differences and, with scenario labels, its per-scenario ROC-AUCs."""
+        table = self.test if split == "test" else self.val
+        if not table:
+            return [f"### {heading}", "", "Not evaluated in this run.", ""]
+        c = self.counts
+        lines = [f"### {heading}", "",
+                 f"{c.get(f'{split}_transactions', 0):,} transactions of {c.get(f'{split}_cardholders', 0)} "
+                 f"cardholders, {c.get(f'{split}_frauds', 0):,} frauds in {c.get(f'{split}_incidents', 0)} "
+                 "incidents.", "", *self._rows(table, c.get(f"{split}_frauds")), ""]
+        scen = self.scenario_aucs.get(split)
+        if scen:
+            detectors = [d for d in next(iter(scen.values())) if d != "frauds"]
+            lines += ["Per fraud scenario (each scenario's frauds against all legitimate transactions), ROC-AUC:", "",
+                      "| scenario | frauds | " + " | ".join(detectors) + " |",
+                      "|---|---:|" + "---:|" * len(detectors),
+                      *[f"| {k} | {int(v['frauds']):,} | " + " | ".join(f"{v[d]:.3f}" for d in detectors) + " |"
+                        for k, v in scen.items()], ""]
+        return lines
 
     def targets(self) -> list[str]:
         """The issue's targets, each with its measured figure and verdict."""
@@ -95,16 +138,15 @@ class DetectionBench:
             return out
         fed = t["GNN federated"]["roc_auc"]
         out.append(f"- federated ROC-AUC ≥ 0.93: {fed.value:.3f} — **{'met' if fed.value >= 0.93 else 'missed'}**")
-        base = {k: v for k, v in t.items() if k.startswith("baseline:")}
-        if base:
-            best = max(base, key=lambda k: base[k]["roc_auc"].value)
-            b = base[best]["roc_auc"]
+        if self.baseline in t:
+            best = self.baseline
+            b = t[best]["roc_auc"]
             gap = fed.value - b.value
             disjoint = fed.low > b.high
             ok = gap >= 0.03 and disjoint
             out.append(
-                f"- beats the best baseline ({best.split(':', 1)[1]}, {b.value:.3f}) by ≥ 0.03 with disjoint 95% "
-                f"intervals: {gap:+.3f}, intervals {'disjoint' if disjoint else 'overlap'} — "
+                f"- beats the baseline chosen on validation ({best.split(':', 1)[1]}, {b.value:.3f}) by ≥ 0.03 with "
+                f"disjoint 95% intervals: {gap:+.3f}, intervals {'disjoint' if disjoint else 'overlap'} — "
                 f"**{'met' if ok else 'missed'}**"
             )
         if "GNN centralized" in t:
@@ -113,9 +155,10 @@ class DetectionBench:
                 f"- federated within 0.02 of centralized: {fed.value - cen:+.3f} — "
                 f"**{'met' if cen - fed.value <= 0.02 else 'missed'}**"
             )
-        if self.scenarios:
-            worst = min(self.scenarios, key=lambda k: self.scenarios[k]["roc_auc"])
-            w = self.scenarios[worst]["roc_auc"]
+        scen = {k: v["GNN federated"] for k, v in self.scenario_aucs.get("test", {}).items() if "GNN federated" in v}
+        if scen:
+            worst = min(scen, key=lambda k: scen[k])
+            w = scen[worst]
             out.append(f"- every fraud scenario ROC-AUC ≥ 0.80: lowest {worst} {w:.3f} — "
                        f"**{'met' if w >= 0.80 else 'missed'}**")
         if "score_ms_per_tx" in self.timings:
@@ -124,40 +167,35 @@ class DetectionBench:
 
     def to_markdown(self) -> str:
         s, c = self.settings, self.counts
+        if self.models:
+            models = (f"Models: {', '.join(f'{k} = `{v}`' for k, v in self.models.items())}, readout "
+                      f"`{s.get('readout')}`, pooling `{s.get('pooling')}`, {s.get('rounds')} rounds × "
+                      f"{s.get('local-epochs')} local epochs × {s.get('samples-per-epoch')} transitions, batch "
+                      f"{s.get('batch-size')}, round selected on validation loss.")
+        else:
+            models = "No model trained (`--skip-model`): label-free baselines only."
+        weights = ", ".join(f"{k} × {v:g}" for k, v in self.rank_weights.items()) or "equal"
+        test_line = (f"Test: {c.get('test_transactions', 0):,} transactions of {c.get('test_cardholders', 0)} "
+                     f"cardholders, **{c.get('test_frauds', 0):,} frauds in {c.get('test_incidents', 0)} "
+                     "incidents**. ") if self.test else "Test split not evaluated. "
         lines = [
             "## Label-free anomaly score on third-party data (`fedfraud bench anomaly`)",
             "",
             f"Machine: {platform.processor() or platform.machine()}, Python {platform.python_version()}. Data: "
-            f"`{self.source}`, 5 banks, split by cardholder 60/15/25 (train/validation/test). Test: "
-            f"{c.get('test_transactions', 0):,} transactions of {c.get('test_cardholders', 0)} cardholders, "
-            f"**{c.get('test_frauds', 0):,} frauds in {c.get('test_incidents', 0)} incidents**. Models: "
-            f"{', '.join(f'{k} = `{v}`' for k, v in self.models.items())}, readout `{s.get('readout')}`, pooling "
-            f"`{s.get('pooling')}`, {s.get('rounds')} rounds × {s.get('local-epochs')} local epochs × "
-            f"{s.get('samples-per-epoch')} transitions, batch {s.get('batch-size')}, round selected on validation "
-            "loss. Intervals: 95% bootstrap over cardholders, 500 paired resamples. Labels are used only here.",
+            f"`{self.source}`, 5 banks, split by cardholder 60/15/25 (train/validation/test). {test_line}{models} "
+            f"Intervals: 95% bootstrap over cardholders, {self.resamples} paired resamples. Labels are used only "
+            "here. Baselines are causal (a transaction's score reads only its cardholder's earlier rows and "
+            "statistics each bank fits on its training cardholders); the rank combination's weights "
+            f"({weights}) and *the* baseline (`{self.baseline.split(':', 1)[-1] or '—'}`, the highest validation "
+            "ROC-AUC) were chosen on validation.",
             "",
-            "### Test cardholders (reported once)",
-            "",
-            *self._rows(self.test),
-            "",
-            "### Validation cardholders (where settings were chosen)",
-            "",
-            *self._rows(self.val),
-            "",
-            *(
-                ["### Per fraud scenario (test cardholders, federated model; each scenario's frauds vs all "
-                 "legitimate transactions)", "", "| scenario | test frauds | ROC-AUC |", "|---|---:|---:|",
-                 *[f"| {k} | {v['frauds']} | {v['roc_auc']:.3f} |" for k, v in self.scenarios.items()], ""]
-                if self.scenarios else []
-            ),
+            *self._split_section("test", "Test cardholders (reported once)"),
+            *self._split_section("val", "Validation cardholders (where settings were chosen)"),
             "### Timing",
             "",
             *[f"- {k}: {v:.1f}" if not k.endswith("per_tx") else f"- {k}: {v:.3f}" for k, v in self.timings.items()],
             "",
-            "### Targets",
-            "",
-            *self.targets(),
-            "",
+            *(["### Targets", "", *targets, ""] if (targets := self.targets()) else []),
         ]
         return "\n".join(lines)
 
@@ -209,7 +247,7 @@ def score_split(
     (``privacy_by_model``: the feature-privacy config a model was trained with, where it differs).
     """
     from fedfraud.feature_store.privacy import PrivateFeaturizer
-    from fedfraud.training.anomaly.baselines import causal_baselines, isolation_forest_scores
+    from fedfraud.training.anomaly.baselines import label_free_scores
     from fedfraud.training.anomaly.scorer import AnomalyScorer
     from fedfraud.feature_store.layout import list_banks, read_bank, split_of
 
@@ -220,14 +258,12 @@ def score_split(
     for bank in list_banks(data):
         frame = read_bank(data, bank)
         split = frame["cardholder_id"].astype(str).map(lambda c: split_of(c, val_fraction=0.15))
-        base = causal_baselines(frame)
+        base = label_free_scores(frame, split.eq("train").to_numpy(), seed=bank)
         wanted = split.isin(splits).to_numpy()
         part = frame.loc[wanted, ["transaction_id", "cardholder_id", "timestamp", "is_fraud"]].copy()
         part["bank"], part["split"] = bank, split[wanted].to_numpy()
-        for col in ("spend_24h_surprise", "amount_surprise", "new_node_edge"):
-            part[f"baseline:{col}"] = base.loc[wanted, col].to_numpy()
-        train_rows = split.eq("train").to_numpy()
-        part["baseline:isolation_forest"] = isolation_forest_scores(base[train_rows], base[wanted], seed=bank)
+        for col in base.columns:
+            part[col if col.startswith("rank:") else f"baseline:{col}"] = base.loc[wanted, col].to_numpy()
         for name, scorer in scorers.items():
             featurizer = PrivateFeaturizer.for_bank(
                 scorer.encoder_cfg, (privacy_by_model or {}).get(name, privacy_cfg), bank
@@ -238,7 +274,30 @@ def score_split(
             scored += int(wanted.sum())
         parts.append(part)
         logger.info("detection_bench bank=%d rows=%d", bank, int(wanted.sum()))
-    return pd.concat(parts, ignore_index=True), 1000.0 * cpu / max(scored, 1)
+    rows = pd.concat(parts, ignore_index=True)
+    rows.attrs["rank_weights"] = choose_rank_weights(rows)
+    return rows, 1000.0 * cpu / max(scored, 1)
+
+
+def choose_rank_weights(rows: pd.DataFrame) -> dict[str, float]:
+    """Set ``baseline:rank_combination`` to the weighting of the ``rank:`` columns with the highest validation
+    ROC-AUC (equal weights when ``rows`` hold no validation frauds, e.g. a test-only scoring); returns it.
+
+    Only validation rows' labels are read, so the test split stays unseen by the choice.
+    """
+    from fedfraud.training.anomaly.baselines import RANK_TERMS, combination_candidates, rank_combination
+
+    ranks = rows[[f"rank:{t}" for t in RANK_TERMS]].rename(columns=lambda c: c.split(":", 1)[1])
+    val = (rows["split"] == "val").to_numpy()
+    label = rows["is_fraud"].fillna(False).astype(bool).to_numpy()[val]
+    candidates = combination_candidates()
+    best = candidates[0]
+    if 0 < label.sum() < len(label):
+        aucs = [_auc(label, rank_combination(ranks[val], w)) for w in candidates]
+        best = candidates[int(np.nanargmax(aucs))]
+        logger.info("rank_combination chosen on validation weights=%s roc_auc=%.4f", best, max(aucs))
+    rows["baseline:rank_combination"] = rank_combination(ranks, best)
+    return best
 
 
 def run_detection_bench(
@@ -248,49 +307,74 @@ def run_detection_bench(
     modes: tuple[str, ...] = ("federated", "centralized"),
     resamples: int = 500,
     data: Path | None = None,
+    splits: tuple[str, ...] = ("val", "test"),
+    scenarios: Path | None = None,
 ) -> DetectionBench:
-    """Ingest (or take ``data``, an ingested or generated dataset), train, score and compare under ``work``."""
+    """Ingest (or take ``data``, an ingested or generated dataset), train, score and compare under ``work``.
+
+    ``modes`` empty trains nothing (baselines only); ``splits`` are the cardholder splits evaluated, so
+    ``("val",)`` is a look that prints no test figure. ``scenarios``: a CSV mapping ``trans_num`` to a fraud
+    scenario (else a generated dataset's ``labels.parquet``) for the per-scenario ROC-AUCs.
+    """
     from fedfraud.config import FedfraudConfig
     from fedfraud.training.anomaly.federated.task import RunSettings
 
     work = Path(work)
     data = Path(data) if data is not None else ingested(Path(str(csv)), work)
     flat = {**RunSettings.defaults(), **DETECTION_SETTINGS, **(overrides or {})}
-    bench = DetectionBench(source=str(csv or data), settings=flat)
+    bench = DetectionBench(source=str(csv or data), settings=flat, resamples=resamples)
     registries: dict[str, Path] = {}
     for mode in modes:
         registries[f"GNN {mode}"], seconds = train_run(data, work, mode, flat)
         bench.timings[f"{mode} training wall s"] = seconds
     t0 = time.perf_counter()
-    rows, ms_per_tx = score_split(data, registries, FedfraudConfig().privacy, ("val", "test"))
-    bench.timings["scoring wall s (val + test, all models)"] = time.perf_counter() - t0
-    bench.timings["score_ms_per_tx"] = ms_per_tx
+    rows, ms_per_tx = score_split(data, registries, FedfraudConfig().privacy, tuple(splits))
+    bench.timings[f"scoring wall s ({' + '.join(splits)}, all models)"] = time.perf_counter() - t0
+    if registries:
+        bench.timings["score_ms_per_tx"] = ms_per_tx
+    bench.rank_weights = dict(rows.attrs.get("rank_weights", {}))
     from fedfraud.training.registry import ModelRegistry
 
     bench.models = {name: ModelRegistry(path).get("anomaly", "latest").tag for name, path in registries.items()}
-    detectors = [*registries, *[c for c in rows.columns if c.startswith("baseline:")]]
+    baselines = [c for c in rows.columns if c.startswith("baseline:")]
+    detectors = [*registries, *baselines]
+    bench.baseline = best_on_validation(rows, baselines)
+    pairs = [(m, bench.baseline) for m in registries if bench.baseline]
+    if {"GNN federated", "GNN centralized"} <= set(registries):
+        pairs.append(("GNN federated", "GNN centralized"))
+    scenario = scenario_column(rows, data, scenarios)
     for split_name in ("test", "val"):
+        if split_name not in splits:
+            continue
         part = rows[rows["split"] == split_name]
-        label = part["is_fraud"].astype(bool).to_numpy()
-        scores = {d: part[d].to_numpy(dtype=np.float64) for d in detectors}
-        pairs: list[tuple[str, str]] = []
-        if "GNN federated" in registries:
-            best = max(
-                (d for d in detectors if d.startswith("baseline:")),
-                key=lambda d: _auc(label, scores[d]),
-            )
-            pairs.append(("GNN federated", best))
-            if "GNN centralized" in registries:
-                pairs.append(("GNN federated", "GNN centralized"))
         table = bootstrap_by_group(
-            label, scores, part["cardholder_id"].astype(str).to_numpy(), resamples=resamples, pairs=tuple(pairs)
+            part["is_fraud"].astype(bool).to_numpy(),
+            {d: part[d].to_numpy(dtype=np.float64) for d in detectors},
+            part["cardholder_id"].astype(str).to_numpy(),
+            resamples=resamples,
+            pairs=tuple(pairs),
         )
         setattr(bench, split_name, table)
-        if split_name == "test":
-            bench.counts = split_counts(part, detectors)
-            if "GNN federated" in registries:
-                bench.scenarios = per_scenario(part, "GNN federated", data)
+        bench.counts.update(split_counts(part, detectors, prefix=split_name))
+        if scenario is not None:
+            bench.scenario_aucs[split_name] = scenario_aucs(part, detectors, scenario.loc[part.index])
     return bench
+
+
+def best_on_validation(rows: pd.DataFrame, detectors: list[str]) -> str:
+    """The detector with the highest ROC-AUC on the validation rows ("" without validation frauds): *the*
+    baseline the models are compared with, chosen where the test split cannot influence it.
+    """
+    val = rows[rows["split"] == "val"]
+    label = val["is_fraud"].fillna(False).astype(bool).to_numpy()
+    aucs = {d: _auc(label, val[d].to_numpy(dtype=np.float64)) for d in detectors}
+    aucs = {d: a for d, a in aucs.items() if math.isfinite(a)}
+    if not aucs:
+        return ""
+    best = max(aucs, key=lambda d: aucs[d])
+    logger.info("baseline chosen on validation %s roc_auc=%.4f (of %s)", best, aucs[best],
+                ", ".join(f"{d}={a:.4f}" for d, a in aucs.items()))
+    return best
 
 
 def bootstrap_splits(
@@ -315,18 +399,26 @@ def bootstrap_splits(
     return tables["test"], tables["val"], counts
 
 
-def split_counts(part: pd.DataFrame, detectors: list[str]) -> dict[str, int]:
-    """Transactions, cardholders, frauds and fraud incidents of one split's rows that every detector scored."""
+def split_counts(part: pd.DataFrame, detectors: list[str], prefix: str = "test") -> dict[str, int]:
+    """Transactions, cardholders, frauds and fraud incidents of one split's rows that every detector scored,
+    keyed ``<prefix>_transactions`` etc.
+    """
     label = part["is_fraud"].astype(bool).to_numpy()
     ts = part["timestamp"].astype("int64").to_numpy() / 1e6
-    scored = np.all(np.isfinite(np.c_[[part[d].to_numpy(dtype=np.float64) for d in detectors]].T), axis=1)
+    scored = _all_finite(part, detectors)
     return {
-        "test_transactions": int(scored.sum()),
-        "test_cardholders": int(part["cardholder_id"].nunique()),
-        "test_frauds": int(label[scored].sum()),
-        "test_incidents": fraud_incidents(part["cardholder_id"].astype(str).to_numpy()[scored], ts[scored],
-                                          label[scored]),
+        f"{prefix}_transactions": int(scored.sum()),
+        f"{prefix}_cardholders": int(part["cardholder_id"].nunique()),
+        f"{prefix}_frauds": int(label[scored].sum()),
+        f"{prefix}_incidents": fraud_incidents(part["cardholder_id"].astype(str).to_numpy()[scored], ts[scored],
+                                               label[scored]),
     }
+
+
+def _all_finite(part: pd.DataFrame, detectors: list[str]) -> np.ndarray:
+    """Rows every detector scored (the rows :func:`bootstrap_by_group` judges them all on)."""
+    scores = np.c_[[part[d].to_numpy(dtype=np.float64) for d in detectors]].T
+    return np.all(np.isfinite(scores), axis=1) if len(detectors) else np.ones(len(part), dtype=bool)
 
 
 def _auc(label: np.ndarray, score: np.ndarray) -> float:
@@ -374,21 +466,72 @@ def per_scenario(rows: pd.DataFrame, detector: str, labels_root: Path) -> dict[s
     """ROC-AUC of ``detector`` per fraud scenario (its frauds against all legitimate rows), from the generator's
     ``bank_<k>/labels.parquet``; empty when the dataset has none (third-party data).
     """
+    scenario = _generated_scenarios(rows, labels_root)
+    if scenario is None:
+        return {}
+    table = scenario_aucs(rows, [detector], scenario)
+    return {k: {"frauds": int(v["frauds"]), "roc_auc": v[detector]} for k, v in table.items()}
+
+
+def _generated_scenarios(rows: pd.DataFrame, labels_root: Path) -> pd.Series | None:
+    """The generator's scenario of each of ``rows`` (aligned, NaN for none), or None without ``labels.parquet``."""
     from fedfraud.feature_store.layout import bank_dir
 
     banks = sorted(rows["bank"].unique())
     paths = [bank_dir(labels_root, int(b)) / "labels.parquet" for b in banks]
     if not paths or not all(p.exists() for p in paths):
-        return {}
+        return None
     scen = pd.concat([pd.read_parquet(p).assign(bank=int(b)) for p, b in zip(paths, banks, strict=True)])
-    merged = rows.merge(scen, on=["bank", "transaction_id"], how="left")
-    score = merged[detector].to_numpy(dtype=np.float64)
-    finite = np.isfinite(score)
-    fraud = merged["is_fraud"].fillna(False).astype(bool).to_numpy()
+    merged = rows[["bank", "transaction_id"]].merge(scen, on=["bank", "transaction_id"], how="left")
+    return pd.Series(merged["scenario"].to_numpy(), index=rows.index)
+
+
+def load_scenarios(path: Path) -> pd.Series:
+    """A scenarios side file (``trans_num`` → ``scenario``) as a Series keyed by ``transaction_id``.
+
+    The Sparkov loader keeps ``trans_num`` as the ``transaction_id`` unchanged, so the two join directly.
+    Scenario 0 (or empty) is a genuine transaction and maps to NaN; a number ``k`` becomes ``"S<k>"``.
+    """
+    frame = pd.read_csv(path, usecols=["trans_num", "scenario"], dtype=str, keep_default_na=False)
+    name = frame["scenario"].str.strip()
+    name = name.where(~name.str.fullmatch(r"\d+"), "S" + name)
+    name = name.mask(name.isin(["", "S0"]))
+    return pd.Series(name.to_numpy(), index=frame["trans_num"].str.strip().to_numpy(), name="scenario")
+
+
+def scenario_column(rows: pd.DataFrame, data: Path, scenarios: Path | None) -> pd.Series | None:
+    """Each of ``rows``' scenario (aligned, NaN for none): from the ``scenarios`` file when given, else the
+    generator's labels under ``data``; None when neither exists. Raises when the file matches none of the rows
+    (the wrong file, or a ``--work`` holding another dataset).
+    """
+    if scenarios is None:
+        return _generated_scenarios(rows, data)
+    mapping = load_scenarios(Path(scenarios))
+    ids = rows["transaction_id"].astype(str).str.strip()
+    matched = ids.isin(mapping.index)
+    if not matched.any():
+        raise UserError(f"{scenarios}: no trans_num matches a scored transaction_id (another dataset under --work?)")
+    fraud = rows["is_fraud"].fillna(False).astype(bool)
+    column = ids.map(mapping[~mapping.index.duplicated()])
+    logger.info("scenarios joined=%d of %d rows; frauds without a scenario=%d", int(matched.sum()), len(rows),
+                int((fraud & column.isna()).sum()))
+    return column
+
+
+def scenario_aucs(rows: pd.DataFrame, detectors: list[str], scenario: pd.Series) -> dict[str, dict[str, float]]:
+    """Per fraud scenario: its frauds' count and each detector's ROC-AUC of them against all legitimate rows.
+
+    ``scenario`` is aligned with ``rows`` (NaN = no scenario). Rows some detector did not score are left out for
+    all, as in :func:`bootstrap_by_group`, so the detectors are compared on the same transactions.
+    """
+    finite = _all_finite(rows, detectors)
+    fraud = rows["is_fraud"].fillna(False).astype(bool).to_numpy()
+    name = scenario.reindex(rows.index).astype("string")
     legit = finite & ~fraud
-    out: dict[str, dict[str, Any]] = {}
-    for name in sorted(merged.loc[fraud, "scenario"].dropna().unique()):
-        pos = finite & (merged["scenario"] == name).to_numpy()
+    out: dict[str, dict[str, float]] = {}
+    for s in sorted(name[fraud].dropna().unique()):
+        pos = finite & fraud & name.eq(s).fillna(False).to_numpy(dtype=bool)
         keep = pos | legit
-        out[str(name)] = {"frauds": int(pos.sum()), "roc_auc": _auc(pos[keep], score[keep])}
+        out[s] = {"frauds": float(pos.sum())}
+        out[s].update({d: _auc(pos[keep], rows[d].to_numpy(dtype=np.float64)[keep]) for d in detectors})
     return out

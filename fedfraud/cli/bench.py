@@ -179,19 +179,32 @@ def anomaly(
     work: Annotated[Path, typer.Option("--work", help="data, registries and caches go here")] = Path(
         "out/bench-detection"
     ),
-    rounds: Annotated[int | None, typer.Option("--rounds", min=1, help="federated rounds (default 6)")] = None,
+    rounds: Annotated[int | None, typer.Option("--rounds", min=1, help="federated rounds (default 10)")] = None,
     federated_only: Annotated[bool, typer.Option("--federated-only", help="skip the centralized run")] = False,
     resamples: Annotated[int, typer.Option("--resamples", min=50, help="bootstrap resamples")] = 500,
+    scenarios: Annotated[
+        Path | None,
+        typer.Option("--scenarios", help="CSV mapping trans_num to a fraud scenario: one ROC-AUC per scenario"),
+    ] = None,
+    skip_model: Annotated[
+        bool,
+        typer.Option("--skip-model", help="train nothing; baselines on validation cardholders only (no test figure)"),
+    ] = False,
     out: OutOption = None,
 ) -> None:
     """Label-free anomaly score vs label-free baselines on third-party data, split by cardholder, with 95% CIs."""
     from fedfraud.bench.detection import run_detection_bench
 
     _one_source(csv, data)
+    if scenarios is not None:
+        readable_file(scenarios)
     config_of(ctx)
     overrides = {"rounds": rounds} if rounds else {}
     modes = ("federated",) if federated_only else ("federated", "centralized")
-    result = run_detection_bench(csv, work, overrides=overrides, modes=modes, resamples=resamples, data=data)
+    result = run_detection_bench(
+        csv, work, overrides=overrides, modes=() if skip_model else modes, resamples=resamples, data=data,
+        splits=("val",) if skip_model else ("val", "test"), scenarios=scenarios,
+    )
     emit(result.to_markdown(), out)
 
 
