@@ -4,11 +4,14 @@
 #
 #   docker build -f infra/docker/fedfraud.Dockerfile -t registry.example.com/fedfraud:0.1.0 .
 #
+# That tag (the version in pyproject.toml) is what every manifest names; none uses `latest`. Pods run it as
+# uid 1000 / gid 100 (user ray) with a read-only root filesystem: Ray's /tmp and /work are emptyDir volumes there.
+#
 # Torch: the exact pin of the Makefile. For a CPU-only image (the default target) point pip at PyTorch's CPU
 # wheel index with --build-arg TORCH_INDEX_URL=...; without it pip takes the default (CUDA) wheel.
 ARG RAY_IMAGE=rayproject/ray:2.55.1-py311-cpu
 
-FROM python:3.11-slim AS wheel
+FROM python:3.11.13-slim-bookworm AS wheel
 WORKDIR /src
 COPY pyproject.toml setup.py README.md ./
 COPY fedfraud ./fedfraud
@@ -27,3 +30,5 @@ RUN python -m pip install --no-cache-dir ${TORCH_INDEX_URL:+--index-url "$TORCH_
 # Ray's image runs as user ray; the Feast repo is rendered into this folder at start-up (features.repo_dir).
 WORKDIR /work
 ENV PYTHONUNBUFFERED=1
+# numeric, so that Kubernetes can check runAsNonRoot against the image itself (user ray of rayproject/ray)
+USER 1000:100

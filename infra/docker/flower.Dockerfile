@@ -6,9 +6,13 @@
 #
 #   docker build -f infra/docker/flower.Dockerfile --build-arg COMPONENT=superlink -t registry.example.com/fedfraud-superlink:0.1.0 .
 #   docker build -f infra/docker/flower.Dockerfile --build-arg COMPONENT=supernode -t registry.example.com/fedfraud-supernode:0.1.0 .
+#
+# Those two tags are what infra/k8s/flower.yaml names (the SuperLink, the key-registration Job, the SuperNode); none
+# uses `latest`. Pods run them as uid 49999 (user app of Flower's base image) with a read-only root filesystem
+# and FLWR_HOME on an emptyDir.
 ARG COMPONENT=supernode
 
-FROM python:3.11-slim AS wheel
+FROM python:3.11.13-slim-bookworm AS wheel
 WORKDIR /src
 COPY pyproject.toml setup.py README.md ./
 COPY fedfraud ./fedfraud
@@ -25,3 +29,5 @@ RUN python -m pip install --no-cache-dir ${TORCH_INDEX_URL:+--index-url "$TORCH_
  && python -m pip install --no-cache-dir /tmp/wheels/*.whl \
  && python -c "import fedfraud, fedfraud.training.anomaly.federated.client_app, fedfraud.training.anomaly.federated.server_app; import flwr; assert flwr.__version__ == '1.41.0'" \
  && rm -rf /tmp/wheels
+# numeric, so that Kubernetes can check runAsNonRoot against the image itself (user app of flwr/base)
+USER 49999
