@@ -133,6 +133,7 @@ def _check_redis_store(config: RepoConfig, profile: RedisProfile) -> None:
 
     from fedfraud.feature_store.redis_check import check_redis
 
+    profile.require_password()  # no password for a Redis beyond loopback: refused before Feast connects
     check_redis(lambda: RedisOnlineStore()._get_client(config.online_store), profile.where(), profile.password_env)
 
 

@@ -5,20 +5,45 @@ and serving's own state store (:class:`fedfraud.serving.kvstore.RedisKV`). A ser
 is merely unreachable is only logged: the stores retry on their own (the chaos
 bench takes Redis away under a running scorer), but a wrong password never
 heals by retrying.
+
+Before any of that, :func:`require_password` refuses to connect without a password to a Redis that is not on
+loopback (the stores hold every cardholder's state), and says once that a loopback one is used without AUTH.
 """
 
 from __future__ import annotations
 
 import logging
 import ssl
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from fedfraud.errors import UserError
+from fedfraud.net import is_loopback
 
-__all__ = ["check_redis"]
+__all__ = ["check_redis", "require_password"]
 
 log = logging.getLogger(__name__)
+
+#: The Redis targets already warned about (a replica opens its stores more than once).
+_WARNED: set[str] = set()
+
+
+def require_password(hosts: Sequence[str], password: str | None, where: str, password_env: str) -> None:
+    """Refuse a Redis beyond loopback without a password (one-line :class:`UserError`); warn once for loopback.
+
+    Why: an unset or empty ``$password_env`` used to mean "connect without AUTH" silently, so a missing Secret
+    in production went unnoticed. ``hosts`` are the servers the client dials (empty for a unix socket: local).
+    """
+    if password:
+        return
+    remote = [h for h in hosts if not is_loopback(h)]
+    if remote:
+        raise UserError(f"Redis at {where} is not on loopback and ${password_env} is unset or empty: refusing to "
+                        f"connect without a password (set ${password_env})")
+    if where not in _WARNED:
+        _WARNED.add(where)
+        log.warning("Redis at %s: $%s is unset or empty, connecting without a password (loopback only)", where,
+                    password_env)
 
 
 def _tls_failure(exc: BaseException) -> BaseException | None:

@@ -171,13 +171,30 @@ class RedisProfile(OnlineProfile):
         if "password" in keys:
             raise ValueError("no password= in connection_string: put the password in the environment variable "
                              "named by password_env (default FEDFRAUD_REDIS_PASSWORD)")
-        if keys & {"ssl", "ssl_ca_certs"}:
-            raise ValueError("no ssl= or ssl_ca_certs= in connection_string: use the ssl and ssl_ca_certs settings")
+        if any(k.startswith("ssl") for k in keys):
+            raise ValueError("no ssl= or ssl_ca_certs= in connection_string (nor any ssl_* option): use the ssl and "
+                             "ssl_ca_certs settings; TLS always verifies the certificate and the host name")
         return value
 
     def password(self) -> str | None:
         """The Redis password from ``$password_env`` (None when unset or empty: no AUTH)."""
         return os.environ.get(self.password_env) or None
+
+    def hosts(self) -> list[str]:
+        """The host of every server in ``connection_string`` (the sentinels, for ``redis_sentinel``)."""
+        return [p.strip().rpartition(":")[0] or p.strip() for p in self.connection_string.split(",")
+                if p.strip() and "=" not in p]
+
+    def require_password(self) -> str | None:
+        """:meth:`password`, refused (one-line :class:`UserError`) when it is missing and a server is not on
+        loopback; a loopback server without one is logged once (:func:`~fedfraud.feature_store.redis_check.
+        require_password`).
+        """
+        from fedfraud.feature_store.redis_check import require_password
+
+        password = self.password()
+        require_password(self.hosts(), password, self.where(), self.password_env)
+        return password
 
     def where(self) -> str:
         """The servers and db for messages (no secret is ever in ``connection_string``)."""
@@ -188,8 +205,9 @@ class RedisProfile(OnlineProfile):
         connection = self.connection_string
         if self.password() is not None:
             connection += f",password=${{{self.password_env}}}"
-        if self.ssl:
-            connection += ",ssl=true" + (f",ssl_ca_certs={self.ssl_ca_certs}" if self.ssl_ca_certs else "")
+        if self.ssl:  # Feast hands these to redis-py as keyword arguments: verify the certificate and the host name
+            connection += (",ssl=true" + (f",ssl_ca_certs={self.ssl_ca_certs}" if self.ssl_ca_certs else "")
+                           + ",ssl_cert_reqs=required,ssl_check_hostname=true")
         out: dict[str, Any] = {
             "type": "redis",
             "redis_type": self.redis_type,
@@ -218,8 +236,9 @@ class RedisProfile(OnlineProfile):
             raise UserError(f"a direct client needs redis_type: redis, not {self.redis_type}")
         options = dict(p.split("=", 1) for p in self.connection_string.split(",") if "=" in p)
         host, port = self.address()
+        tls = {"ssl_cert_reqs": "required", "ssl_check_hostname": True} if self.ssl else {}
         return redis.Redis(host=host, port=port, db=int(options.get("db", 0)) if db is None else db,
-                           password=self.password(), ssl=self.ssl, ssl_ca_certs=self.ssl_ca_certs)
+                           password=self.require_password(), ssl=self.ssl, ssl_ca_certs=self.ssl_ca_certs, **tls)
 
 
 #: Profile name → model; the single place a ``profile:`` / ``--store`` name is resolved.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import socket
 import subprocess
@@ -9,13 +10,26 @@ import sys
 import time
 from typing import Any
 
-__all__ = ["LOOPBACK", "free_port", "ray_bind", "wait_for_port"]
+__all__ = ["LOOPBACK", "free_port", "is_loopback", "ray_bind", "wait_for_port"]
 
 #: The address every locally started server binds to unless the config names another.
 LOOPBACK = "127.0.0.1"
 
 #: Ray's switch between "local Ray only" (0) and "nodes may join" (1); read when ``ray`` is imported.
 _RAY_CLUSTER_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` names this machine only (``localhost``, 127.0.0.0/8, ``::1``): what may run without
+    authentication or encryption. A wildcard (``0.0.0.0``, ``::``, empty) or any other name is not.
+    """
+    name = host.strip().strip("[]").lower()
+    if name == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
 
 
 def free_port() -> int:

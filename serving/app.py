@@ -34,6 +34,8 @@ from ray.serve import Application
 
 from fedfraud.serving.auth import BearerAuth, api_token, require_bearer
 from fedfraud.serving.config import ScorerConfig
+from fedfraud.serving.http_body import read_capped_body
+from fedfraud.serving.grpc_bind import confine_replica_grpc
 from fedfraud.serving.kafka import decode_messages, ingress_validator, json_bytes, now_us
 from fedfraud.serving.metrics import CONTENT_TYPE, DurableCounters, MetricsBoard, PipelineMetrics
 
@@ -138,24 +140,11 @@ class _HttpMessage:
 api = FastAPI(title="fedfraud scoring")
 
 
-#: Bodies longer than this are refused before they are read, whatever the config says (the config's
-#: ``http_max_body_bytes``, checked in the endpoint, may only be smaller).
-_HARD_BODY_CAP = 64 << 20
-
-
 async def _capped_body(request: Request) -> bytes:
-    """The raw body, read in chunks and refused with 413 as soon as it passes the hard cap."""
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > _HARD_BODY_CAP:
-        raise HTTPException(413, f"body over {_HARD_BODY_CAP} bytes")
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > _HARD_BODY_CAP:
-            raise HTTPException(413, f"body over {_HARD_BODY_CAP} bytes")
-        chunks.append(chunk)
-    return b"".join(chunks)
+    """The raw body, refused with 413 past the replica's ``serving.guards.http_max_body_bytes`` before a byte beyond
+    it is read (the configured cap first: the 64 MiB hard cap only bounds the config).
+    """
+    return await read_capped_body(request, serve.get_replica_context().servable_object.guards.http_max_body_bytes)
 
 
 def _item_bytes(item: Any) -> bytes:
@@ -189,6 +178,19 @@ def _json(body: dict[str, Any], status_code: int = 200) -> Response:
     return Response(json_bytes(body), status_code=status_code, media_type="application/json")
 
 
+async def _detail_requested(request: Request) -> bool:
+    """Whether a probe asked for its detailed view (``?detail=true``); that view needs the bearer token (401/403
+    otherwise), since it shows reasons, counters and model tags the open probes do not.
+
+    A dependency at module level, not a ``request: Request`` parameter of the endpoint: Serve ships the ingress
+    class by value, and a method's string annotation ``"Request"`` does not resolve there (422).
+    """
+    if request.query_params.get("detail", "").lower() not in ("1", "true", "yes"):
+        return False
+    await require_bearer(request)
+    return True
+
+
 @serve.deployment(ray_actor_options={"num_cpus": 0.5}, health_check_period_s=5, max_ongoing_requests=16)
 @serve.ingress(api)
 class StreamScorer:
@@ -198,6 +200,7 @@ class StreamScorer:
         from fedfraud.serving.consumer import StreamConsumer
         from fedfraud.serving.hotpath import HotPath
 
+        confine_replica_grpc()  # before Serve opens this replica's gRPC server on [::] (serving/grpc_bind.py)
         self.args = _ReplicaArgs.model_validate(args)
         cfg = self.args.config
         self.bearer = BearerAuth.from_settings(cfg.serving.auth)  # before anything else: no token, no replica
@@ -301,24 +304,46 @@ class StreamScorer:
         return _json({"decisions": records, "rejected": sorted(rejected, key=lambda r: r["index"])})
 
     @api.get("/healthz")
-    async def healthz(self) -> Response:
-        """Liveness: 503 when the consumer loop died, stalled, retries past its budget or lost the broker."""
+    async def healthz(self, detail: bool = Depends(_detail_requested)) -> Response:
+        """Liveness: 503 when the consumer loop died, stalled, retries past its budget or lost the broker.
+
+        Open (the kubelet has no token), so it answers only ``{"status": "ok" | "unhealthy"}`` and touches no
+        store: anyone may call it as often as they like, and a write would take the scoring state's write lock
+        on SQLite. ``?detail=true`` with the bearer token adds the reasons, the delivery counters (read, never
+        saved here) and the model tags.
+        """
         problems = self.problems()
-        body = {"status": "unhealthy" if problems else "ok", "problems": problems,
-                "consuming": self.consumer is not None, **await asyncio.to_thread(self.snapshot)}
-        return _json(body, 503 if problems else 200)
+        status, code = ("unhealthy", 503) if problems else ("ok", 200)
+        if not detail:
+            return _json({"status": status}, code)
+        counters = await asyncio.to_thread(self._health_detail)
+        return _json({"status": status, "problems": problems, "consuming": self.consumer is not None, **counters},
+                     code)
+
+    def _health_detail(self) -> dict[str, Any]:
+        """What :meth:`snapshot` shows, without saving this replica's counters first (a probe never writes)."""
+        local = self.metrics.snapshot()
+        return {**local, **self.durable.totals(), "replica": local}
 
     @api.get("/readyz")
-    async def readyz(self) -> Response:
-        """Readiness: liveness plus a round trip to the state stores (Feast online store and the decision KV)."""
+    async def readyz(self, detail: bool = Depends(_detail_requested)) -> Response:
+        """Readiness: liveness plus a round trip to the state stores (Feast online store and the decision KV).
+
+        Open like ``/healthz``: only ``{"status": "ready" | "not ready"}``; the reasons (a store's error text
+        names hosts) are logged, and shown with ``?detail=true`` and the bearer token.
+        """
         problems = self.problems()
         try:
             await asyncio.wait_for(asyncio.to_thread(self.hot.ready), timeout=5.0)
         except Exception as exc:  # noqa: BLE001 - any failure means not ready
             problems.append(f"state store unreachable: {exc.__class__.__name__}: {str(exc)[:200]}")
+            log.warning("readyz: %s", problems[-1])
         if self.consumer is not None and not self.consumer.joined:
             problems.append("consumer has not joined its group yet (no partitions to read)")
-        return _json({"status": "not ready" if problems else "ready", "problems": problems}, 503 if problems else 200)
+        status, code = ("not ready", 503) if problems else ("ready", 200)
+        if not detail:
+            return _json({"status": status}, code)
+        return _json({"status": status, "problems": problems}, code)
 
     @api.get("/metrics", dependencies=[Depends(require_bearer)])
     async def metrics_text(self) -> Response:

@@ -2,8 +2,11 @@
 
 Each Serve replica builds one :class:`BearerAuth` from :class:`fedfraud.serving.config.AuthSettings`
 when it starts and keeps it as ``self.bearer``; protected routes declare
-``dependencies=[Depends(require_bearer)]``, which runs before the body is read,
-so an unauthenticated client cannot make a replica read a large body either.
+``dependencies=[Depends(require_bearer)]``. That runs before the body is read only
+if the route has no body parameter (FastAPI reads and parses a pydantic body
+before it solves any dependency), so routes that take a body read it themselves
+(:func:`fedfraud.serving.http_body.read_capped_body`): an unauthenticated client
+cannot make a replica read a large body either.
 """
 
 from __future__ import annotations
@@ -16,9 +19,11 @@ from fastapi import HTTPException, Request
 
 from fedfraud.credentials import API_TOKEN_ENV, new_token, read_secret, write_secret_file
 from fedfraud.errors import UserError
+from fedfraud.net import is_loopback
 from fedfraud.serving.config import AuthSettings
 
-__all__ = ["TOKEN_FILE", "BearerAuth", "api_token", "per_run_token", "require_bearer"]
+__all__ = ["TOKEN_FILE", "BearerAuth", "api_token", "check_open_http", "per_run_token", "require_bearer",
+           "serve_http_host"]
 
 log = logging.getLogger(__name__)
 
@@ -31,15 +36,51 @@ def api_token(settings: AuthSettings) -> str | None:
     """The configured API token; None only when authentication is disabled.
 
     A missing token is a one-line :class:`UserError` naming where it is read
-    from, so ``fedfraud serve`` (and a replica) refuses to start open.
+    from, so ``fedfraud serve`` (and a replica) refuses to start open. Disabled
+    authentication is refused too when the running Serve's HTTP proxy listens
+    beyond loopback (:func:`check_open_http`): ``serve deploy`` of a config
+    with ``http_options.host: 0.0.0.0`` and ``serving.auth.disabled: true``
+    stops in the builder and in every replica.
     """
     if settings.disabled:
+        check_open_http(settings, serve_http_host())
         return None
     token = read_secret(API_TOKEN_ENV, settings.token_file)
     if token is None:
         raise UserError(f"no API token: set ${API_TOKEN_ENV} or serving.auth.token_file "
                         "(or --insecure-no-auth for local development only)")
     return token
+
+
+def check_open_http(settings: AuthSettings, http_host: str | None) -> None:
+    """Refuse ``settings.disabled`` on an HTTP address other machines can reach (one-line :class:`UserError`).
+
+    Why: no authentication is meant for local development only; on ``0.0.0.0`` (or any non-loopback address) it
+    would let anyone who can reach the port score, tokenize and read ``/metrics``. ``http_host`` None: not known
+    (no Serve running yet), nothing to check.
+    """
+    if settings.disabled and http_host is not None and not is_loopback(http_host):
+        raise UserError(f"authentication is disabled (serving.auth.disabled / --insecure-no-auth) but HTTP listens "
+                        f"on {http_host!r}: that is only allowed on a loopback address such as 127.0.0.1; configure "
+                        f"an API token instead")
+
+
+def serve_http_host() -> str | None:
+    """The host the running Ray Serve's HTTP proxies listen on; None outside Ray, before Serve starts, or without
+    an HTTP proxy.
+    """
+    import ray
+
+    if not ray.is_initialized():
+        return None
+    try:
+        from ray.serve.context import _get_global_client
+
+        host = _get_global_client().http_config.host
+    except Exception:  # noqa: BLE001 - no Serve instance (yet) on this cluster
+        log.debug("no Serve instance to read the HTTP host from", exc_info=True)
+        return None
+    return None if host is None else str(host)
 
 
 def per_run_token(settings: AuthSettings, folder: Path) -> AuthSettings:

@@ -108,7 +108,14 @@ class GuardSettings(_Section):
 
     max_message_bytes: int = Field(1 << 20, ge=1024, description="larger Kafka values are dead-lettered unparsed")
     dlq_payload_bytes: int = Field(
-        64 << 10, ge=0, description="original bytes kept in a DLQ record; the rest is cut (raw_bytes keeps the size)"
+        64 << 10, ge=0, description="masked payload bytes a DLQ record keeps with dlq_raw_capture; the rest is cut "
+        "(raw_bytes keeps the size)"
+    )
+    dlq_raw_capture: bool = Field(
+        False, description="opt-in: DLQ records also keep the payload (card numbers masked, base64, up to "
+        "dlq_payload_bytes), never for card_number_in_clear/untokenized_card rejects; the DLQ topics keep records "
+        "30 days and raw payloads (extra fields, exact coordinates) put them in PCI DSS scope, so turn on only while "
+        "debugging a producer"
     )
     max_future_s: float | None = Field(86_400.0, ge=0, description="reject timestamps this far ahead of now")
     max_age_days: float | None = Field(
@@ -266,6 +273,10 @@ class ServingConfig(_Section):
         "Ray's job supervisor uses for itself; a negative value would need CAP_SYS_NICE and is not offered",
     )
     http_port: int = Field(8000, ge=0, le=65535)
+    http_request_timeout_s: float = Field(
+        30.0, gt=0, le=3600,
+        description="Serve's end-to-end limit of one HTTP request at the proxy (HTTPOptions.request_timeout_s; 408 "
+        "past it), so a slow or stuck request cannot hold a replica slot for ever")
     direct_ingress: bool = Field(
         False, description="Ray Serve's direct ingress (alpha in Ray 2.55): each replica also answers HTTP on a port "
         "of its own (30000-30999 by default, the same routes and bearer token), so a `POST /score` skips the proxy "

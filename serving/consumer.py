@@ -29,12 +29,10 @@ import numpy as np
 
 from fedfraud.serving.config import ServingConfig
 from fedfraud.serving.acks import AckWindow
+from fedfraud.serving.dead_letters import DeadLetter, dead_letter_of, dlq_message
 from fedfraud.serving.kafka import (
-    DeadLetter,
     DecodedBatch,
     decode_messages,
-    dlq_headers,
-    dlq_value,
     ingress_validator,
     json_bytes,
     now_us,
@@ -400,9 +398,11 @@ class StreamConsumer:
         return [out[i] for i in range(len(d.frame))]
 
     def _dead_letter(self, producer: Any, dead: DeadLetter) -> Any:
-        """Send one dead letter (payload capped); returns the send future, checked before the commit."""
-        value = dlq_value(dead, self.guards.dlq_payload_bytes)
-        return producer.send(self.serving.topics.dlq, key=dead.key, value=value, headers=dlq_headers(dead))
+        """Send one dead letter, built and masked by :func:`fedfraud.serving.dead_letters.dlq_value` (raw bytes
+        only if the operator opted in); returns the send future, checked before the commit.
+        """
+        key, value, headers = dlq_message(dead, self.guards.dlq_payload_bytes, self.guards.dlq_raw_capture)
+        return producer.send(self.serving.topics.dlq, key=key, value=value, headers=headers)
 
     def _rejects_and_copies(self, producer: Any, d: DecodedBatch, records: list[dict[str, Any]],
                             dead_reasons: list[str]) -> list[Any]:
@@ -410,8 +410,7 @@ class StreamConsumer:
         futures: list[Any] = []
 
         def dead_letter(msg: Any, reason: str, detail: str) -> None:
-            dead = DeadLetter(msg.key, msg.value, reason, detail, msg.topic, msg.partition, msg.offset)
-            futures.append(self._dead_letter(producer, dead))
+            futures.append(self._dead_letter(producer, dead_letter_of(msg, reason, detail)))
             dead_reasons.append(reason)
 
         for i, r in enumerate(records):

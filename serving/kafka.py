@@ -7,8 +7,9 @@ cardholder's messages share a partition and keep their order:
   header ``produced-us`` = wall-clock µs when the replay tool sent it (end-to-end latency).
 * ``anomaly-scores``: ``{transaction_id, cardholder, anomaly_score, model, redelivered, scored_us}``.
 * ``fraud-decisions``: :class:`DecisionRecord` as JSON.
-* ``transactions-dlq``: the original bytes base64-encoded with the reject reason
-  (:class:`fedfraud.feature_store.schema.RejectReason` value), detail and source offset;
+* ``transactions-dlq``: the reject reason (:class:`fedfraud.feature_store.schema.RejectReason` value), detail
+  and source offset with the masked canonical record and a digest of the payload, never the payload itself
+  unless an operator opts in (:mod:`fedfraud.serving.dead_letters`, the one place DLQ records are built);
   headers ``reason`` and ``detail`` as well so tools can filter without decoding.
 
 The scoring path's clients are librdkafka's (:mod:`fedfraud.serving.kafka_consumer`,
@@ -21,7 +22,6 @@ production cluster. The operator tools that read topics end to end (replay's
 
 from __future__ import annotations
 
-import base64
 import functools
 import json
 import logging
@@ -42,10 +42,10 @@ from fedfraud.feature_store.schema import (
     Validator,
     event_order,
     event_order_of,
-    mask_card_numbers_bytes,
 )
 
 from fedfraud.serving.config import GuardSettings
+from fedfraud.serving.dead_letters import DeadLetter, dead_letter_of, dlq_headers, dlq_value
 from fedfraud.serving.kafka_consumer import IngressConsumer, Record, make_consumer
 from fedfraud.serving.kafka_producer import Delivery, DeliveryError, Producer, confirm_sent, make_producer
 
@@ -139,52 +139,6 @@ def produced_us_of(headers: Sequence[tuple[str, bytes]] | None, fallback_ms: int
             except ValueError:
                 break
     return int(fallback_ms) * 1000
-
-
-@dataclass(frozen=True)
-class DeadLetter:
-    """A message that could not be scored, with the reason it goes to the DLQ."""
-
-    key: bytes | None
-    raw: bytes
-    reason: str
-    detail: str
-    topic: str
-    partition: int
-    offset: int
-
-
-#: Longest reason detail written to the DLQ (value and header).
-MAX_DETAIL_CHARS = 512
-
-
-def dlq_value(dead: DeadLetter, max_payload_bytes: int = 64 * 1024) -> bytes:
-    """The DLQ record: reason, detail, source position and the original bytes (base64).
-
-    The payload is cut to ``max_payload_bytes`` (``raw_bytes`` keeps the original
-    size, ``raw_truncated`` says so), so a 10 MB poison message cannot make a DLQ
-    record larger than the producer's ``max_request_size`` and stop the stream.
-    The source offset identifies the full message on the input topic.
-    """
-    raw = dead.raw[:max_payload_bytes]
-    return json_bytes(
-        {
-            "reason": dead.reason,
-            "detail": dead.detail[:MAX_DETAIL_CHARS],
-            "topic": dead.topic,
-            "partition": dead.partition,
-            "offset": dead.offset,
-            "raw_b64": base64.b64encode(raw).decode("ascii"),
-            "raw_bytes": len(dead.raw),
-            "raw_truncated": len(raw) < len(dead.raw),
-            "dead_lettered_us": now_us(),
-        }
-    )
-
-
-def dlq_headers(dead: DeadLetter) -> list[tuple[str, bytes]]:
-    """Headers of a DLQ record: tools filter on ``reason`` without decoding the value."""
-    return [("reason", dead.reason.encode()), ("detail", dead.detail.encode("utf-8", "replace")[:256])]
 
 
 @dataclass(frozen=True)
@@ -421,23 +375,8 @@ def _repeats(ids: list[tuple[str, str]], content: list[str], msgs: list[Any],
     return keep, [(m, position[j]) for m, j in copies]
 
 
-#: Longest message key copied into a dead letter; a longer key is replaced by its hash (keys are card tokens,
-#: 35 characters, so only a hostile producer gets here).
-MAX_DLQ_KEY_BYTES = 1024
-
-
 def _dead(msg: Any, raw: bytes, reason: str, detail: str) -> DeadLetter:
-    """A dead letter of ``msg``: its bytes and key kept for a replay, with any card number masked (the DLQ
-    keeps records for weeks; a producer that sent a card number in clear must not leave it there).
+    """A dead letter of ``msg`` with ``raw`` as its payload; what of it reaches the DLQ (masked, reduced) is
+    decided by :func:`fedfraud.serving.dead_letters.dlq_value`, for decode and stage rejects alike.
     """
-    key = msg.key if isinstance(msg.key, bytes) or msg.key is None else bytes(msg.key)
-    if key is not None and len(key) > MAX_DLQ_KEY_BYTES:
-        import hashlib
-
-        key = b"blake2b:" + hashlib.blake2b(key, digest_size=16).hexdigest().encode()
-    raw = raw if isinstance(raw, bytes) else bytes(raw or b"")
-    return DeadLetter(
-        key=None if key is None else mask_card_numbers_bytes(key), raw=mask_card_numbers_bytes(raw),
-        reason=reason, detail=detail,
-        topic=msg.topic, partition=msg.partition, offset=msg.offset,
-    )
+    return dead_letter_of(msg, reason, detail, raw=raw)

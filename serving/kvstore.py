@@ -22,7 +22,7 @@ import threading
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from pathlib import Path
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, urlsplit
 
 from fedfraud.errors import UserError
 
@@ -131,24 +131,36 @@ class RedisKV(KVStore):
     """Redis (production): one pipelined MGET / MSET per batch, keys ``fedfraud:<table>:<key>``.
 
     ``redis://host:port/db`` or ``rediss://`` for TLS (``ssl_ca_certs``: the CA
-    that signed the server). The password comes from ``$password_env``, never
-    from the URL; a refused password stops the constructor with one line.
+    that signed the server), which always verifies the certificate and its host
+    name. The password comes from ``$password_env``, never from the URL; a
+    refused password stops the constructor with one line, and so does a server
+    beyond loopback without a password.
     """
 
     def __init__(self, url: str, prefix: str = "fedfraud", password_env: str = REDIS_PASSWORD_ENV,
                  ssl_ca_certs: str | None = None) -> None:
         import redis
 
-        from fedfraud.feature_store.redis_check import check_redis
+        from fedfraud.feature_store.redis_check import check_redis, require_password
 
         parts = urlsplit(url)
-        if parts.password is not None or parts.username is not None:
+        options = {k.lower() for k, _ in parse_qsl(parts.query)}
+        if parts.password is not None or parts.username is not None or options & {"password", "username"}:
             raise UserError(f"no credentials in the Redis URL {parts.scheme}://...@{parts.hostname}: "
                             f"the password is read from ${password_env}")
+        if any(k.startswith("ssl") for k in options):  # URL options win over ours in redis-py: no downgrade there
+            raise UserError(f"no ssl options in the Redis URL {parts.scheme}://{parts.hostname}: rediss:// always "
+                            "verifies the server's certificate and host name (fraud_state_ca_file names the CA)")
         self.url = url
         self.prefix = prefix
-        extra = {"ssl_ca_certs": ssl_ca_certs} if ssl_ca_certs and parts.scheme == "rediss" else {}
-        self._client = redis.Redis.from_url(url, password=os.environ.get(password_env) or None, **extra)
+        password = os.environ.get(password_env) or None
+        require_password([] if parts.scheme == "unix" else [parts.hostname or "localhost"], password, url,
+                         password_env)
+        extra: dict[str, object] = {}
+        if parts.scheme == "rediss":
+            extra = {"ssl_cert_reqs": "required", "ssl_check_hostname": True,
+                     **({"ssl_ca_certs": ssl_ca_certs} if ssl_ca_certs else {})}
+        self._client = redis.Redis.from_url(url, password=password, **extra)
         check_redis(lambda: self._client, url, password_env)
 
     def _key(self, table: str, key: str) -> str:

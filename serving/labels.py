@@ -14,7 +14,8 @@ assigns partitions itself instead of joining a consumer group, because the
 positions of record are the store's (Kafka's committed offsets would be a
 second truth that can disagree after a crash). A message that is not a
 valid label goes to ``fraud-labels-dlq`` with its reason, acknowledged by
-the broker before its position is stored.
+the broker before its position is stored; the record is built and masked by
+:mod:`fedfraud.serving.dead_letters` as for the transactions DLQ (label fields only).
 """
 
 from __future__ import annotations
@@ -30,9 +31,9 @@ from typing import Any
 
 from fedfraud.feature_store.outcomes import OutcomeStore
 from fedfraud.serving.config import KafkaSecurity, ProducerSettings, TopicNames
+from fedfraud.serving.dead_letters import LABEL_FIELDS, DeadLetter, dead_letter_of, dlq_message
 from fedfraud.serving.kafka import (
-    DeadLetter, confirm_sent, dlq_headers, dlq_value, json_bytes, make_producer, now_us, parse_json,
-    wait_for_partitions,
+    confirm_sent, json_bytes, make_producer, now_us, parse_json, wait_for_partitions,
 )
 
 __all__ = ["LABELS", "JoinStats", "LabelJoiner", "label_message", "parse_label"]
@@ -127,10 +128,11 @@ class LabelJoiner:
 
     def __init__(self, bootstrap_servers: str, store: OutcomeStore, topics: TopicNames | None = None,
                  producer: ProducerSettings | None = None, max_message_bytes: int = 1 << 20,
-                 security: KafkaSecurity | None = None) -> None:
+                 security: KafkaSecurity | None = None, raw_capture: bool = False) -> None:
         from kafka import KafkaConsumer, TopicPartition
 
         self.store = store
+        self.raw_capture = raw_capture  # serving.guards.dlq_raw_capture: keep masked payloads in the DLQ
         self.topics = topics or TopicNames()
         self.max_message_bytes = max_message_bytes
         t = self.topics
@@ -168,8 +170,7 @@ class LabelJoiner:
                 positions[(tp.topic, tp.partition)] = m.offset + 1
                 raw = m.value or b""
                 if len(raw) > self.max_message_bytes:
-                    dead.append(DeadLetter(m.key, raw, "too_large", f"{len(raw)} bytes", tp.topic, tp.partition,
-                                           m.offset))
+                    dead.append(dead_letter_of(m, "too_large", f"{len(raw)} bytes", LABEL_FIELDS, raw=raw))
                     continue
                 if kind == "labels":
                     row, reason, detail = parse_label(raw)
@@ -181,7 +182,7 @@ class LabelJoiner:
                     row = (_decision_row if kind == "decisions" else _shadow_row)(value)
                     reason, detail = ("", "") if row is not None else (f"bad_{kind}_record", repr(raw[:80]))
                 if row is None:
-                    dead.append(DeadLetter(m.key, raw, reason, detail, tp.topic, tp.partition, m.offset))
+                    dead.append(dead_letter_of(m, reason, detail, LABEL_FIELDS, raw=raw))
                 else:
                     rows[kind].append(row)
         self._dead_letter(dead)
@@ -199,9 +200,13 @@ class LabelJoiner:
         return n
 
     def _dead_letter(self, dead: Iterable[DeadLetter]) -> None:
-        """Send to the labels DLQ and wait for the broker's acks: their positions are stored right after."""
-        futures = [self._producer.send(self.topics.labels_dlq, key=d.key, value=dlq_value(d), headers=dlq_headers(d))
-                   for d in dead]
+        """Send to the labels DLQ (masked: :func:`fedfraud.serving.dead_letters.dlq_message`) and wait for the
+        broker's acks: their positions are stored right after.
+        """
+        futures = []
+        for d in dead:
+            key, value, headers = dlq_message(d, raw_capture=self.raw_capture)
+            futures.append(self._producer.send(self.topics.labels_dlq, key=key, value=value, headers=headers))
         if futures:
             confirm_sent(self._producer, futures)
             for d in dead:

@@ -189,7 +189,7 @@ TOKENIZER_APP = "fedfraud-tokenizer"
 TOKENIZER_PREFIX = "/tokenizer"
 
 
-def _mount_tokenizer(registry_root: str, auth: AuthSettings) -> bool:
+def _mount_tokenizer(registry_root: str, auth: AuthSettings, max_body_bytes: int) -> bool:
     """Deploy :mod:`fedfraud.serving.tokenizer_service` next to the scorer (``/tokenizer/tokenize``) if a tokenizer is
     registered; optional part, so its absence is logged, not raised.
     """
@@ -202,8 +202,8 @@ def _mount_tokenizer(registry_root: str, auth: AuthSettings) -> bool:
         return False
     from fedfraud.serving.tokenizer_service import TokenizerServiceArgs, build_tokenizer_app
 
-    serve.run(build_tokenizer_app(TokenizerServiceArgs(registry_root=registry_root, auth=auth)), name=TOKENIZER_APP,
-              route_prefix=TOKENIZER_PREFIX)
+    args = TokenizerServiceArgs(registry_root=registry_root, auth=auth, max_body_bytes=max_body_bytes)
+    serve.run(build_tokenizer_app(args), name=TOKENIZER_APP, route_prefix=TOKENIZER_PREFIX)
     return True
 
 
@@ -269,14 +269,14 @@ def start(
 
             apply_repo(open_store(config.features))
         direct = ensure_ray(num_cpus, s.ray_host, s.direct_ingress)
-        serve.start(http_options={"host": LOOPBACK, "port": s.http_port})
+        serve.start(http_options={"host": LOOPBACK, "port": s.http_port, "request_timeout_s": s.http_request_timeout_s})
         args = ScoringArgs(config=config.model_dump(mode="json"), bootstrap_servers=bootstrap, consume=consume,
                            **({"anomaly_loader": anomaly_loader} if anomaly_loader else {}))
         t0 = time.perf_counter()
         handle = serve.run(build_app(args), name=APP_NAME, route_prefix="/")
         if consume:
             _wait_ready(f"http://127.0.0.1:{s.http_port}", timeout_s=120.0)
-        _mount_tokenizer(s.registry_root, s.auth)
+        _mount_tokenizer(s.registry_root, s.auth, s.guards.http_max_body_bytes)
         rt = ServingRuntime(config, bootstrap, f"http://{LOOPBACK}:{s.http_port}", broker, handle, token,
                             _producer=producer)
         if direct:

@@ -1,7 +1,9 @@
 """Ray Serve deployment of the registered tokenizer: ``/tokenize``, ``/detokenize``, ``/tokenizer``.
 
 Every route needs ``Authorization: Bearer <token>`` (:mod:`fedfraud.serving.auth`; ``args.auth`` says where the
-replica reads the token).
+replica reads the token). The POST routes take the raw :class:`Request` and read the body themselves, capped at
+``max_body_bytes`` (:func:`fedfraud.serving.http_body.read_capped_body`), after the token check: a pydantic body
+parameter would be read and parsed before any dependency ran.
 
 (No ``from __future__ import annotations`` here: FastAPI must see the real request types.)
 Self-contained so the main serving app can mount it: build it with
@@ -16,10 +18,11 @@ the old or the new tokenizer, never a mix.
 import asyncio
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
-from fastapi import Depends, FastAPI, HTTPException
-from pydantic import BaseModel, ConfigDict, Field
+from fastapi import Depends, FastAPI, HTTPException, Request
+from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from ray import serve
 from ray.serve import Application
 from tokenizers import Tokenizer
@@ -27,6 +30,8 @@ from tokenizers import Tokenizer
 from fedfraud.serving.auth import BearerAuth, api_token, require_bearer
 from fedfraud.serving.config import AuthSettings
 from fedfraud.serving.follow import moved
+from fedfraud.serving.http_body import read_capped_body
+from fedfraud.serving.grpc_bind import confine_replica_grpc
 from fedfraud.training.registry import ModelRegistry, ModelVersion
 from fedfraud.training.tokenizer.export import TOKENIZER_FILE
 
@@ -57,6 +62,9 @@ class TokenizerServiceArgs(BaseModel):
     max_chars_per_request: int = Field(
         1_000_000, ge=1, description="total characters of one request; a 10 MB text cost 14 s of CPU (issue 14)"
     )
+    max_body_bytes: int = Field(
+        1 << 20, ge=1024, description="POST bodies larger than this get 413 before they are read "
+        "(serving.guards.http_max_body_bytes where the CLI or the runtime starts the service)")
     num_replicas: int = Field(1, ge=1)
     auth: AuthSettings = Field(default_factory=AuthSettings, description="where replicas read the API token")
 
@@ -86,6 +94,9 @@ class DetokenizeResponse(BaseModel):
     texts: list[str]
 
 
+_Body = TypeVar("_Body", TokenizeRequest, DetokenizeRequest)
+
+
 @dataclass(frozen=True)
 class _Loaded:
     version: ModelVersion
@@ -106,6 +117,7 @@ class TokenizerService:
     """Serves the current registry version of the federated tokenizer and follows new versions."""
 
     def __init__(self, args: dict[str, Any]) -> None:
+        confine_replica_grpc()  # before Serve opens this replica's gRPC server on [::] (serving/grpc_bind.py)
         self.args = TokenizerServiceArgs.model_validate(args)
         self.bearer = BearerAuth.from_settings(self.args.auth)
         self.registry = ModelRegistry(self.args.registry_root)
@@ -146,9 +158,19 @@ class TokenizerService:
             out.append((loaded.version.version, enc.ids, enc.tokens))
         return out
 
+    async def _body(self, request: Request, model: type[_Body]) -> _Body:
+        """The request body as ``model``: 413 past ``max_body_bytes`` (before reading beyond it), 422 if invalid."""
+        raw = await read_capped_body(request, self.args.max_body_bytes)
+        try:
+            return model.model_validate_json(raw)
+        except ValidationError as exc:
+            raise RequestValidationError(exc.errors(include_url=False, include_context=False, include_input=False),
+                                         body=None) from None
+
     @api.post("/tokenize", dependencies=[Depends(require_bearer)])
-    async def tokenize(self, req: TokenizeRequest) -> TokenizeResponse:
-        """Batch of texts -> token ids and token strings (byte-level alphabet)."""
+    async def tokenize(self, request: Request) -> TokenizeResponse:
+        """Batch of texts -> token ids and token strings (byte-level alphabet); body: :class:`TokenizeRequest`."""
+        req = await self._body(request, TokenizeRequest)
         self._ensure_watcher()
         if len(req.texts) > self.args.max_texts_per_request:
             raise HTTPException(413, f"at most {self.args.max_texts_per_request} texts per request")
@@ -162,8 +184,11 @@ class TokenizerService:
         )
 
     @api.post("/detokenize", dependencies=[Depends(require_bearer)])
-    async def detokenize(self, req: DetokenizeRequest) -> DetokenizeResponse:
-        """Token ids -> text (lossless for ids produced by /tokenize of the same version)."""
+    async def detokenize(self, request: Request) -> DetokenizeResponse:
+        """Token ids -> text (lossless for ids produced by /tokenize of the same version); body:
+        :class:`DetokenizeRequest`.
+        """
+        req = await self._body(request, DetokenizeRequest)
         self._ensure_watcher()
         loaded = self.current
         size = loaded.tokenizer.get_vocab_size()

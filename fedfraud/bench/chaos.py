@@ -98,7 +98,8 @@ def audit(fault: str, ids: set[str], n_extra: int, decisions: list[dict[str, Any
         else:
             unmarked[d["transaction_id"]] = unmarked.get(d["transaction_id"], 0) + 1
     decided = {d["transaction_id"] for d in decisions} & ids
-    dead_ids = {str(d.get("transaction_id")) for d in dead if d.get("transaction_id") is not None} & ids
+    # a DLQ record names its transaction in its masked canonical record (fedfraud.serving.dead_letters)
+    dead_ids = {str(tx) for d in dead if (tx := (d.get("record") or {}).get("transaction_id")) is not None} & ids
     lost = len(ids - decided - dead_ids) + max(n_extra - (len(dead) - len(dead_ids)), 0)
     return FaultRow(fault, len(ids) + n_extra, len(decided), len(dead), marked,
                     sum(max(c - 1, 0) for c in unmarked.values()), lost, recovery_s, health_red)

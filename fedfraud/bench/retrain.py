@@ -29,9 +29,12 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from fedfraud.serving.config import KafkaSecurity
 
 __all__ = ["RetrainBenchResult", "run_retrain_bench"]
 
@@ -219,9 +222,9 @@ def run_retrain_bench(config: Any = None, cardholders: int = 800, banks: int = 5
         for name in cpu:
             cpu[name] /= max(len(shadowed), 1)
         # 3. the shadowed transactions' labels come back; join them and replay the policy's comparison
-        _send_labels(rt.bootstrap_servers, cfg.serving.topics.labels, shadowed)
+        _send_labels(rt.bootstrap_servers, cfg.serving.topics.labels, shadowed, cfg.serving.kafka_security)
         with OutcomeStore(outcomes) as out:
-            joiner = LabelJoiner(rt.bootstrap_servers, out, cfg.serving.topics)
+            joiner = LabelJoiner(rt.bootstrap_servers, out, cfg.serving.topics, security=cfg.serving.kafka_security)
             try:
                 joiner.run(idle_s=3)
             finally:
@@ -237,13 +240,13 @@ def run_retrain_bench(config: Any = None, cardholders: int = 800, banks: int = 5
                               rows, cpu, decide, load_avg, os.cpu_count() or 0)
 
 
-def _send_labels(bootstrap: str, topic: str, frame: Any) -> None:
-    """Each transaction's label, as the bank's case system sends it."""
+def _send_labels(bootstrap: str, topic: str, frame: Any, security: KafkaSecurity) -> None:
+    """Each transaction's label, as the bank's case system sends it (with the deployment's ``kafka_security``)."""
     from fedfraud.serving.config import ProducerSettings
     from fedfraud.serving.kafka import confirm_sent, make_producer
     from fedfraud.serving.labels import label_message
 
-    producer = make_producer(bootstrap, ProducerSettings())
+    producer = make_producer(bootstrap, ProducerSettings(), security=security)
     try:
         known = frame[frame["is_fraud"].notna()]
         confirm_sent(producer, [producer.send(topic, key=str(t).encode(), value=label_message(

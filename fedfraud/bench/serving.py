@@ -184,20 +184,21 @@ class ServingBenchResult:
 
 
 def _ceiling(bootstrap: str, n: int, settings: Any) -> float:
-    """Raw consume → produce → commit throughput, the same client and settings as the ingress."""
+    """Raw consume → produce → commit throughput, the same client, settings and ``kafka_security`` as the ingress."""
     from fedfraud.serving.broker import create_topics
     from fedfraud.serving.kafka import make_consumer, make_producer
 
     src, dst = "bench-raw-in", "bench-raw-out"
-    create_topics(bootstrap, {src: settings.partitions, dst: settings.partitions})
-    producer = make_producer(bootstrap, settings.producer)
+    security = settings.kafka_security
+    create_topics(bootstrap, {src: settings.partitions, dst: settings.partitions}, security=security)
+    producer = make_producer(bootstrap, settings.producer, security=security)
     payload = b'{"transaction_id":"x","cardholder_id":"c","merchant_id":"m","timestamp":"2026-01-01T00:00:00+00:00",' \
               b'"amount":12.5,"lat":40.0,"lon":-74.0,"mcc":"5411","is_fraud":null,"geo_source":"exact"}'
     for i in range(n):
         producer.send(src, key=str(i % 997).encode(), value=payload)
     producer.flush()
     consumer = make_consumer(bootstrap, settings.consumer.model_copy(update={"assignment": "manual"}), src,
-                             group_id="bench-ceiling")
+                             group_id="bench-ceiling", security=security)
     done, start = 0, None
     deadline = time.monotonic() + 120
     while done < n and time.monotonic() < deadline:

@@ -88,7 +88,8 @@ def main(argv: list[str] | None = None) -> int:
     """Console-script entry point: user errors become one line on stderr and exit status 2."""
     try:
         with sigterm_unwinds():
-            app(args=argv, standalone_mode=False, prog_name="fedfraud")
+            # standalone_mode=False: click returns a command's typer.Exit code instead of raising it
+            code = app(args=argv, standalone_mode=False, prog_name="fedfraud")
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -114,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"error: {line}", file=sys.stderr)
         return 2
-    return 0
+    return code if isinstance(code, int) and not isinstance(code, bool) else 0
 
 
 def _input_error_line(exc: Exception) -> str | None:

@@ -156,7 +156,9 @@ def serve_cmd(
     """Serve /tokenize, /detokenize and /tokenizer with Ray Serve until interrupted.
 
     Every endpoint needs ``Authorization: Bearer $FEDFRAUD_API_TOKEN`` (or the token in
-    ``serving.auth.token_file``); without a token configured the command refuses to start.
+    ``serving.auth.token_file``); without a token configured the command refuses to start, and
+    ``--insecure-no-auth`` (or ``serving.auth.disabled``) is refused on a ``--host`` other than loopback.
+    Bodies are capped at ``serving.guards.http_max_body_bytes``, requests at ``serving.http_request_timeout_s``.
     """
     import time
 
@@ -164,13 +166,16 @@ def serve_cmd(
     from ray import serve
 
     from fedfraud.net import ray_bind
+    from fedfraud.serving.auth import check_open_http
     from fedfraud.serving.tokenizer_service import TokenizerServiceArgs, build_tokenizer_app
 
     serving_cfg = config_of(ctx).serving
     auth = serving_cfg.auth.model_copy(update={"disabled": True}) if insecure_no_auth else serving_cfg.auth
-    app = build_tokenizer_app(TokenizerServiceArgs(registry_root=str(registry), version=version, auth=auth))
+    check_open_http(auth, host)  # before anything starts: no open endpoint beyond loopback
+    app = build_tokenizer_app(TokenizerServiceArgs(registry_root=str(registry), version=version, auth=auth,
+                                                   max_body_bytes=serving_cfg.guards.http_max_body_bytes))
     ray.init(ignore_reinit_error=True, **ray_bind(serving_cfg.ray_host))
-    serve.start(http_options={"host": host, "port": port})
+    serve.start(http_options={"host": host, "port": port, "request_timeout_s": serving_cfg.http_request_timeout_s})
     serve.run(app, name="tokenizer", route_prefix="/")
     typer.echo(f"tokenizer service on http://{host}:{port} "
                f"({'NO AUTHENTICATION' if auth.disabled else 'bearer token required'}; Ctrl-C to stop)")

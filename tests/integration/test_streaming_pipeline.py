@@ -134,20 +134,17 @@ def _streamed(results) -> tuple[list[str], list[dict]]:
 
 
 def _own_dead_letters(runtime, start: dict[int, int], values: list[bytes]) -> list[dict]:
-    """The DLQ records since ``start`` whose source message is one of ``values`` (a kept prefix of it when the
-    payload was truncated), once the group is idle: another test's poison, redelivered meanwhile (at least once),
-    is not this test's."""
+    """The DLQ records since ``start`` whose source message is one of ``values`` (by the digest a DLQ record
+    keeps instead of the bytes), once the group is idle: another test's poison, redelivered meanwhile (at least
+    once), is not this test's."""
+    from fedfraud.serving.dead_letters import payload_digest
     from fedfraud.serving.replay import collect
 
     runtime.wait_idle()
     dead = collect(runtime.bootstrap_servers, runtime.config.serving.topics.dlq, 10**6, start, timeout_s=2,
                    id_field=("topic", "partition", "offset"))
-
-    def ours(d: dict) -> bool:
-        raw = base64.b64decode(d["raw_b64"])
-        return any(raw == v or (d["raw_truncated"] and v.startswith(raw)) for v in values)
-
-    return [d for d in dead if ours(d)]
+    digests = {payload_digest(v) for v in values}
+    return [d for d in dead if d["raw_sha256"] in digests]
 
 
 def test_n_produced_n_decided_and_poison_goes_to_dlq(runtime, frame):
@@ -360,8 +357,8 @@ def test_every_poison_probe_is_dead_lettered_and_the_stream_goes_on(runtime, fra
     cap = runtime.config.serving.guards.max_message_bytes  # 64 KiB here: the deep nesting is over it too
     expected = ["oversized" if len(v) > cap else reason.value for v, reason in PROBES.values()] + ["oversized"]
     assert [by_offset[o]["reason"] for o in sorted(by_offset)] == expected
-    big = by_offset[max(by_offset)]
-    assert big["raw_truncated"] and big["raw_bytes"] > 200_000 and len(json.dumps(big)) < 200_000
+    big = by_offset[max(by_offset)]  # its size and digest, not its bytes
+    assert big["raw_bytes"] > 200_000 and "raw_b64" not in big and len(json.dumps(big)) < 2_000
     snap = runtime.wait_idle()
     assert snap["consumed"] - before["consumed"] == len(part) + len(probes)
     assert snap["dead_lettered"] - before["dead_lettered"] == len(probes)
@@ -371,8 +368,6 @@ def test_every_poison_probe_is_dead_lettered_and_the_stream_goes_on(runtime, fra
 def test_duplicates_on_the_topics_copies_marked_and_a_conflicting_reuse_dead_lettered(runtime, frame):
     """Checked on the topics: a copy gets the same decision marked redelivered; a reused id with other content
     goes to the DLQ as conflicting_duplicate (in one batch or across batches)."""
-    import json
-
     from fedfraud.serving.kafka import json_bytes, make_producer
     from fedfraud.serving.replay import collect, topic_end_offsets
 
@@ -399,7 +394,7 @@ def test_duplicates_on_the_topics_copies_marked_and_a_conflicting_reuse_dead_let
     dead = [d for d in collect(servers, topics.dlq, 10**6, dlq_start, timeout_s=5)
             if (d["partition"], d["offset"]) in where and d["topic"] == topics.transactions]
     assert [((d["partition"], d["offset"]), d["reason"]) for d in dead] == [(where[3], "conflicting_duplicate")]
-    assert json.loads(__import__("base64").b64decode(dead[0]["raw_b64"]))["amount"] == a["amount"] + 1
+    assert dead[0]["record"]["amount"] == a["amount"] + 1  # the canonical fields, masked
     producer.close()
 
 
@@ -454,40 +449,56 @@ def test_score_and_metrics_need_the_bearer_token_and_the_probes_do_not(runtime, 
     assert httpx.post(f"{runtime.url}/score", content=b"x" * 70_000, timeout=30).status_code == 401
     for probe in ("/healthz", "/readyz"):
         assert httpx.get(f"{runtime.url}{probe}", timeout=30).status_code == 200
+    # issue 37: the open probes say only their status; the reasons and counters need the token
+    for probe, status in (("/healthz", "ok"), ("/readyz", "ready")):
+        assert httpx.get(f"{runtime.url}{probe}", timeout=30).json() == {"status": status}
+        assert httpx.get(f"{runtime.url}{probe}?detail=true", timeout=30).status_code == 401
+        detail = httpx.get(f"{runtime.url}{probe}?detail=true", headers=runtime.headers, timeout=30)
+        assert detail.status_code == 200 and detail.json()["problems"] == [], detail.text
 
 
-def _topic_bytes(servers: str, topic: str) -> bytes:
-    """Every key, value and header of ``topic`` from its beginning, concatenated: what a reader of it can see."""
-    import json
-
+def _topic_messages(servers: str, topic: str, start: dict[int, int] | None = None) -> list[tuple]:
+    """``(key, value, headers)`` of every message of ``topic`` from ``start`` (else its beginning) to its end."""
     from kafka import KafkaConsumer, TopicPartition
 
     consumer = KafkaConsumer(bootstrap_servers=servers, enable_auto_commit=False, max_poll_records=5000)
     try:
         tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
         if not tps:
-            return b""
+            return []
         consumer.assign(tps)
-        consumer.seek_to_beginning(*tps)
+        for tp in tps:
+            if start and tp.partition in start:
+                consumer.seek(tp, start[tp.partition])
+            else:
+                consumer.seek_to_beginning(tp)
         end = consumer.end_offsets(tps)
-        chunks: list[bytes] = []
+        out: list[tuple] = []
         deadline = time.monotonic() + 60
         while any(consumer.position(tp) < end[tp] for tp in tps) and time.monotonic() < deadline:
             for msgs in consumer.poll(timeout_ms=200).values():
-                for m in msgs:
-                    chunks += [m.key or b"", m.value or b"", *(v or b"" for _, v in (m.headers or []))]
-                    if m.value and b'"raw_b64"' in m.value:  # a dead letter: the bytes it keeps, decoded
-                        chunks.append(base64.b64decode(json.loads(m.value)["raw_b64"]))
+                out += [(m.key, m.value or b"", [(k, v or b"") for k, v in (m.headers or [])]) for m in msgs]
         assert all(consumer.position(tp) >= end[tp] for tp in tps), f"{topic}: not read to its end"
-        return b"\x00".join(chunks)
+        return out
     finally:
         consumer.close()
+
+
+def _topic_bytes(servers: str, topic: str) -> bytes:
+    """Every key, value and header of ``topic`` from its beginning, concatenated: what a reader of it can see."""
+    import json
+
+    chunks: list[bytes] = []
+    for key, value, headers in _topic_messages(servers, topic):
+        chunks += [key or b"", value, *(v for _, v in headers)]
+        if b'"raw_b64"' in value:  # a dead letter with raw capture on: the bytes it keeps, decoded
+            chunks.append(base64.b64decode(json.loads(value)["raw_b64"]))
+    return b"\x00".join(chunks)
 
 
 def test_no_card_number_or_exact_coordinate_on_any_topic_or_in_the_online_store(runtime, frame):
     """Issue 17, item 5: after a stream, no topic and no online-store file holds a card number or an exact
     coordinate, not even the dead letter of a producer that sent a card number in clear."""
-    import json
     import re
     import struct
 
@@ -523,6 +534,79 @@ def test_no_card_number_or_exact_coordinate_on_any_topic_or_in_the_online_store(
         assert not [c for c in cards - expected_clear if c in blob], f"a card number in clear in {where}"
         assert not set(number.findall(blob)) & as_text, f"an exact coordinate (text) in {where}"
         assert not [p for p in as_float64 if p in blob], f"an exact coordinate (float64) in {where}"
-    # the leaky record itself was kept for a replay, masked
-    dead = json.loads(base64.b64decode(leaks[0]["raw_b64"]))
+    # the leaky record's canonical fields were kept, masked
+    dead = leaks[0]["record"]
     assert dead["cardholder_id"].endswith(leaked["cardholder_id"][-4:]) and set(dead["cardholder_id"][:-4]) == {"*"}
+
+
+def test_hostile_records_leave_no_card_number_on_either_dlq(runtime, tmp_path):
+    """Issue 37, finding 2, on the real topics: card numbers in every disguise (``tests/unit/test_dlq_masking.py``)
+    through the stream (decode rejects; stage rejects: the same ids again with other content, a batch later) and
+    through the label joiner. Read back from the DLQ topics: one record per rejected message, none per decided one,
+    and no card number's first 12 digits in any key, value or header, however they are read."""
+    import json
+    import uuid
+
+    from fedfraud.feature_store.outcomes import OutcomeStore
+    from fedfraud.serving.kafka import confirm_sent, make_producer
+    from fedfraud.serving.labels import LabelJoiner
+    from fedfraud.serving.replay import topic_end_offsets
+    from tests.unit.test_dlq_masking import (
+        CARDS, TOKEN, decode_disguises, label_disguises, recoverable, respell, stage_disguises,
+    )
+
+    cfg, servers = runtime.config, runtime.bootstrap_servers
+    topics = cfg.serving.topics
+    run = uuid.uuid4().hex  # ids and a card token of this run only: the stage state outlives a test run
+    producer = make_producer(servers, cfg.serving.producer, client_id="test-hostile-dlq")
+
+    def send(topic: str, messages: list[tuple[bytes | None, bytes]]) -> set[tuple[str, int, int]]:
+        futures = [producer.send(topic, key=key, value=value) for key, value in messages]
+        confirm_sent(producer, futures)
+        return {(topic, f.get(10).partition, f.get(10).offset) for f in futures}
+
+    def source(value: bytes) -> tuple[str, int, int]:
+        d = json.loads(value)
+        return d["topic"], d["partition"], d["offset"]
+
+    decode = [m for card in CARDS for m in decode_disguises(card).values()]
+    yesterday = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - 86_400))  # within the guards' window
+    # a cardholder each: the stages tell a reused id only among a cardholder's last serving.decision_ring decisions
+    stage = [(key, respell(value, {'"tx-a"': f'"{run}-{i}"', TOKEN: f"ct_{run[:-3]}{i:03x}",
+                                   "2026-11-01T12:00:00Z": yesterday}))
+             for i, (key, value) in enumerate(m for card in CARDS for m in stage_disguises(card).values())]
+    try:
+        before = runtime.wait_idle()
+        dlq_start = topic_end_offsets(servers, topics.dlq)
+        rejected = send(topics.transactions, decode)
+        decided = send(topics.transactions, stage)
+        middle = _wait_accounted(runtime, before, len(decode) + len(stage))
+        reused = send(topics.transactions, [(k, respell(v, {'"amount": 12.5': '"amount": 13.5'})) for k, v in stage])
+        snap = _wait_accounted(runtime, middle, len(stage))
+    finally:
+        producer.close()
+    assert snap["decided"] - before["decided"] == len(stage)  # counts in == counts out
+    assert snap["dead_lettered"] - before["dead_lettered"] == len(decode) + len(stage)
+    dead = _topic_messages(servers, topics.dlq, dlq_start)
+    mine = [(source(v), json.loads(v)["reason"]) for _, v, _ in dead if source(v) in rejected | decided | reused]
+    assert sorted(p for p, _ in mine) == sorted(rejected | reused)  # one DLQ record each; none for a decision
+    assert {r for p, r in mine if p in reused} == {"conflicting_duplicate"}  # rejected by the scoring stages
+    for card in CARDS:
+        assert recoverable(card, dead) == [], f"{card[:4]}…: card digits on {topics.dlq}"
+
+    labels_start = topic_end_offsets(servers, topics.labels_dlq)
+    producer = make_producer(servers, cfg.serving.producer, client_id="test-hostile-labels")
+    try:
+        labels = send(topics.labels, [m for card in CARDS for m in label_disguises(card).values()])
+    finally:
+        producer.close()
+    with OutcomeStore(tmp_path / "outcomes.sqlite") as store:
+        joiner = LabelJoiner(servers, store, topics, cfg.serving.producer, security=cfg.serving.kafka_security)
+        try:
+            joiner.run(idle_s=2)
+        finally:
+            joiner.close()
+    dead = _topic_messages(servers, topics.labels_dlq, labels_start)
+    assert sorted(source(v) for _, v, _ in dead if source(v) in labels) == sorted(labels)
+    for card in CARDS:
+        assert recoverable(card, dead) == [], f"{card[:4]}…: card digits on {topics.labels_dlq}"

@@ -91,3 +91,26 @@ def test_every_endpoint_needs_the_bearer_token(service, method, path, body):
                          timeout=30).status_code == 403
     authorized = httpx.request(method, f"{url}{path}", json=body, headers=headers, timeout=30)
     assert authorized.status_code == 200, authorized.text
+
+
+def test_replicas_see_the_proxy_host_so_auth_off_is_refused_beyond_loopback(service):
+    """Issue 37 finding 7: ``serving.auth.disabled`` is checked against the running Serve's HTTP host, in the
+    driver (the builders) and inside a replica (``BearerAuth.from_settings``): loopback here, so it is allowed."""
+    from ray import serve
+
+    from fedfraud.serving.auth import BearerAuth, api_token, serve_http_host
+    from fedfraud.serving.config import AuthSettings
+
+    @serve.deployment
+    class Probe:
+        def __call__(self) -> str | None:
+            BearerAuth.from_settings(AuthSettings(disabled=True))  # would raise on a host beyond loopback
+            return serve_http_host()
+
+    assert serve_http_host() == "127.0.0.1"
+    assert api_token(AuthSettings(disabled=True)) is None
+    handle = serve.run(Probe.bind(), name="probe", route_prefix="/probe")
+    try:
+        assert handle.remote().result(timeout_s=60) == "127.0.0.1"
+    finally:
+        serve.delete("probe")

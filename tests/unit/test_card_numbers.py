@@ -22,6 +22,7 @@ from fedfraud.feature_store.schema import (
     mask_card_numbers_bytes,
 )
 from fedfraud.serving.config import GuardSettings
+from fedfraud.serving.dead_letters import dlq_message
 from fedfraud.serving.kafka import decode_messages, dlq_value, ingress_validator
 from tests.unit.test_serving_codec import Msg  # a ConsumerRecord-shaped message
 
@@ -80,8 +81,10 @@ def test_the_stream_dead_letters_a_card_number_masked(column: str) -> None:
         assert len(out.dead) == 1 and out.frame.empty
         dead = out.dead[0]
         assert dead.reason == RejectReason.CARD_NUMBER.value and column in dead.detail
-        record = json.loads(dlq_value(dead))
-        wire = json.dumps(record) + base64.b64decode(record["raw_b64"]).decode() + (dead.key or b"").decode()
+        key, value, _ = dlq_message(dead, raw_capture=True)  # raw capture on: still no payload for this reason
+        record = json.loads(value)
+        wire = json.dumps(record) + (key or b"").decode()
+        assert "raw_b64" not in record and record["record"][column].endswith("1486")
         assert "4539578763621486" not in wire.replace(" ", "").replace("-", "") and "1486" in wire
 
 
@@ -94,10 +97,15 @@ def test_the_stream_accepts_only_tokens() -> None:
 
 
 def test_every_dead_letter_masks_card_numbers_in_its_payload() -> None:
-    """Whatever the reason (here a bad amount), the DLQ keeps the bytes but not the card number."""
+    """Whatever the reason (here a bad amount), the DLQ keeps the canonical fields, masked, and the captured
+    bytes (an operator's opt-in) masked too, but not the card number."""
+    out = _decode(_record(amount=-1, merchant_id=f"shop {CARD}", note=f"card {CARD}"))
+    assert out.dead[0].reason == RejectReason.CARD_NUMBER.value
     out = _decode(_record(amount=-1, note=f"card {CARD}"))
     assert out.dead[0].reason == RejectReason.BAD_AMOUNT.value
-    raw = base64.b64decode(json.loads(dlq_value(out.dead[0]))["raw_b64"])
+    record = json.loads(dlq_value(out.dead[0], raw_capture=True))
+    assert "note" not in record["record"] and record["record"]["amount"] == -1
+    raw = base64.b64decode(record["raw_b64"])
     assert CARD.encode() not in raw and b"************1486" in raw
 
 

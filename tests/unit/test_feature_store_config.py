@@ -47,7 +47,7 @@ def test_redis_password_is_a_reference_to_the_environment_never_a_value(monkeypa
     secured = RedisProfile(connection_string="s1:26379,s2:26379", redis_type="redis_sentinel", sentinel_master="m1",
                            ssl=True, ssl_ca_certs="/certs/ca.pem").online_store()
     assert secured["connection_string"] == ("s1:26379,s2:26379,password=${FEDFRAUD_REDIS_PASSWORD},ssl=true,"
-                                            "ssl_ca_certs=/certs/ca.pem")
+                                            "ssl_ca_certs=/certs/ca.pem,ssl_cert_reqs=required,ssl_check_hostname=true")
     assert secured["redis_type"] == "redis_sentinel" and secured["sentinel_master"] == "m1"
     assert "hunter2" not in str(secured)
 

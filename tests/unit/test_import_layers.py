@@ -23,7 +23,7 @@ FOLDERS = {"fedfraud": ROOT / "fedfraud", "fedfraud.training": ROOT / "training"
 LAYERS: list[tuple[str, ...]] = [
     ("fedfraud.cli",),
     ("fedfraud.demo",),
-    ("fedfraud.bench", "fedfraud.report"),
+    ("fedfraud.bench", "fedfraud.report", "fedfraud.doctor"),
     ("fedfraud.config",),
     ("fedfraud.serving",),
     ("fedfraud.training",),

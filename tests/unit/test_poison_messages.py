@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fedfraud.feature_store.schema import RejectReason, Validator
+from fedfraud.serving.dead_letters import dlq_message
 from fedfraud.serving.kafka import DecodedBatch, decode_messages, dlq_value
 from tests.unit.test_serving_codec import Msg  # a ConsumerRecord-shaped message
 
@@ -81,9 +82,12 @@ def test_oversized_message_is_not_parsed_and_its_dlq_record_is_capped() -> None:
     out = decode_messages([Msg(big, 0)], _validator(), max_message_bytes=1 << 20)
     assert [d.reason for d in out.dead] == [RejectReason.OVERSIZED.value]
     record = json.loads(dlq_value(out.dead[0], max_payload_bytes=64 << 10))
-    assert record["raw_truncated"] is True and record["raw_bytes"] == len(big)
-    assert len(base64.b64decode(record["raw_b64"])) == 64 << 10
-    assert len(dlq_value(out.dead[0], max_payload_bytes=64 << 10)) < 100_000  # far below max_request_size (1 MB)
+    assert record["raw_bytes"] == len(big) and record["record"] is None and "raw_b64" not in record
+    # with raw capture (an operator's opt-in) the kept bytes are capped
+    value = dlq_value(out.dead[0], max_payload_bytes=64 << 10, raw_capture=True)
+    record = json.loads(value)
+    assert record["raw_truncated"] is True and len(base64.b64decode(record["raw_b64"])) == 64 << 10
+    assert len(value) < 100_000  # far below max_request_size (1 MB)
 
 
 def test_copies_in_one_batch_collapse_and_a_conflicting_reuse_is_dead_lettered() -> None:
@@ -204,8 +208,8 @@ def test_review_probes_bad_stamps_huge_keys_and_separator_lookalikes() -> None:
     out = decode_messages([huge_stamp], _validator())
     assert len(out.frame) == 1 and 0 < out.produced_us[0] < 2**62
     big_key = Msg(b"not json", 1, key=b"k" * 1_000_000)
-    dead = decode_messages([big_key], _validator()).dead[0]
-    assert len(dead.key) < 100 and dead.key.startswith(b"blake2b:")
+    key, value, _ = dlq_message(decode_messages([big_key], _validator()).dead[0])
+    assert len(key) < 100 and key.startswith(b"sha256:") and len(value) < 1000  # not a card token: a digest
     a = json.dumps(_record(0, cardholder_id="a\x1fb", transaction_id="c")).encode()
     b = json.dumps(_record(0, cardholder_id="a", transaction_id="b\x1fc")).encode()
     out = _decode([a, b])

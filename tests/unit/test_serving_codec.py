@@ -11,6 +11,7 @@ import pytest
 
 from fedfraud.feature_store.schema import Validator
 from fedfraud.serving.config import ConsumerSettings
+from fedfraud.serving.dead_letters import payload_digest
 from fedfraud.serving.kafka import PRODUCED_HEADER, decode_messages, dlq_value
 from fedfraud.serving.kvstore import SqliteKV
 from tests.prerequisites import require_redis
@@ -38,7 +39,11 @@ def test_decode_splits_scorable_and_dead_and_sorts_by_event_time():
     assert out.produced_us.tolist() == [1_700_000_000_000_000, 123]
     assert [d.reason for d in out.dead] == ["malformed", "malformed", "missing_field"]
     record = json.loads(dlq_value(out.dead[0]))
-    assert base64.b64decode(record["raw_b64"]) == b"\xff{not json" and record["offset"] == 1
+    # not JSON: the DLQ keeps a digest and the length of the bytes, never the bytes (issue 37)
+    assert record["raw_sha256"] == payload_digest(b"\xff{not json") and record["raw_bytes"] == 10
+    assert record["record"] is None and "raw_b64" not in record and record["offset"] == 1
+    captured = json.loads(dlq_value(out.dead[0], raw_capture=True))  # serving.guards.dlq_raw_capture
+    assert base64.b64decode(captured["raw_b64"]) == b"\xff{not json"
 
 
 def test_sqlite_kv_round_trip(tmp_path):

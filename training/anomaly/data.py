@@ -28,6 +28,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -42,6 +43,7 @@ from fedfraud.feature_store.events import HISTORY_SIZE, RAW_EVENT_SIZE
 from fedfraud.feature_store.privacy import PrivateFeaturizer, mu_gdp
 from fedfraud.training.anomaly.config import AnomalyConfig
 from fedfraud.training.anomaly.negatives import FeaturePool, NegativeSampler
+from fedfraud.training.safe_load import NUMPY_ARRAYS, UnsafeFileError, load_torch_file
 from fedfraud.feature_store.layout import TRANSACTIONS_FILE, bank_dir, list_banks, read_bank, split_of
 
 __all__ = ["BankData", "BankPrivacy", "PairSet", "check_dataset", "load_bank_data"]
@@ -245,6 +247,17 @@ def _build(
     )
 
 
+def _cache_types() -> list[Any]:
+    """The types a bank-data cache holds besides tensors and plain values (:func:`load_torch_file`'s allow-list):
+    our frozen dataclasses, PyG's graph containers and numpy arrays; unpickling any of them only sets attributes.
+    """
+    from torch_geometric.data.data import DataEdgeAttr, DataTensorAttr
+    from torch_geometric.data.storage import GlobalStorage
+
+    return [BankData, BankPrivacy, PairSet, FeaturePool, Data, GlobalStorage, DataEdgeAttr, DataTensorAttr,
+            *NUMPY_ARRAYS]
+
+
 def load_bank_data(
     data_dir: Path,
     bank: int,
@@ -277,9 +290,13 @@ def load_bank_data(
     cache = Path(cache_dir) / f"bank_{bank}-{key}.pt" if cache_dir is not None else None
     if cache is not None and cache.exists():
         try:
-            data = torch.load(cache, weights_only=False)
+            data = load_torch_file(cache, _cache_types(), "bank-data cache")
+            if not isinstance(data, BankData):
+                raise TypeError(f"holds a {type(data).__name__}, not BankData")
             logger.info("bank_data bank=%d source=cache path=%s", bank, cache)
             return data
+        except UnsafeFileError as exc:  # written by someone else: never unpickled, rebuilt over
+            logger.error("bank_data bank=%d %s; rebuilding it", bank, exc)
         except Exception as exc:  # a torn or stale cache is rebuilt, never trusted
             logger.warning("bank_data bank=%d cache unreadable (%s); rebuilding", bank, exc.__class__.__name__)
     start = time.perf_counter()

@@ -30,6 +30,7 @@ from fedfraud.training.anomaly.config import AnomalyConfig
 from fedfraud.training.anomaly.data import BankPrivacy
 from fedfraud.training.anomaly.scorer import publish_anomaly_model
 from fedfraud.training.registry import ModelRegistry, ModelVersion
+from fedfraud.training.safe_load import NUMPY_ARRAYS, load_torch_file
 
 __all__ = [
     "CHECKPOINT_FILE",
@@ -190,7 +191,11 @@ class Checkpoint:
         path = Path(directory) / CHECKPOINT_FILE
         if not path.exists():
             return None
-        payload = torch.load(path, map_location="cpu", weights_only=False)
+        # tensors and plain values only (numpy scalars of older checkpoints too): a pickle that would call anything
+        # is refused in one line, and nothing in it runs
+        payload = load_torch_file(path, NUMPY_ARRAYS, "checkpoint")
+        if not isinstance(payload, dict):
+            raise UserError(f"{path} is not a checkpoint (it holds a {type(payload).__name__})")
         return cls(
             round=int(payload["round"]),
             state_dict=payload["state_dict"],

@@ -42,6 +42,7 @@ from fedfraud.training.anomaly.model import (
     score_pairs,
 )
 from fedfraud.training.registry import ModelRegistry, ModelVersion
+from fedfraud.training.safe_load import load_torch_file
 
 __all__ = ["KIND", "MODEL_FILE", "AnomalyScorer", "publish_anomaly_model"]
 
@@ -94,7 +95,7 @@ class AnomalyScorer:
         encoder_cfg = EncoderConfig.model_validate(spec["encoder"])
         ego_cfg = EgoGraphConfig.model_validate(spec["egograph"])
         model = AnomalyModel(AnomalyConfig.model_validate(spec["anomaly"]), encoder_cfg, ego_cfg.max_nodes)
-        state = torch.load(found.file(MODEL_FILE), map_location="cpu", weights_only=True)
+        state = load_torch_file(found.file(MODEL_FILE), what=f"anomaly model {found.tag}")  # tensors only
         model.load_state_dict(state)
         model.to(pick_device(device))
         logger.info("anomaly_scorer loaded=%s pooling=%s device=%s", found.tag, model.cfg.pooling, pick_device(device))

@@ -41,7 +41,10 @@ class FraudConfig(BaseModel):
     seed: int = 7
 
     # -- federated, histogram-based (xgboost.federated; the default variant "federated")
-    federated_tls: bool = Field(True, description="mutual TLS between banks and the server (throwaway certificates)")
+    federated_tls: bool = Field(
+        True, description="mutual TLS between banks and the server (throwaway certificates). false: the banks speak "
+        "plaintext to a relay on 127.0.0.1 (to read the wire); the server, which libxgboost binds to 0.0.0.0, is "
+        "always mutual TLS")
     federated_timeout_s: float = Field(1800.0, gt=0, description="wall-clock limit of one federation session")
 
     # -- federated, Flower FedXgbBagging (variant "federated-bagging", kept for comparison)

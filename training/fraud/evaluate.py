@@ -348,7 +348,8 @@ def run_study(
         "seed_note": ("subsample = colsample_bytree = 1, so XGBoost is deterministic: Local/FL/Central/FL+AS/FL+Pos "
                       "are one model each; seeds vary the Perm control's permutation" if deterministic
                       else "each seed a new XGBoost sampling seed"),
-        "protocol": (f"xgboost.federated histogram aggregation, {'mutual TLS' if cfg.federated_tls else 'no TLS'}, "
+        "protocol": (f"xgboost.federated histogram aggregation, "
+                     f"{'mutual TLS' if cfg.federated_tls else 'banks in clear to a loopback relay, then mutual TLS'}, "
                      f"{len(jobs)} models in one session of {fl_seconds:.0f} s"),
         "seconds": time.perf_counter() - started, "load_start": load_start, "load_end": _load(),
         **(info or {}),

@@ -36,17 +36,30 @@ the wire. See docs/fraud.md.
 Why processes, not threads or a ``multiprocessing`` queue: the collective is
 process-global state in libxgboost, and a queue-based attempt hung
 (DESIGN.md §5). Results come back as files; every wait has a timeout.
+
+The server always speaks mutual TLS. libxgboost 3.2 binds it to ``0.0.0.0:PORT``
+(``plugin/federated/federated_tracker.cc`` hard-codes the address; neither
+``run_federated_server`` nor the tracker's JSON config takes a host), so it is
+reachable from the network whatever we ask, and a plaintext server there would
+let anyone read the histograms or join as a bank. With ``tls=False`` the banks
+speak plaintext only to :class:`_TlsBridge`, a relay bound to 127.0.0.1 that
+carries their bytes to the server over mutual TLS: what the wire tests and the
+attack bench record on loopback, and nothing in clear beyond it. The server
+process itself refuses to start without its certificates.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import logging
 import os
+import ssl
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -55,7 +68,7 @@ from typing import Any
 
 import numpy as np
 
-from fedfraud.net import free_port, wait_for_port
+from fedfraud.net import LOOPBACK, free_port, wait_for_port
 from fedfraud.training.fraud.config import FraudConfig
 from fedfraud.training.fraud.features import ANOMALY_FEATURE, FraudFeatures
 from fedfraud.training.fraud.model import FraudModel, xgb_params
@@ -115,6 +128,82 @@ def make_tls_files(folder: Path, host: str = "localhost") -> TlsFiles:
     return TlsFiles(server_key, server_cert, client_key, client_cert)
 
 
+class _TlsBridge:
+    """``127.0.0.1:port`` in plaintext → the federated server's mutual-TLS port, for workers on this machine.
+
+    Why: the server listens on every interface (see the module docstring), so it must not speak plaintext; a
+    session that wants the banks' plaintext on the wire (``tls=False``: the wire tests, the attack bench) gets it
+    on loopback only. One asyncio loop in a daemon thread relays every connection (TLS objects stay on one
+    thread); gRPC's HTTP/2 frames are the same over TLS (ALPN ``h2``) as in clear.
+    """
+
+    def __init__(self, port: int, server_port: int, files: TlsFiles) -> None:
+        self.port, self.server_port = port, server_port
+        ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=str(files.server_cert))
+        ctx.load_cert_chain(str(files.client_cert), str(files.client_key))
+        ctx.set_alpn_protocols(["h2"])
+        self._ctx = ctx
+        self._loop = asyncio.new_event_loop()
+        self._started = threading.Event()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name=f"xgb-tls-bridge-{port}", daemon=True)
+
+    def start(self) -> _TlsBridge:
+        """Listen on ``127.0.0.1:port``; raises what binding raised."""
+        self._thread.start()
+        self._started.wait(timeout=10)
+        if self._error is not None:
+            raise self._error
+        return self
+
+    def close(self) -> None:
+        """Stop accepting and drop every relayed connection."""
+        if self._thread.is_alive():
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        try:
+            server = self._loop.run_until_complete(asyncio.start_server(self._relay, LOOPBACK, self.port))
+        except BaseException as exc:  # noqa: BLE001 - handed to start()
+            self._error = exc
+            self._started.set()
+            return
+        self._started.set()
+        try:
+            self._loop.run_forever()
+        finally:
+            server.close()
+            pending = asyncio.all_tasks(self._loop)
+            for task in pending:
+                task.cancel()
+            self._loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+            self._loop.close()
+
+    async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            up_reader, up_writer = await asyncio.open_connection(LOOPBACK, self.server_port, ssl=self._ctx,
+                                                                 server_hostname="localhost")
+        except (OSError, ssl.SSLError) as exc:  # the worker's gRPC client retries
+            logger.debug("TLS bridge: server not reachable (%s)", exc)
+            writer.close()
+            return
+        await asyncio.gather(_pump(reader, up_writer), _pump(up_reader, writer))
+
+
+async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Copy ``reader`` to ``writer`` until either side closes."""
+    try:
+        while chunk := await reader.read(1 << 16):
+            writer.write(chunk)
+            await writer.drain()
+    except (OSError, ssl.SSLError):
+        pass
+    finally:
+        writer.close()
+
+
 def _child_env() -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(_REPO_ROOT), *filter(None, [env.get("PYTHONPATH")])])
@@ -161,12 +250,14 @@ def federated_hist_train(
         cfg: XGBoost settings (same as the centralized model) and threshold bins.
         jobs: the models to train, in one federation session (process start-up paid once).
         extra_columns: ``key → bank → values`` (one per row of that bank): alternative AS columns.
-        tls: mutual TLS between banks and server with throwaway certificates.
+        tls: mutual TLS between banks and server with throwaway certificates. False: the banks speak plaintext
+            to a relay on 127.0.0.1 that carries it to the server over mutual TLS (the server, which libxgboost
+            binds to every interface, never speaks plaintext).
         timeout_s: wall-clock limit of the whole session; on expiry every process is killed.
         rounds: boosting rounds (default ``cfg.num_boost_round``, the centralized model's).
         max_bin: XGBoost ``max_bin`` (default 256).
         worker_address: per rank, the address a worker dials instead of the server's (a test proxy).
-        port: the server's port (default: a free one).
+        port: the port the banks dial (default: a free one): the server's, or with ``tls=False`` the relay's.
         workdir: keep the session's files here instead of a temporary folder.
 
     Returns:
@@ -196,37 +287,40 @@ def federated_hist_train(
                     raise ValueError(f"extra column {key!r} of bank {b} has shape {col.shape}, need ({len(data)},)")
                 arrays[f"col_{key}"] = col
             np.savez(folder / f"rank_{rank}.npz", **arrays)
-        files = make_tls_files(folder / "tls") if tls else None
+        files = make_tls_files(folder / "tls")  # always: the server listens on every interface
         port = free_port() if port is None else port
+        server_port = port if tls else free_port()
         params = xgb_params(cfg, 1.0)
         params["nthread"] = 1
         if max_bin is not None:
             params["max_bin"] = int(max_bin)
         started = time.perf_counter()
         server_log = folder / "server.log"
-        server_cmd = [sys.executable, "-m", "fedfraud.training.fraud.federated.hist", "server", "--port", str(port),
-                      "--world", str(len(order)), "--timeout", str(int(timeout_s))]
-        if files is not None:
-            server_cmd += ["--server-key", str(files.server_key), "--server-cert", str(files.server_cert),
-                           "--client-cert", str(files.client_cert)]
+        server_cmd = [sys.executable, "-m", "fedfraud.training.fraud.federated.hist", "server",
+                      "--port", str(server_port), "--world", str(len(order)), "--timeout", str(int(timeout_s)),
+                      "--server-key", str(files.server_key), "--server-cert", str(files.server_cert),
+                      "--client-cert", str(files.client_cert)]
         procs: list[subprocess.Popen[bytes]] = []
         logs: list[Path] = []
+        bridge: _TlsBridge | None = None
         try:
             with server_log.open("wb") as fh:
                 server = subprocess.Popen(server_cmd, stdout=fh, stderr=subprocess.STDOUT, env=_child_env(),
                                           cwd=str(_REPO_ROOT))
             procs.append(server)
-            wait_for_port(port, server, "federated XGBoost server", timeout_s=min(60.0, timeout_s))
+            wait_for_port(server_port, server, "federated XGBoost server", timeout_s=min(60.0, timeout_s))
+            if not tls:
+                bridge = _TlsBridge(port, server_port, files).start()
             for rank in range(len(order)):
                 spec = {
                     "rank": rank, "world": len(order),
-                    "address": (worker_address or {}).get(rank, f"localhost:{port}"),
+                    "address": (worker_address or {}).get(rank, f"localhost:{port}" if tls else f"{LOOPBACK}:{port}"),
                     "data": str(folder / f"rank_{rank}.npz"), "out": str(folder), "params": params,
                     "rounds": rounds, "cap": cfg.max_scale_pos_weight, "bins": cfg.threshold_bins,
                     "jobs": [{"name": j.name, "as_key": j.as_key, "seed": j.seed, "drop": list(j.drop)} for j in jobs],
-                    "tls": None if files is None else {"server_cert": str(files.server_cert),
-                                                       "client_key": str(files.client_key),
-                                                       "client_cert": str(files.client_cert)},
+                    "tls": None if not tls else {"server_cert": str(files.server_cert),
+                                                 "client_key": str(files.client_key),
+                                                 "client_cert": str(files.client_cert)},
                 }
                 spec_path = folder / f"rank_{rank}.spec.json"
                 spec_path.write_text(json.dumps(spec), encoding="utf-8")
@@ -253,6 +347,8 @@ def federated_hist_train(
                 logger.debug("federated server still running after the workers finished; stopping it")
         finally:
             _kill(procs)
+            if bridge is not None:
+                bridge.close()
         wall = time.perf_counter() - started
         return _collect(folder, order, names, jobs, wall, rounds, tls)
 
@@ -345,6 +441,7 @@ def _worker(spec_path: Path) -> None:
 
 
 def _server(args: argparse.Namespace) -> None:
+    """The aggregation server: mutual TLS only (libxgboost binds it to every interface, see the module docstring)."""
     from xgboost import federated
 
     federated.run_federated_server(
@@ -367,6 +464,9 @@ def main(argv: list[str] | None = None) -> int:
     w = sub.add_parser("worker")
     w.add_argument("spec", type=Path)
     args = parser.parse_args(argv)
+    if args.role == "server" and not (args.server_key and args.server_cert and args.client_cert):
+        parser.error("the server needs --server-key, --server-cert and --client-cert: libxgboost binds it to "
+                     "0.0.0.0, so it never runs in plaintext")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     if args.role == "server":
         _server(args)
