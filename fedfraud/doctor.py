@@ -8,7 +8,6 @@ variables it names, the sockets of the process tree), so they cannot drift from 
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import re
 from collections.abc import Iterable, Iterator
@@ -17,6 +16,7 @@ from pathlib import Path
 from typing import Literal
 
 from fedfraud.config import FedfraudConfig
+from fedfraud.net import is_loopback
 
 __all__ = ["Check", "check_config", "check_images", "check_listeners", "find_serve_processes", "run_checks"]
 
@@ -36,17 +36,6 @@ class Check:
 
     def as_dict(self) -> dict[str, str]:
         return asdict(self)
-
-
-def is_loopback(host: str) -> bool:
-    """``host`` names this machine only (``127.0.0.0/8``, ``::1``, ``localhost``)."""
-    host = host.strip().strip("[]")
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def _hosts(servers: str) -> list[str]:
