@@ -151,7 +151,7 @@ def _score_chunk(
         from fedfraud.training.fraud.features import build_features
 
         private = featurizer.transform(part)
-        features = build_features(part, private, fraud_cfg, anomaly)
+        features = build_features(part, private, fraud_cfg, anomaly, transitions=fraud.transitions)
         decisions = fraud.predict_batch(features.X)
         out["fraud_score"] = [d.score for d in decisions]
         out["decision"] = ["fraud" if d.decision else "legit" for d in decisions]

@@ -20,7 +20,11 @@ every transaction decided at least once, with identical content.
 
 The fraud model is loaded with :func:`load_fraud_model`, and its feature
 settings come from its registry config (:func:`fraud_config_for`), so the
-feature row serving builds is the one the model was trained on.
+feature row serving builds is the one the model was trained on. The states
+build every feature (the previous-transaction columns included) and each model
+reads its own ``input_names`` of that row, so a model trained before those
+columns still decides, shadows and is swapped without a restart; the
+category-transition surprise uses the model's own table (``model.transitions``).
 """
 
 from __future__ import annotations
@@ -71,17 +75,22 @@ def load_fraud_model(registry: ModelRegistry, version: str = "latest") -> tuple[
 
 
 def fraud_config_for(version_config: dict[str, Any], fallback: Any) -> Any:
-    """The FraudConfig the model was trained with (its registry config), else ``fallback``."""
+    """The FraudConfig the model was trained with (its registry config), else ``fallback``.
+
+    A model trained before the previous-transaction features has no ``previous_transaction_features`` key:
+    its feature row is built without them, so it still scores.
+    """
     from pydantic import ValidationError
 
     from fedfraud.training.fraud.config import FraudConfig
 
     for candidate in (version_config.get("fraud"), version_config):
         if isinstance(candidate, dict):
+            fields = {k: v for k, v in candidate.items() if k in FraudConfig.model_fields}
+            if fields:
+                fields.setdefault("previous_transaction_features", False)
             try:
-                return FraudConfig.model_validate(
-                    {k: v for k, v in candidate.items() if k in FraudConfig.model_fields}
-                )
+                return FraudConfig.model_validate(fields)
             except ValidationError:
                 continue
     return fallback if fallback is not None else FraudConfig()
@@ -127,6 +136,9 @@ class FraudStage:
         self.model = model
         self.model_tag = model_tag
         self.fraud_cfg = fraud_cfg
+        # the states build every feature this code knows; each model reads its own columns of that row, so a
+        # model trained before the previous-transaction features serves (and shadows, and swaps) next to a newer one
+        self.row_cfg = fraud_cfg.model_copy(update={"previous_transaction_features": True})
         self.dim = dim
         self.ring = ring
         self.top_k = top_k
@@ -135,7 +147,8 @@ class FraudStage:
         self.topic = topic
         self.scores_topic = scores_topic
         self.clock = clock or StageClock()
-        self.check_layout(model)
+        self._columns = self._columns_of(model)
+        self._shadow_columns = self._columns
         self.shadow: tuple[FraudModel, str] | None = None  # the challenger fraud model while one shadows
         self.shadow_topic: str | None = None
         self.shadow_scored = 0  # transactions the challenger scored (for /metrics)
@@ -143,24 +156,30 @@ class FraudStage:
         self.drift: DriftMonitor | None = None  # PSI of inputs and score vs the champion's training reference
 
     def check_layout(self, model: FraudModel) -> None:
-        """Raise unless ``model`` reads the feature row this stage builds."""
+        """Raise unless ``model`` reads features this stage builds."""
+        self._columns_of(model)
+
+    def _columns_of(self, model: FraudModel) -> np.ndarray:
+        """Where each of ``model.input_names`` sits in the row this stage builds (the model's own feature list)."""
         from fedfraud.training.fraud.features import feature_names
 
-        names = feature_names(self.fraud_cfg)
-        if tuple(model.input_names) != tuple(names):
+        names = feature_names(self.row_cfg)
+        missing = [n for n in model.input_names if n not in names]
+        if missing:
             raise ValueError(
-                f"fraud model expects features {list(model.input_names)}, the serving config gives {list(names)}"
+                f"fraud model expects features {missing} that the serving config does not give (it gives {list(names)})"
             )
+        return np.asarray([names.index(n) for n in model.input_names], dtype=np.int64)
 
     def swap(self, model: FraudModel, tag: str) -> None:
         """Use ``model`` from the next micro-batch on (callers swap between batches)."""
-        self.check_layout(model)
-        self.model, self.model_tag = model, tag
+        columns = self._columns_of(model)
+        self.model, self.model_tag, self._columns = model, tag, columns
 
     def set_shadow(self, shadow: tuple[FraudModel, str] | None) -> None:
         """Score every fresh transaction with this challenger too (None stops shadowing); it never decides."""
         if shadow is not None:
-            self.check_layout(shadow[0])
+            self._shadow_columns = self._columns_of(shadow[0])
         self.shadow = shadow
         self.shadow_scored = self.shadow_agreed = 0  # the counters are per challenger
 
@@ -170,7 +189,7 @@ class FraudStage:
         """
         from fedfraud.training.fraud.features import FraudInput
 
-        model, tag, clock = self.model, self.model_tag, self.clock
+        model, tag, columns, clock = self.model, self.model_tag, self._columns, self.clock
         with clock.section("fraud.state_read"):
             states, rings = self._read(list(dict.fromkeys(scored.cardholder)), scored.fraud_blobs)
         with clock.section("fraud.features"):
@@ -198,13 +217,15 @@ class FraudStage:
                             location=scored.location[i],
                             time=scored.time[i],
                             anomaly_score=float(scored.anomaly_score[i]),
-                        )
+                        ),
+                        model.transitions,  # the table the model was trained with (category-transition surprise)
                     )
                 )
                 fresh_rows.append(i)
         shadow_out: list[dict[str, Any]] = []
         if fresh_rows:
-            X = np.stack(features)
+            full = np.stack(features)
+            X = full[:, columns]  # the champion's own feature list
             with clock.section("fraud.model"):
                 decisions = model.predict_batch(X, top_k=self.top_k, reasons_for=self.reasons_for)
             with clock.section("fraud.records"):
@@ -215,7 +236,7 @@ class FraudStage:
                     guarded("drift", lambda: self.drift.observe(np.column_stack([X, [d.score for d in decisions]])))
             if self.shadow is not None:
                 with clock.section("shadow.fraud"):
-                    shadow_out = guarded("shadow", lambda: self._shadow_records(scored, fresh_rows, X, decisions,
+                    shadow_out = guarded("shadow", lambda: self._shadow_records(scored, fresh_rows, full, decisions,
                                                                                   tag)) or []
         touched = {scored.cardholder[i] for i in fresh_rows}
         writes = [(h, pack_fraud_state(states[h].to_bytes(), rings[h])) for h in touched]
@@ -243,14 +264,19 @@ class FraudStage:
                         tag: str) -> list[dict[str, Any]]:
         """The challenger's score of each fresh row, with the champion's beside it (``shadow-scores`` records).
 
-        The feature row is the champion's with the challenger's anomaly score in
-        the last column (the AS is the only model-made input).
+        ``X``: the full rows the stage built. The challenger reads its own columns of them, with its anomaly
+        score in the last column (the AS is the only model-made input) and the category-transition surprise from
+        its own table.
         """
+        from fedfraud.training.fraud.features import with_transitions
+
         assert self.shadow is not None
         challenger, c_tag = self.shadow
         as_rows = scored.shadow_anomaly_score if scored.shadow_anomaly_score is not None else scored.anomaly_score
         a_tag = scored.shadow_anomaly_model or scored.anomaly_model
-        Xs = X.copy()
+        Xs = X[:, self._shadow_columns]  # a copy
+        if challenger.transitions != self.model.transitions:
+            Xs = with_transitions(Xs, challenger.input_names, challenger.transitions)
         Xs[:, -1] = np.asarray(as_rows, dtype=np.float32)[rows]
         c_scores = challenger.scores(Xs)
         out = []
@@ -283,11 +309,11 @@ class FraudStage:
         rings: dict[str, list[dict[str, Any]]] = {}
         for holder in holders:
             blob = blobs[holder]
-            state, ring = FraudFeatureState(self.fraud_cfg, self.dim), []
+            state, ring = FraudFeatureState(self.row_cfg, self.dim), []
             if blob:
                 raw, ring = unpack_fraud_state(blob)
                 try:
-                    state = FraudFeatureState.from_bytes(raw, self.fraud_cfg, self.dim)
+                    state = FraudFeatureState.from_bytes(raw, self.row_cfg, self.dim)
                 except CorruptFraudStateError as exc:
                     log.warning("corrupt_fraud_state cardholder=%s reason=%s; rebuilt empty", holder, exc)
             states[holder], rings[holder] = state, ring

@@ -347,12 +347,14 @@ def publish_bench_models(reg: Any, train: Any, cfg: Any) -> None:
 
     from fedfraud.feature_store.privacy import PrivateFeaturizer
     from fedfraud.training.fraud.config import FraudConfig
-    from fedfraud.training.fraud.features import build_features
+    from fedfraud.training.fraud.features import build_features, fit_transitions
     from fedfraud.training.fraud.model import fit_model
 
     if reg.latest("fraud") is None:
         fcfg = FraudConfig(nthread=1)  # the production size (200 trees): the reasons' cost grows with it
-        feats = build_features(train, PrivateFeaturizer.for_bank(cfg.encoder, cfg.privacy, 0).transform(train), fcfg)
+        private = PrivateFeaturizer.for_bank(cfg.encoder, cfg.privacy, 0).transform(train)
+        table = fit_transitions(train, private.cardholder, np.ones(len(train), dtype=bool))
+        feats = build_features(train, private, fcfg, transitions=table)
         fit_model(feats, feats, True, fcfg, "centralized").publish(reg, config={"fraud": fcfg.model_dump()}, metrics={})
     if reg.latest("anomaly") is None:
         from fedfraud.training.anomaly.config import AnomalyConfig

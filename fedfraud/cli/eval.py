@@ -5,6 +5,9 @@
 stacked score (the cross-fitted anomaly score and two controls), and prints
 PR-AUC / recall at 1 % FPR / F1 with 95 % cardholder-bootstrap intervals,
 pooled and per bank, as a markdown block for ``docs/benchmarks.md``.
+
+``eval backtest`` replays time with labels coming back late and a daily
+federated merchant-risk release (issue 35; :mod:`fedfraud.training.merchant_risk`).
 """
 
 from __future__ import annotations
@@ -66,6 +69,88 @@ def stacking(
     report = stacking_study(cfg, data, registry, anomaly_version, anomaly_source=anomaly_score, controls=controls,
                             with_bagging=with_bagging, seeds=seeds, reps=reps, num_cpus=num_cpus)
     emit(report.to_markdown(), out)
+
+
+@eval_app.command("backtest")
+def backtest(
+    ctx: typer.Context,
+    csv: Annotated[Path, typer.Option("--csv", help="labelled Sparkov/Kaggle or TabFormer CSV (.csv or .csv.gz)")],
+    train_until: Annotated[str, typer.Option("--train-until", help="UTC date: train before it, replay from it")],
+    labels_delay_days: Annotated[
+        int, typer.Option("--labels-delay-days", min=0, help="a transaction's label comes back D days after it")
+    ],
+    out: Annotated[Path, typer.Option("--out", help="folder for scores.csv, report.md, merchant_releases.csv")],
+    fmt: FormatOption = None,
+    banks: BanksOption = None,
+    scenarios: Annotated[
+        Path | None, typer.Option("--scenarios", help="CSV mapping trans_num to a fraud scenario: figures per scenario")
+    ] = None,
+    until: Annotated[
+        str | None, typer.Option("--until", help="UTC date: stop the replay before it (a validation period)")
+    ] = None,
+    window_days: Annotated[
+        str, typer.Option("--window-days", help="merchant statistics windows W in days, e.g. 10,21 (short, long)")
+    ] = "10,21",
+    cpp_days: Annotated[int, typer.Option("--cpp-days", min=1, help="common-point-of-purchase horizon N")] = 7,
+    max_merchants: Annotated[
+        int, typer.Option("--max-merchants", min=1, help="k: merchants one cardholder adds to per window")
+    ] = 10,
+    per_merchant_cap: Annotated[
+        int, typer.Option("--per-merchant-cap", min=1, help="most one cardholder adds to one merchant's count")
+    ] = 1,
+    trainer: Annotated[
+        str, typer.Option("--fl-trainer", help="hist (histogram federation) or central (pooled stand-in, faster)")
+    ] = "hist",
+    reps: Annotated[int | None, typer.Option("--reps", min=50, help="bootstrap replicates (cardholders)")] = None,
+) -> None:
+    """Replay time with labels D days late and a daily federated merchant-risk release; scores and intervals."""
+    from contextlib import ExitStack
+
+    import pandas as pd
+    from pydantic import ValidationError
+
+    from fedfraud.bench.detection import load_scenarios
+    from fedfraud.cli.common import readable_file
+    from fedfraud.errors import UserError
+    from fedfraud.training.merchant_risk.backtest import backtest_frames, load_bank_frames
+    from fedfraud.training.merchant_risk.config import MerchantRiskConfig
+
+    if trainer not in ("hist", "central"):
+        raise UserError(f"--fl-trainer {trainer!r}: choose hist or central")
+    try:
+        start, stop = pd.Timestamp(train_until), None if until is None else pd.Timestamp(until)
+    except ValueError:
+        raise UserError(f"--train-until {train_until!r} / --until {until!r}: expected dates, e.g. 2022-11-01") from None
+    if stop is not None and stop <= start:
+        raise UserError(f"--until {until} must be after --train-until {train_until}")
+    readable_file(csv)
+    mapping = load_scenarios(readable_file(scenarios)) if scenarios is not None else None
+    cfg = update_section(config_of(ctx, needs_secret=True), "ingest", format=fmt, banks=banks)
+    try:
+        risk = MerchantRiskConfig(window_days=tuple(int(part) for part in window_days.split(",")),
+                                  label_delay_days=labels_delay_days, cpp_days=cpp_days, max_merchants=max_merchants,
+                                  per_merchant_cap=per_merchant_cap)
+    except ValidationError as err:
+        raise UserError(f"invalid merchant-risk option: {err.errors()[0]['msg']}") from None
+    except ValueError:
+        raise UserError(f"--window-days {window_days!r}: expected whole days separated by commas, e.g. 10,21") from None
+    with ExitStack() as stack:
+        frames = load_bank_frames(csv, cfg.ingest, stack)
+        if len(frames) < 2:
+            raise UserError(f"{csv} split into {len(frames)} bank; the federated variants need at least 2 (--banks)")
+        try:
+            report = backtest_frames(frames, train_until, cfg.fraud, cfg.encoder, cfg.privacy, risk, until=until,
+                                     scenarios=mapping, trainer="hist" if trainer == "hist" else "central", reps=reps)
+        except ValueError as err:
+            raise UserError(str(err)) from None
+    report.info["data"] = str(csv)
+    out.mkdir(parents=True, exist_ok=True)
+    report.scores.to_csv(out / "scores.csv", index=False)
+    report.releases.to_csv(out / "merchant_releases.csv", index=False)
+    markdown = report.to_markdown()
+    (out / "report.md").write_text(markdown, encoding="utf-8")
+    typer.echo(markdown)
+    typer.echo(f"wrote {out / 'scores.csv'}, {out / 'report.md'}, {out / 'merchant_releases.csv'}", err=True)
 
 
 def register(app: typer.Typer) -> None:

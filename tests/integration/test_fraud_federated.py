@@ -137,6 +137,7 @@ def test_eval_stacking_on_sparkov_csv(world, capsys):
     assert code == 0, out
     for title in ("**Pooled over all banks' test cardholders**", "**Differences, pooled**", "**Bank's-eye view**",
                   "| FL − Local |", "| FL+AS − FL |", "| FL+Pos − FL |", "| FL+Perm − FL |", "**Targets**",
+                  "| FL−prev+AS − FL−prev |", "| FL − FL−prev |", "issue 34: over the strong base",
                   "test frauds=", "mutual TLS", "anomaly:v1 (NOT cross-fitted"):
         assert title in out, title
     rows = [line for line in out.splitlines() if line.startswith("| 0 |") or line.startswith("| 1 |")]
@@ -161,6 +162,10 @@ def test_csv_without_labels_is_one_line_error(world, tmp_path, capsys):
     assert not feats.has_labels and np.isfinite(feats.X[:, -1]).mean() > 0.5
     model = FraudModel.from_registry(world["registry"])
     assert model.variant == "federated" and model.meta["protocol"] == "xgboost-federated-hist"
+    # the published model ships bank 0's own category-transition table, fitted on its training rows
+    labelled = bank_features(world["data"], 0, FraudConfig(), EncoderConfig(), PrivacyConfig(), scorer)
+    assert model.transitions is not None and model.transitions == labelled.transitions
+    assert "mcc_transition_surprise" in model.used
     decisions = model.predict_batch(feats.X[:25])
     assert len(decisions) == 25 and all(0 <= d.score <= 1 and len(d.top_reasons) == 3 for d in decisions)
 

@@ -12,13 +12,19 @@ from fedfraud.training.fraud.config import FraudConfig
 from fedfraud.training.fraud.dataset import fraud_split
 from fedfraud.training.fraud.features import (
     ANOMALY_FEATURE,
+    PREVIOUS_FEATURES,
+    TRANSITION_FEATURE,
+    CategoryTransitions,
     CorruptFraudStateError,
     FraudFeatures,
     FraudFeatureState,
     FraudInput,
     build_features,
     feature_names,
+    fit_transitions,
     fraud_inputs,
+    mcc_code,
+    with_transitions,
 )
 
 CFG = FraudConfig()
@@ -80,11 +86,19 @@ def test_state_is_bounded_and_round_trips():
 
 
 def test_offline_equals_online(frame):
-    """Batch features == one transaction at a time through a serialised state store (serving's path)."""
+    """Batch features == one transaction at a time through a serialised state store (serving's path), the
+    previous-transaction columns included, with the table fitted on the training rows.
+    """
     featurizer = PrivateFeaturizer.for_bank(ENC, PRIV, 0)
     rng = np.random.default_rng(0)
     anomaly = np.where(rng.random(len(frame)) < 0.8, rng.random(len(frame)), np.nan)
-    offline = build_features(frame, featurizer.transform(frame), CFG, anomaly)
+    private_all = featurizer.transform(frame)
+    split = fraud_split(frame["cardholder_id"], 0.3)
+    table = fit_transitions(frame, private_all.cardholder, split == "train")
+    offline = build_features(frame, private_all, CFG, anomaly, split, transitions=table)
+    assert offline.transitions is table and set(PREVIOUS_FEATURES) < set(offline.names)
+    surprise = offline.X[:, NAMES.index(TRANSITION_FEATURE)]
+    assert np.isfinite(surprise).sum() == len(frame) - frame["cardholder_id"].nunique()  # all but first rows
 
     store: dict[str, bytes] = {}  # the online store keeps bytes, never live objects
     online = np.empty_like(offline.X)
@@ -96,7 +110,7 @@ def test_offline_equals_online(frame):
         key = private.cardholder[0]
         blob = store.get(key)
         state = FraudFeatureState.from_bytes(blob, CFG, ENC.dim) if blob else FraudFeatureState(CFG, ENC.dim)
-        online[i] = state.update(tx)
+        online[i] = state.update(tx, table)
         store[key] = state.to_bytes()
     assert np.array_equal(offline.X, online, equal_nan=True)
     assert offline.has_labels and offline.label.sum() == frame["is_fraud"].sum()
@@ -118,7 +132,9 @@ def test_unlabelled_rows_and_splits(frame, tmp_path):
     featurizer = PrivateFeaturizer.for_bank(ENC, PRIV, 0)
     unlabelled = frame.drop(columns=["is_fraud"])
     split = fraud_split(unlabelled["cardholder_id"], 0.3)
-    feats = build_features(unlabelled, featurizer.transform(unlabelled), CFG, split=split)
+    private = featurizer.transform(unlabelled)
+    feats = build_features(unlabelled, private, CFG, split=split,
+                           transitions=fit_transitions(unlabelled, private.cardholder, split == "train"))
     assert not feats.has_labels and np.isnan(feats.label).all()
     # a cardholder is in exactly one split
     per_holder = pd.Series(split).groupby(unlabelled["cardholder_id"].to_numpy()).nunique()
@@ -127,3 +143,90 @@ def test_unlabelled_rows_and_splits(frame, tmp_path):
     back = FraudFeatures.load(str(tmp_path / "f.npz"))
     assert np.array_equal(back.X, feats.X, equal_nan=True) and back.names == feats.names
     assert (back.split == feats.split).all() and (back.cardholder == feats.cardholder).all()
+    assert feats.transitions is not None and back.transitions == feats.transitions
+
+
+def test_previous_transaction_features_by_hand():
+    table = CategoryTransitions({(int(mcc_code("grocery_pos")), int(mcc_code("grocery_pos"))): 8,
+                                 (int(mcc_code("grocery_pos")), int(mcc_code("shopping_net"))): 1})
+    col = {n: i for i, n in enumerate(NAMES)}
+    st = FraudFeatureState(CFG, 4)
+    a = st.update(_tx(0, 10.0, 1, [1, 0, 0, 0]), table)
+    b = st.update(_tx(60, 21.0, 1, [1, 0, 0, 0]), table)
+    c = st.update(_tx(90, 5.0, 2, [1, 0, 0, 0], mcc="shopping_net"), table)
+    d = st.update(_tx(95, 5.0, 2, [1, 0, 0, 0], mcc="travel"), table)
+    assert all(math.isnan(a[col[n]]) for n in PREVIOUS_FEATURES)
+    assert b[col["prev_mcc_code"]] == mcc_code("grocery_pos") and c[col["prev_mcc_code"]] == mcc_code("grocery_pos")
+    assert b[col["amount_to_prev"]] == pytest.approx(21 / 11) and c[col["amount_to_prev"]] == pytest.approx(5 / 22)
+    # 2 categories seen + 1 unseen, add-one smoothing: P(same | grocery) = 9/12, P(shopping | grocery) = 2/12
+    assert b[col[TRANSITION_FEATURE]] == pytest.approx(-math.log(9 / 12))
+    assert c[col[TRANSITION_FEATURE]] == pytest.approx(-math.log(2 / 12))
+    assert d[col[TRANSITION_FEATURE]] == pytest.approx(-math.log(1 / 3))  # never seen after shopping_net: 1/(0+3)
+    assert math.isnan(FraudFeatureState(CFG, 4).update(_tx(0, 1.0, 1, [1, 0, 0, 0]))[col[TRANSITION_FEATURE]])
+    assert CategoryTransitions.from_json(table.to_json()) == table
+    off = FraudConfig(previous_transaction_features=False)
+    assert not set(PREVIOUS_FEATURES) & set(feature_names(off))
+    assert len(FraudFeatureState(off, 4).update(_tx(0, 1.0, 1, [1, 0, 0, 0]))) == len(feature_names(off))
+
+
+def test_previous_transaction_features_are_causal(frame):
+    """A row's previous-transaction features use only its cardholder's earlier rows: cutting or rewriting the
+    future changes no earlier row, and the transition table only counts training rows.
+    """
+    featurizer = PrivateFeaturizer.for_bank(ENC, PRIV, 0)
+    private = featurizer.transform(frame)
+    split = fraud_split(frame["cardholder_id"], 0.3)
+    table = fit_transitions(frame, private.cardholder, split == "train")
+    cols = [NAMES.index(n) for n in PREVIOUS_FEATURES]
+    whole = build_features(frame, private, CFG, None, split, transitions=table).X[:, cols]
+    cut = frame["timestamp"].quantile(0.6)
+    past = (frame["timestamp"] <= cut).to_numpy()
+    future = frame.copy()
+    future.loc[~past, "mcc"] = "travel"
+    future.loc[~past, "amount"] = 9999.0
+    for changed, rows in ((frame[past], slice(None)), (future, past)):
+        again = build_features(changed, featurizer.transform(changed), CFG, None, transitions=table).X[:, cols]
+        assert np.array_equal(whole[past], again[rows], equal_nan=True)
+    # the rows right after the cut do see the rewrite: the check can fail
+    after = build_features(future, featurizer.transform(future), CFG, None, transitions=table).X[:, cols]
+    assert not np.array_equal(whole[~past], after[~past], equal_nan=True)
+    # held-out cardholders' categories never enter the table
+    held_out = frame.copy()
+    held_out.loc[split != "train", "mcc"] = "travel"
+    assert fit_transitions(held_out, private.cardholder, split == "train") == table
+    assert fit_transitions(frame, private.cardholder, np.ones(len(frame), dtype=bool)) != table
+
+
+def test_a_challenger_table_recomputes_only_the_surprise(frame):
+    featurizer = PrivateFeaturizer.for_bank(ENC, PRIV, 0)
+    private = featurizer.transform(frame)
+    split = fraud_split(frame["cardholder_id"], 0.3)
+    mine = fit_transitions(frame, private.cardholder, split == "train")
+    theirs = fit_transitions(frame, private.cardholder, split != "train")
+    X_mine = build_features(frame, private, CFG, None, transitions=mine).X
+    X_theirs = build_features(frame, private, CFG, None, transitions=theirs).X
+    assert not np.array_equal(X_mine, X_theirs, equal_nan=True)
+    assert np.array_equal(with_transitions(X_mine, NAMES, theirs), X_theirs, equal_nan=True)
+
+
+def test_a_version_1_state_still_loads(frame):
+    """A state serving wrote before the previous-transaction fields loads, those fields unknown (NaN)."""
+    import struct
+    import zlib
+
+    st = FraudFeatureState(CFG, 4)
+    for i in range(5):
+        st.update(_tx(i * 60, 3.0 + i, i, [1, i, 0, 0]))
+    blob = st.to_bytes()
+    v1_header = struct.Struct("<4sBHIqdddHH")
+    payload = blob[:-4]
+    head = bytearray(payload[: v1_header.size])
+    head[4] = 1  # version byte
+    v1 = bytes(head) + payload[v1_header.size + 16:]
+    v1 += struct.pack("<I", zlib.crc32(v1))
+    old = FraudFeatureState.from_bytes(v1, CFG, 4)
+    assert old.count == st.count and old.vel_ts == st.vel_ts and old.merchants == st.merchants
+    assert math.isnan(old.prev_mcc) and math.isnan(old.prev_amount)
+    assert not math.isnan(st.prev_mcc) and FraudFeatureState.from_bytes(blob, CFG, 4) == st
+    row = old.update(_tx(400, 1.0, 1, [1, 0, 0, 0]))
+    assert all(math.isnan(row[NAMES.index(n)]) for n in PREVIOUS_FEATURES) and row[NAMES.index("n_prior")] == 5

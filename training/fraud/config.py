@@ -20,6 +20,10 @@ class FraudConfig(BaseModel):
     )
     max_history: int = Field(512, ge=8, le=65535, description="most recent transactions kept for velocity")
     max_merchants: int = Field(1024, ge=8, le=65535, description="most recently visited merchant buckets remembered")
+    previous_transaction_features: bool = Field(
+        True, description="the previous transaction's category, −log P(category | previous category) from the bank's "
+        "training rows, and amount / previous amount in the feature row (a model trained before they existed has "
+        "no such key in its registry config and is served without them)")
 
     # -- XGBoost
     num_boost_round: int = Field(200, ge=1, description="trees of the local and centralized models")

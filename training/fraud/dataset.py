@@ -27,7 +27,7 @@ from fedfraud.feature_store.privacy import PrivateFeaturizer
 from fedfraud.training.data.config import IngestConfig
 from fedfraud.feature_store.layout import list_banks, read_bank, split_of
 from fedfraud.training.fraud.config import FraudConfig
-from fedfraud.training.fraud.features import FraudFeatures, build_features
+from fedfraud.training.fraud.features import FraudFeatures, build_features, fit_transitions
 
 __all__ = [
     "AnomalyScorerLike",
@@ -91,7 +91,10 @@ def bank_features(
     private = featurizer.transform(frame)
     scores = anomaly_scores_for(frame, featurizer, scorer)
     split = fraud_split(frame["cardholder_id"], fraud_cfg.validation_fraction)
-    feats = build_features(frame, private, fraud_cfg, scores, split, progress=progress)
+    # the category-transition table comes from this bank's training cardholders only, and ships with the model
+    transitions = (fit_transitions(frame, private.cardholder, split == "train")
+                   if fraud_cfg.previous_transaction_features else None)
+    feats = build_features(frame, private, fraud_cfg, scores, split, progress=progress, transitions=transitions)
     logger.info("bank_features bank=%d rows=%d labelled=%s fraud=%d as_coverage=%.3f", bank, len(feats),
                 feats.has_labels, int(np.nansum(feats.label)), float(np.mean(np.isfinite(scores))) if len(scores)
                 else 0.0)

@@ -17,6 +17,9 @@ a model, pick a threshold or fit a stacked score's model):
   ``Pos`` stacked: there the score carries information the base lacks, so
   the study must find a gain (``FL+Pos`` on the full base shows whether the
   score is redundant with the hand features);
+* ``FL−prev`` / ``FL−prev+AS``: FL without the previous-transaction columns
+  (today's weaker base), with and without the AS: stacking over both bases on
+  the same replicates;
 * optionally ``FL-bagging`` (the Flower FedXgbBagging baseline).
 
 Noise: every metric comes with a 95 % interval from a bootstrap over test
@@ -51,6 +54,8 @@ logger = logging.getLogger(__name__)
 FL_CENTRAL_GAP = 1.0
 SMALL_BANK_GAIN = 5.0
 STACKING_GAIN = 1.0
+#: Issue 34: the stacking gain over the base with the previous-transaction features.
+STRONG_BASE_STACKING_GAIN = 0.5
 POSITIVE_CONTROL_GAIN = 2.0
 METRIC_TITLES = {"pr_auc": "PR-AUC", "recall_at_fpr": "recall@1%FPR", "f1": "F1"}
 
@@ -108,6 +113,13 @@ class StudyReport:
                         100 * d.point >= STACKING_GAIN and d.low > 0))
         else:
             out.append((f"FL+AS − FL >= +{STACKING_GAIN:g} point (pooled)", "not measured (no AS source)", None))
+        if "FL+AS − FL" in self.pooled_diff and "FL−prev+AS − FL−prev" in self.pooled_diff:
+            d = self.pooled_diff["FL+AS − FL"]["pr_auc"]
+            out.append((f"issue 34: over the strong base (previous-transaction features), FL+AS − FL >= "
+                        f"+{STRONG_BASE_STACKING_GAIN:g} point, interval above 0 (pooled)",
+                        f"{d.fmt(100, 2, True)} points; over the weaker base "
+                        f"{self.pooled_diff['FL−prev+AS − FL−prev']['pr_auc'].fmt(100, 2, True)}",
+                        100 * d.point >= STRONG_BASE_STACKING_GAIN and d.low > 0))
         if "FL+Perm − FL" in self.pooled_diff:
             d = self.pooled_diff["FL+Perm − FL"]["pr_auc"]
             out.append(("negative control: FL+Perm − FL ≈ 0 (interval contains 0)", f"{d.fmt(100, 2, True)} points",
@@ -187,6 +199,7 @@ def run_study(
     positive: str = "Pos",
     num_cpus: int = 2,
     info: dict[str, object] | None = None,
+    weaker_base: Sequence[str] = (),
 ) -> StudyReport:
     """Train every variant on train/valid cardholders and bootstrap their test metrics over cardholders.
 
@@ -203,6 +216,8 @@ def run_study(
         positive: the source name of the positive control.
         num_cpus: Ray CPUs for the bagging simulation.
         info: provenance printed in the report header.
+        weaker_base: features the strong base adds (the previous-transaction columns): FL and FL+AS are also
+            trained without them (``FL−prev``, ``FL−prev+AS``), so a stacking gain is measured over both bases.
     """
     from fedfraud.training.fraud.federated.hist import HistJob, federated_hist_train
     from fedfraud.training.fraud.train import train_centralized, train_federated, train_local
@@ -233,6 +248,9 @@ def run_study(
     fl_specs += [(f"FL+{n}", n, ()) for n in sources]
     if ablate and positive in sources:
         fl_specs += [("FL−vel", None, tuple(ablate)), (f"FL−vel+{positive}", positive, tuple(ablate))]
+    if weaker_base:
+        fl_specs += [("FL−prev", None, tuple(weaker_base))]
+        fl_specs += [("FL−prev+AS", "AS", tuple(weaker_base))] if "AS" in sources else []
     jobs: list[HistJob] = []
     extra: dict[str, dict[int, np.ndarray]] = {}
     for label_, name, drop in fl_specs:
@@ -325,6 +343,10 @@ def run_study(
     comparisons += [(f"FL+{n} − FL", f"FL+{n}", "FL") for n in sources]
     if "FL−vel" in names:
         comparisons.append((f"FL−vel+{positive} − FL−vel", f"FL−vel+{positive}", "FL−vel"))
+    if "FL−prev" in names:
+        comparisons.append(("FL − FL−prev", "FL", "FL−prev"))
+    if "FL−prev+AS" in names:
+        comparisons.append(("FL−prev+AS − FL−prev", "FL−prev+AS", "FL−prev"))
     if with_bagging:
         comparisons.append(("FL − FL-bagging", "FL", "FL-bagging"))
     pooled_diff = {label_: diff(points[a], points[b], draws[a], draws[b]) for label_, a, b in comparisons}

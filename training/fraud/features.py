@@ -31,8 +31,18 @@ loc_dist_prev               cosine distance of L' to the previous L'
 time_novelty                cosine distance of T' to the cardholder's mean T'
 merchant_new                1 if the merchant bucket was not visited before
 merchant_visits             earlier visits to this merchant bucket
+prev_mcc_code               mcc_code of the cardholder's previous transaction
+mcc_transition_surprise     −log P(category | previous category) from the bank's
+                            :class:`CategoryTransitions` (fitted on its training
+                            rows, shipped with the fraud model); NaN without one
+amount_to_prev              amount / (previous amount + 1)
 anomaly_score               federated AS = 1 − f(q_{t−1}, q_t); NaN if unknown
 ==========================  ====================================================
+
+The three previous-transaction columns (``PREVIOUS_FEATURES``; time since the
+previous transaction is ``log_gap_s``) are there when
+``FraudConfig.previous_transaction_features`` is on; a model trained before
+they existed reads the row without them (its registry config says so).
 
 Order: the state applies transactions in arrival order. Training replays
 each cardholder in (timestamp, transaction_id) order, which is what serving
@@ -42,14 +52,16 @@ deterministically (its gap is 0 and the clock does not go back).
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import struct
 import zlib
-from collections.abc import Iterator
+from collections import Counter
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -62,27 +74,39 @@ if TYPE_CHECKING:  # fedfraud.feature_store.encoders imports torch; simulation w
 
 __all__ = [
     "ANOMALY_FEATURE",
+    "PREVIOUS_FEATURES",
+    "TRANSITION_FEATURE",
+    "CategoryTransitions",
     "CorruptFraudStateError",
     "FraudFeatureState",
     "FraudFeatures",
     "FraudInput",
     "build_features",
     "feature_names",
+    "fit_transitions",
     "fraud_inputs",
     "mcc_code",
+    "with_transitions",
 ]
 
 logger = logging.getLogger(__name__)
 
 #: Name of the stacked anomaly-score column.
 ANOMALY_FEATURE = "anomaly_score"
+#: −log P(category | previous category) column (needs the bank's :class:`CategoryTransitions`).
+TRANSITION_FEATURE = "mcc_transition_surprise"
+#: The previous-transaction columns (``FraudConfig.previous_transaction_features``), just before the anomaly score.
+PREVIOUS_FEATURES = ("prev_mcc_code", TRANSITION_FEATURE, "amount_to_prev")
 
 _US_PER_S = 1_000_000
 _US_PER_HOUR = 3600 * _US_PER_S
 _MAGIC = b"FFFS"
-_VERSION = 1
+_VERSION = 2
 # magic, version, dim, count, last_ts_us, amount_sum, log_mean, log_m2, n_velocity, n_merchants
-_HEADER = struct.Struct("<4sBHIqdddHH")
+_HEADER_V1 = struct.Struct("<4sBHIqdddHH")
+# version 2 appends the previous transaction's mcc code and amount (NaN: none, or a state written by version 1)
+_HEADER = struct.Struct("<4sBHIqdddHHdd")
+_MAGIC_VERSION = struct.Struct("<4sB")
 _CRC = struct.Struct("<I")
 
 
@@ -106,7 +130,8 @@ def feature_names(cfg: FraudConfig) -> tuple[str, ...]:
     return (
         "amount", "log_amount", "mcc_code", "hour_utc", "n_prior", "log_gap_s", *velocity,
         "amount_log_z", "amount_to_mean", "loc_dist_mean", "loc_dist_prev", "time_novelty",
-        "merchant_new", "merchant_visits", ANOMALY_FEATURE,
+        "merchant_new", "merchant_visits", *(PREVIOUS_FEATURES if cfg.previous_transaction_features else ()),
+        ANOMALY_FEATURE,
     )
 
 
@@ -122,6 +147,61 @@ def _cosine_distance(a: np.ndarray, b: np.ndarray) -> float:
     if na == 0.0 or nb == 0.0:
         return 1.0
     return 1.0 - float(np.dot(a, b)) / (na * nb)
+
+
+class CategoryTransitions:
+    """How often a bank's cardholders go from one category to the next: ``−log P(category | previous)``.
+
+    A genuine cardholder tends to repeat a category while fraud breaks the run, so the surprise of a transition
+    is a strong base feature. It is counted on the bank's *training* rows only (:func:`fit_transitions`) and
+    ships with the fraud model, so serving reads the very table the model was trained with. Add-``alpha``
+    smoothing over the categories seen plus one unseen category keeps a new transition finite.
+
+    Args:
+        counts: ``(previous mcc_code, mcc_code) → transitions``.
+        alpha: additive smoothing.
+    """
+
+    __slots__ = ("alpha", "counts", "_totals", "_k")
+
+    def __init__(self, counts: dict[tuple[int, int], int], alpha: float = 1.0) -> None:
+        if alpha <= 0:
+            raise ValueError("alpha must be > 0")
+        self.alpha = float(alpha)
+        self.counts = {(int(p), int(c)): int(n) for (p, c), n in counts.items() if n > 0}
+        self._totals: dict[int, int] = {}
+        for (p, _), n in self.counts.items():
+            self._totals[p] = self._totals.get(p, 0) + n
+        self._k = len({code for pair in self.counts for code in pair}) + 1
+
+    def __repr__(self) -> str:
+        return f"{self.__class__.__name__}(pairs={len(self.counts)}, transitions={sum(self._totals.values())})"
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, CategoryTransitions):
+            return NotImplemented
+        return self.alpha == other.alpha and self.counts == other.counts
+
+    def surprise(self, prev_code: float, code: float) -> float:
+        """``−log P(code | prev_code)``; NaN without a previous category. The one implementation of the feature."""
+        if math.isnan(prev_code):
+            return math.nan
+        p = int(prev_code)
+        n = self.counts.get((p, int(code)), 0)
+        return -math.log((n + self.alpha) / (self._totals.get(p, 0) + self.alpha * self._k))
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON-safe form (stored in the fraud model's ``fraud_model.json``)."""
+        return {"alpha": self.alpha, "counts": [[p, c, n] for (p, c), n in sorted(self.counts.items())]}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> CategoryTransitions:
+        """Inverse of :meth:`to_json`."""
+        return cls({(int(p), int(c)): int(n) for p, c, n in data["counts"]}, float(data["alpha"]))
+
+
+def _surprise(transitions: CategoryTransitions | None, prev_code: float, code: float) -> float:
+    return math.nan if transitions is None else transitions.surprise(prev_code, code)
 
 
 @dataclass(frozen=True)
@@ -156,7 +236,7 @@ class FraudFeatureState:
     """
 
     __slots__ = ("cfg", "dim", "count", "last_ts_us", "amount_sum", "log_mean", "log_m2", "loc_sum",
-                 "time_sum", "prev_loc", "vel_ts", "vel_amount", "merchants")
+                 "time_sum", "prev_loc", "vel_ts", "vel_amount", "merchants", "prev_mcc", "prev_amount")
 
     def __init__(self, cfg: FraudConfig, dim: int) -> None:
         if dim < 1:
@@ -174,6 +254,8 @@ class FraudFeatureState:
         self.vel_ts: list[int] = []
         self.vel_amount: list[float] = []
         self.merchants: dict[int, int] = {}
+        self.prev_mcc = math.nan  # mcc_code of the previous transaction (NaN: none known)
+        self.prev_amount = math.nan
 
     def __repr__(self) -> str:
         return f"{self.__class__.__name__}(count={self.count}, merchants={len(self.merchants)}, dim={self.dim})"
@@ -183,8 +265,11 @@ class FraudFeatureState:
             return NotImplemented
         return self.to_bytes() == other.to_bytes()
 
-    def update(self, tx: FraudInput) -> np.ndarray:
-        """Feature row of ``tx`` (float32, :func:`feature_names` order), then fold ``tx`` into the state."""
+    def update(self, tx: FraudInput, transitions: CategoryTransitions | None = None) -> np.ndarray:
+        """Feature row of ``tx`` (float32, :func:`feature_names` order), then fold ``tx`` into the state.
+
+        ``transitions``: the bank's category-transition table (the fraud model's), for ``mcc_transition_surprise``.
+        """
         if tx.location.shape[0] != self.dim:
             raise ValueError(f"expected embeddings of size {self.dim}, got {tx.location.shape[0]}")
         ts = int(tx.ts_us)
@@ -218,10 +303,15 @@ class FraudFeatureState:
         else:
             amount_log_z = amount_to_mean = gap = loc_dist_mean = loc_dist_prev = time_novelty = nan
         visits = self.merchants.get(int(tx.merchant), 0)
+        code = mcc_code(tx.mcc)
+        previous: list[float] = []
+        if self.cfg.previous_transaction_features:
+            to_prev = nan if math.isnan(self.prev_amount) else amount / (max(self.prev_amount, 0.0) + 1.0)
+            previous = [self.prev_mcc, _surprise(transitions, self.prev_mcc, code), to_prev]
         row = np.array(
-            [amount, log_amount, mcc_code(tx.mcc), float((ts // _US_PER_HOUR) % 24), float(n), gap, *velocity,
+            [amount, log_amount, code, float((ts // _US_PER_HOUR) % 24), float(n), gap, *velocity,
              amount_log_z, amount_to_mean, loc_dist_mean, loc_dist_prev, time_novelty,
-             1.0 if visits == 0 else 0.0, float(visits), float(tx.anomaly_score)],
+             1.0 if visits == 0 else 0.0, float(visits), *previous, float(tx.anomaly_score)],
             dtype=np.float32,
         )
 
@@ -234,6 +324,7 @@ class FraudFeatureState:
         self.loc_sum += loc
         self.time_sum += tim
         self.prev_loc = tx.location.astype(np.float32, copy=True)
+        self.prev_mcc, self.prev_amount = code, amount
         self.last_ts_us = max(ts, self.last_ts_us) if n else ts
         self.vel_ts.append(ts)
         self.vel_amount.append(amount)
@@ -259,7 +350,8 @@ class FraudFeatureState:
     def to_bytes(self) -> bytes:
         """Compact little-endian encoding with a CRC-32, for the online store."""
         header = _HEADER.pack(_MAGIC, _VERSION, self.dim, self.count, self.last_ts_us, self.amount_sum,
-                              self.log_mean, self.log_m2, len(self.vel_ts), len(self.merchants))
+                              self.log_mean, self.log_m2, len(self.vel_ts), len(self.merchants), self.prev_mcc,
+                              self.prev_amount)
         body = b"".join([
             self.loc_sum.astype("<f8").tobytes(), self.time_sum.astype("<f8").tobytes(),
             self.prev_loc.astype("<f4").tobytes(), np.asarray(self.vel_ts, dtype="<i8").tobytes(),
@@ -272,24 +364,34 @@ class FraudFeatureState:
 
     @classmethod
     def from_bytes(cls, blob: bytes, cfg: FraudConfig, dim: int | None = None) -> FraudFeatureState:
-        """Inverse of :meth:`to_bytes`; raises :class:`CorruptFraudStateError` on any inconsistency."""
-        if len(blob) < _HEADER.size + _CRC.size:
+        """Inverse of :meth:`to_bytes`; raises :class:`CorruptFraudStateError` on any inconsistency.
+
+        A version-1 state (written before the previous-transaction features) still loads, its previous
+        category and amount unknown (NaN), so a deploy does not empty serving's store.
+        """
+        if len(blob) < _HEADER_V1.size + _CRC.size:
             raise CorruptFraudStateError("fraud state is truncated")
         payload, (crc,) = blob[: -_CRC.size], _CRC.unpack(blob[-_CRC.size :])
         if zlib.crc32(payload) != crc:
             raise CorruptFraudStateError("fraud state checksum mismatch")
-        magic, version, d, count, last_ts, amount_sum, log_mean, log_m2, n_vel, n_m = _HEADER.unpack_from(payload)
-        if magic != _MAGIC or version != _VERSION:
+        magic, version = _MAGIC_VERSION.unpack_from(payload)
+        if magic != _MAGIC or version not in (1, _VERSION):
             raise CorruptFraudStateError(f"not a fraud state (magic={magic!r}, version={version})")
+        header = _HEADER if version == _VERSION else _HEADER_V1
+        if len(payload) < header.size:
+            raise CorruptFraudStateError("fraud state is truncated")
+        _, _, d, count, last_ts, amount_sum, log_mean, log_m2, n_vel, n_m, *previous = header.unpack_from(payload)
         if dim is not None and d != dim:
             raise CorruptFraudStateError(f"fraud state has dim {d}, expected {dim}")
-        expected = _HEADER.size + d * (8 + 8 + 4) + n_vel * 16 + n_m * 12
+        expected = header.size + d * (8 + 8 + 4) + n_vel * 16 + n_m * 12
         if len(payload) != expected:
             raise CorruptFraudStateError(f"fraud state has {len(payload)} bytes, expected {expected}")
         state = cls(cfg, d)
         state.count, state.last_ts_us = count, last_ts
         state.amount_sum, state.log_mean, state.log_m2 = amount_sum, log_mean, log_m2
-        off = _HEADER.size
+        if previous:
+            state.prev_mcc, state.prev_amount = previous
+        off = header.size
 
         def take(dtype: str, k: int) -> np.ndarray:
             nonlocal off
@@ -319,6 +421,8 @@ class FraudFeatures:
         cardholder: object ``[n]`` keyed pseudonyms.
         label: float32 ``[n]``, 1 fraud / 0 legit / NaN unknown.
         split: object ``[n]`` in {"train", "valid", "test"} (see :mod:`fedfraud.training.fraud.dataset`).
+        transitions: the bank's category-transition table ``mcc_transition_surprise`` was computed with
+            (the fraud model ships it), None without one.
     """
 
     X: np.ndarray
@@ -327,6 +431,7 @@ class FraudFeatures:
     cardholder: np.ndarray
     label: np.ndarray
     split: np.ndarray
+    transitions: CategoryTransitions | None = None
 
     def __post_init__(self) -> None:
         n = self.X.shape[0]
@@ -350,7 +455,7 @@ class FraudFeatures:
     def subset(self, mask: np.ndarray) -> FraudFeatures:
         """Rows where ``mask`` is true."""
         return FraudFeatures(self.X[mask], self.names, self.transaction_id[mask], self.cardholder[mask],
-                             self.label[mask], self.split[mask])
+                             self.label[mask], self.split[mask], self.transitions)
 
     def of_split(self, *splits: str) -> FraudFeatures:
         return self.subset(np.isin(self.split, splits))
@@ -361,22 +466,28 @@ class FraudFeatures:
             raise ValueError("nothing to concatenate")
         if len({p.names for p in parts}) != 1:
             raise ValueError("parts have different feature names")
+        # banks' parts were computed with their own tables: the pooled rows keep one only if all agree
+        same = all(p.transitions == parts[0].transitions for p in parts[1:])
         return FraudFeatures(
             np.concatenate([p.X for p in parts]), parts[0].names,
             np.concatenate([p.transaction_id for p in parts]), np.concatenate([p.cardholder for p in parts]),
             np.concatenate([p.label for p in parts]), np.concatenate([p.split for p in parts]),
+            parts[0].transitions if same else None,
         )
 
     def save(self, path: str) -> None:
         """Write to one ``.npz`` (what a simulated bank's ClientApp loads)."""
+        table = {} if self.transitions is None else {"transitions": np.asarray(json.dumps(self.transitions.to_json()))}
         np.savez(path, X=self.X, names=np.asarray(self.names), transaction_id=self.transaction_id.astype(str),
-                 cardholder=self.cardholder.astype(str), label=self.label, split=self.split.astype(str))
+                 cardholder=self.cardholder.astype(str), label=self.label, split=self.split.astype(str), **table)
 
     @classmethod
     def load(cls, path: str) -> FraudFeatures:
         with np.load(path, allow_pickle=False) as z:
+            table = (CategoryTransitions.from_json(json.loads(str(z["transitions"]))) if "transitions" in z.files
+                     else None)
             return cls(z["X"], tuple(z["names"].tolist()), z["transaction_id"].astype(object),
-                       z["cardholder"].astype(object), z["label"], z["split"].astype(object))
+                       z["cardholder"].astype(object), z["label"], z["split"].astype(object), table)
 
 
 def fraud_inputs(frame: pd.DataFrame, private: PrivateFeatures,
@@ -398,6 +509,50 @@ def fraud_inputs(frame: pd.DataFrame, private: PrivateFeatures,
                          float(scores[i]))
 
 
+def _replay_order(frame: pd.DataFrame, holders: np.ndarray) -> np.ndarray:
+    """Row order in which each cardholder's history is replayed: (cardholder, timestamp, transaction_id)."""
+    from fedfraud.feature_store.encoders import timestamps_us
+
+    if not len(frame):
+        return np.zeros(0, dtype=np.int64)
+    return np.lexsort((frame["transaction_id"].astype(str).to_numpy(), timestamps_us(frame["timestamp"]),
+                       np.asarray(holders, dtype=object).astype(str)))
+
+
+def fit_transitions(frame: pd.DataFrame, cardholders: np.ndarray, rows: np.ndarray,
+                    alpha: float = 1.0) -> CategoryTransitions:
+    """Count each (previous category → category) step of the ``rows`` (a bank's training rows) in replay order.
+
+    The previous category of a row is that of the cardholder's row replayed just before it, as in
+    :meth:`FraudFeatureState.update`; training rows only, so no validation or test cardholder shapes the table.
+    """
+    rows = np.asarray(rows, dtype=bool)
+    if rows.shape != (len(frame),):
+        raise ValueError(f"need one row flag per row ({len(frame)}), got shape {rows.shape}")
+    order = _replay_order(frame, cardholders)
+    codes = np.fromiter((mcc_code(m) for m in frame["mcc"].astype(str)), dtype=np.float64, count=len(frame))[order]
+    holders = np.asarray(cardholders, dtype=object).astype(str)[order]
+    step = (holders[1:] == holders[:-1]) & rows[order][1:]
+    counts = Counter(zip(codes[:-1][step].astype(np.int64).tolist(), codes[1:][step].astype(np.int64).tolist(),
+                         strict=True))
+    table = CategoryTransitions(dict(counts), alpha)
+    logger.debug("category_transitions fitted %s on %d rows", table, int(rows.sum()))
+    return table
+
+
+def with_transitions(X: np.ndarray, names: Sequence[str], transitions: CategoryTransitions | None) -> np.ndarray:
+    """A copy of ``X`` with ``mcc_transition_surprise`` recomputed under another table (a challenger model's own),
+    from the row's ``prev_mcc_code`` and ``mcc_code`` (a plain copy when the layout has no such column).
+    """
+    out = np.array(X, dtype=np.float32, copy=True)
+    if TRANSITION_FEATURE not in names:
+        return out
+    prev, code, col = (list(names).index(n) for n in ("prev_mcc_code", "mcc_code", TRANSITION_FEATURE))
+    out[:, col] = [_surprise(transitions, float(p), float(c)) for p, c in zip(out[:, prev], out[:, code],
+                                                                               strict=True)]
+    return out
+
+
 def build_features(
     frame: pd.DataFrame,
     private: PrivateFeatures,
@@ -406,6 +561,7 @@ def build_features(
     split: np.ndarray | None = None,
     states: dict[str, FraudFeatureState] | None = None,
     progress: bool = False,
+    transitions: CategoryTransitions | None = None,
 ) -> FraudFeatures:
     """Fold each cardholder's history through :meth:`FraudFeatureState.update`; rows come back in frame order.
 
@@ -417,15 +573,14 @@ def build_features(
         split: per-row split labels; default all ``"train"``.
         states: per-pseudonym states to continue from; updated in place (this is how serving is warmed).
         progress: show a progress bar.
+        transitions: the bank's category-transition table (:func:`fit_transitions` on its training rows, or
+            the fraud model's when scoring); None leaves ``mcc_transition_surprise`` NaN.
     """
-    from fedfraud.feature_store.encoders import timestamps_us
-
     n = len(frame)
     names = feature_names(cfg)
     states = {} if states is None else states
     holders = np.asarray(private.cardholder, dtype=object)
-    order = np.lexsort((frame["transaction_id"].astype(str).to_numpy(), timestamps_us(frame["timestamp"]),
-                        holders.astype(str))) if n else np.zeros(0, dtype=np.int64)
+    order = _replay_order(frame, holders)
     inputs = list(fraud_inputs(frame, private, anomaly_scores))
     X = np.empty((n, len(names)), dtype=np.float32)
     dim = private.location.shape[1]
@@ -434,7 +589,7 @@ def build_features(
         state = states.get(key)
         if state is None:
             state = states[key] = FraudFeatureState(cfg, dim)
-        X[i] = state.update(inputs[i])
+        X[i] = state.update(inputs[i], transitions)
     if "is_fraud" in frame:
         label = frame["is_fraud"].astype("float32").to_numpy(dtype=np.float32, na_value=np.nan)
     else:
@@ -442,4 +597,4 @@ def build_features(
     split_arr = np.full(n, "train", dtype=object) if split is None else np.asarray(split, dtype=object)
     logger.debug("fraud_features rows=%d cardholders=%d", n, len(states))
     return FraudFeatures(X, names, frame["transaction_id"].astype(str).to_numpy(dtype=object), holders, label,
-                         split_arr)
+                         split_arr, transitions)

@@ -27,7 +27,7 @@ import numpy as np
 
 from fedfraud.training.federated.accountant import dp_off_card
 from fedfraud.training.fraud.config import FraudConfig
-from fedfraud.training.fraud.features import ANOMALY_FEATURE, FraudFeatures
+from fedfraud.training.fraud.features import ANOMALY_FEATURE, CategoryTransitions, FraudFeatures
 from fedfraud.training.fraud.metrics import best_f1_threshold
 from fedfraud.training.registry import ModelRegistry, ModelVersion
 
@@ -141,6 +141,8 @@ class FraudModel:
         threshold: decision threshold, ``score >= threshold`` is fraud (max F1 on validation data).
         variant: local, federated or centralized.
         meta: free-form provenance (bank, rounds, training sizes).
+        transitions: the bank's category-transition table its ``mcc_transition_surprise`` column was computed
+            with; serving passes it to ``FraudFeatureState.update`` (None: an older model, or none fitted).
     """
 
     booster: Any
@@ -149,6 +151,7 @@ class FraudModel:
     threshold: float
     variant: Variant
     meta: dict[str, Any] = field(default_factory=dict)
+    transitions: CategoryTransitions | None = None
 
     def __post_init__(self) -> None:
         missing = [n for n in self.used if n not in self.input_names]
@@ -241,6 +244,8 @@ class FraudModel:
         self.booster.save_model(str(folder / MODEL_FILE))
         meta = {"input_names": list(self.input_names), "used": list(self.used), "threshold": self.threshold,
                 "variant": self.variant, "meta": self.meta}
+        if self.transitions is not None:  # the table serving must compute mcc_transition_surprise with
+            meta["category_transitions"] = self.transitions.to_json()
         (folder / META_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True), encoding="utf-8")
 
     @classmethod
@@ -252,8 +257,10 @@ class FraudModel:
         booster = xgb.Booster()
         booster.load_model(str(folder / MODEL_FILE))
         booster.set_param({"nthread": 1})
+        table = meta.get("category_transitions")  # absent in a model saved before the table existed
         return cls(booster, tuple(meta["input_names"]), tuple(meta["used"]), float(meta["threshold"]),
-                   meta["variant"], meta.get("meta", {}))
+                   meta["variant"], meta.get("meta", {}),
+                   None if table is None else CategoryTransitions.from_json(table))
 
     def publish(self, registry: ModelRegistry, *, config: dict[str, Any], metrics: dict[str, Any],
                 privacy: dict[str, Any] | None = None, files: dict[str, bytes] | None = None) -> ModelVersion:
@@ -313,7 +320,7 @@ def fit_model(train: FraudFeatures, valid: FraudFeatures, use_anomaly_score: boo
     """Local or centralized model: fit on ``train``, choose the max-F1 threshold on ``valid``."""
     used = used_features(train.names, use_anomaly_score)
     booster = fit_booster(train, used, cfg)
-    model = FraudModel(booster, train.names, used, 0.5, variant, dict(meta or {}))
+    model = FraudModel(booster, train.names, used, 0.5, variant, dict(meta or {}), train.transitions)
     if len(valid) and valid.has_labels:
         threshold, f1 = best_f1_threshold(valid.label, model.scores(valid.X))
     else:

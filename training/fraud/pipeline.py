@@ -13,7 +13,7 @@ import pandas as pd
 
 from fedfraud.feature_store.privacy import feature_ldp_card
 from fedfraud.training.fraud.dataset import dataset_features, materialize
-from fedfraud.training.fraud.features import ANOMALY_FEATURE, FraudFeatures
+from fedfraud.training.fraud.features import ANOMALY_FEATURE, PREVIOUS_FEATURES, TRANSITION_FEATURE, FraudFeatures
 from fedfraud.training.fraud.metrics import classification_metrics
 from fedfraud.training.registry import ModelRegistry, ModelVersion
 from fedfraud.training.retrain.drift import DRIFT_FILE
@@ -124,8 +124,10 @@ def stacking_study(cfg: FedfraudConfig, data: Path, registry: Path, anomaly_vers
         # the positive control's base lacks the amount-velocity columns (amount_1h, amount_24h, amount_7d)
         ablate = tuple(n for n in names if n.startswith("amount_") and n[len("amount_"):][:1].isdigit())
         ablate = ablate if controls else ()
+        # today's base next to the strong one (FL−prev, FL−prev+AS), on the same replicates: stacking before/after
+        previous = tuple(n for n in names if n in PREVIOUS_FEATURES)
         return run_study(banks, fc, sources, seeds=seeds, reps=reps, with_bagging=with_bagging, ablate=ablate,
-                         num_cpus=num_cpus, info=info)
+                         num_cpus=num_cpus, info=info, weaker_base=previous)
 
 
 def _train_variant(cfg: FedfraudConfig, banks: dict[int, FraudFeatures], bank: int) -> FraudModel:
@@ -185,6 +187,13 @@ def train_and_publish(cfg: FedfraudConfig, data: Path, out: Path, bank: int = 0,
     with ExitStack() as stack:
         banks, info = load_fraud_banks(cfg, data, out, anomaly_version, stack, require_labels=True)
         model = _train_variant(cfg, banks, bank)
+        if bank in banks:  # serving computes the surprise with the publishing bank's own table, as its rows were
+            model.transitions = banks[bank].transitions
+        elif TRANSITION_FEATURE in model.used:
+            from fedfraud.errors import UserError
+
+            raise UserError(f"--bank {bank} is not in the data (banks: {sorted(banks)}): the fraud model ships that "
+                            "bank's category-transition table, fitted on its training rows")
         tests = [b.of_split("test") for b in (banks.values() if cfg.fraud.variant != "local" else [banks[bank]])]
         test = FraudFeatures.concat(tests)
         m = classification_metrics(test.label, model.scores(test.X), model.threshold, cfg.fraud.fpr_target)

@@ -1,0 +1,441 @@
+"""Backtest behind ``fedfraud eval backtest``: replay time, feed labels back late, release merchant risk daily.
+
+Why a replay and not a cardholder split: the merchant statistics are about *when* a label comes back. A
+transaction at ``t`` is labelled at ``t + D``; the model is trained at ``--train-until`` on the rows before it
+whose labels had arrived by then, and the rest is replayed day by day with each day's transactions scored
+from the release of the day before (:func:`fedfraud.training.merchant_risk.stats.daily_merchant_features`).
+
+Variants, all scored on every transaction from ``--train-until`` on:
+
+* ``local``: each bank alone (its own model on the project's fraud features);
+* ``fl``: the federated model (histogram federation, :mod:`fedfraud.training.fraud.federated.hist`, what
+  ``fedfraud train fraud --variant federated`` trains; without the anomaly score, which needs a published
+  anomaly model) or, with ``trainer="central"``, the centralized fit on the union of the banks' training
+  rows as its stand-in;
+* ``fl+merchant-bank``: ``fl`` plus merchant statistics from the bank's own vector only;
+* ``fl+merchant-fed``: ``fl`` plus the federation's release (the sum over banks).
+
+Metrics: PR-AUC and recall at 1 % FPR, pooled, per bank and per fraud scenario (genuine rows + that
+scenario's frauds), each with a 95 % interval from the cardholder bootstrap of
+:mod:`fedfraud.training.fraud.bootstrap`; differences are paired (same replicates).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+from collections.abc import Mapping
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import pandas as pd
+from tqdm.auto import tqdm
+
+from fedfraud.feature_store.config import EncoderConfig, PrivacyConfig
+from fedfraud.feature_store.encoders import timestamps_us
+from fedfraud.feature_store.privacy import PrivateFeaturizer
+from fedfraud.training.data.config import IngestConfig
+from fedfraud.training.fraud.bootstrap import (
+    Interval,
+    RankedScores,
+    bootstrap_counts,
+    interval,
+    metric_draws,
+    weighted_metrics,
+)
+from fedfraud.training.fraud.config import FraudConfig
+from fedfraud.training.fraud.dataset import fraud_split
+from fedfraud.training.fraud.features import FraudFeatures, build_features, fit_transitions
+from fedfraud.training.fraud.model import FraudModel
+from fedfraud.training.merchant_risk.config import MerchantRiskConfig
+from fedfraud.training.merchant_risk.stats import (
+    DAY_S,
+    STATS,
+    BankActivity,
+    MerchantColumns,
+    ReleaseHook,
+    daily_merchant_features,
+    merchant_feature_names,
+)
+
+__all__ = [
+    "COMPARISONS",
+    "VARIANTS",
+    "BacktestData",
+    "BacktestReport",
+    "GroupResult",
+    "backtest_frames",
+    "load_bank_frames",
+    "prepare_backtest",
+    "run_backtest",
+    "select_columns",
+    "with_merchant_columns",
+]
+
+logger = logging.getLogger(__name__)
+
+VARIANTS: tuple[str, ...] = ("local", "fl", "fl+merchant-bank", "fl+merchant-fed")
+#: (name, a, b): the paired differences a − b the report prints.
+COMPARISONS: tuple[tuple[str, str, str], ...] = (
+    ("fl+merchant-fed − fl+merchant-bank", "fl+merchant-fed", "fl+merchant-bank"),
+    ("fl+merchant-fed − fl", "fl+merchant-fed", "fl"),
+    ("fl − local", "fl", "local"),
+)
+REPORTED: tuple[str, ...] = ("pr_auc", "recall_at_fpr")
+TITLES = {"pr_auc": "PR-AUC", "recall_at_fpr": "recall@1%FPR"}
+Trainer = Literal["hist", "central"]
+
+#: Targets of issue 35 (S2: compromised terminals).
+S2_RECALL_TARGET = 0.50
+S2_GAIN_TARGET = 0.10
+PR_AUC_GAIN_POINTS = 5.0
+
+
+def with_merchant_columns(base: FraudFeatures, cols: MerchantColumns, window_days: tuple[int, ...]) -> FraudFeatures:
+    """``base`` (from ``build_features``) with the bank and federation merchant columns appended, same rows.
+
+    Why here and not in ``build_features``: the merchant columns depend on other banks (the release), the
+    per-cardholder state does not; composing keeps the fraud features one code path offline and online.
+    """
+    if cols.bank.shape[0] != len(base) or cols.fed.shape[0] != len(base):
+        raise ValueError(f"merchant columns have {cols.bank.shape[0]} rows, features {len(base)}")
+    names = (*base.names, *merchant_feature_names("bank", window_days), *merchant_feature_names("fed", window_days))
+    X = np.hstack([base.X, cols.bank, cols.fed]).astype(np.float32)
+    return FraudFeatures(X, names, base.transaction_id, base.cardholder, base.label, base.split)
+
+
+def select_columns(data: FraudFeatures, names: tuple[str, ...]) -> FraudFeatures:
+    """The same rows with only the ``names`` columns (in that order): one feature set of a variant."""
+    idx = [data.names.index(n) for n in names]
+    return FraudFeatures(data.X[:, idx], names, data.transaction_id, data.cardholder, data.label, data.split)
+
+
+@dataclass(frozen=True)
+class BacktestData:
+    """Every bank's rows of the replay, featurized once; ``fit`` marks the rows a model may train on.
+
+    Attributes:
+        base: the project's fraud features per bank (split ``train``/``valid`` before the cut, ``test`` after).
+        activity: the per-bank inputs of the merchant statistics.
+        fit: per bank, rows before the cut whose label had arrived by the cut.
+        cut_s: ``train_until`` in UTC seconds.
+    """
+
+    base: dict[int, FraudFeatures]
+    activity: dict[int, BankActivity]
+    fit: dict[int, np.ndarray]
+    cut_s: int
+    rows: int = 0
+    info: dict[str, object] = field(default_factory=dict)
+
+
+def _utc_seconds(day: str | pd.Timestamp) -> int:
+    ts = pd.Timestamp(day)
+    ts = ts.tz_localize("UTC") if ts.tzinfo is None else ts.tz_convert("UTC")
+    return int(ts.value // 1_000_000_000)
+
+
+def prepare_backtest(
+    frames: Mapping[int, pd.DataFrame],
+    train_until: str | pd.Timestamp,
+    label_delay_days: int,
+    fraud_cfg: FraudConfig,
+    encoder_cfg: EncoderConfig,
+    privacy_cfg: PrivacyConfig,
+    buckets: int,
+    until: str | pd.Timestamp | None = None,
+    progress: bool = True,
+) -> BacktestData:
+    """Featurize every bank once: private features, the project's fraud features, the merchant-statistics inputs.
+
+    Rows at or after ``until`` are dropped. Before ``train_until`` a row is ``valid`` (threshold) if its
+    cardholder is in the project's validation hash split, else ``train``; a row may be fit only if its label
+    had come back by ``train_until`` (``t + D <= train_until``); rows from ``train_until`` on are ``test``.
+    """
+    cut = _utc_seconds(train_until)
+    stop = None if until is None else _utc_seconds(until)
+    if stop is not None and stop <= cut:
+        raise ValueError(f"until ({until}) must be after train_until ({train_until})")
+    base: dict[int, FraudFeatures] = {}
+    activity: dict[int, BankActivity] = {}
+    fit: dict[int, np.ndarray] = {}
+    for bank in tqdm(sorted(frames), desc="banks", disable=not progress):
+        frame = frames[bank]
+        ts_s = timestamps_us(frame["timestamp"]) // 1_000_000
+        if stop is not None:
+            frame, ts_s = frame.loc[ts_s < stop].reset_index(drop=True), ts_s[ts_s < stop]
+        if "is_fraud" not in frame or frame["is_fraud"].isna().any():
+            raise ValueError(f"bank {bank}: the backtest needs a label on every transaction (is_fraud)")
+        featurizer = PrivateFeaturizer.for_bank(encoder_cfg, privacy_cfg, bank)
+        before = ts_s < cut
+        valid = fraud_split(frame["cardholder_id"], fraud_cfg.validation_fraction) == "valid"
+        split = np.where(before, np.where(valid, "valid", "train"), "test").astype(object)
+        private = featurizer.transform(frame)
+        # the bank's category-transition table from its training rows only, as `train fraud` fits it
+        transitions = (fit_transitions(frame, private.cardholder, split == "train")
+                       if fraud_cfg.previous_transaction_features else None)
+        base[bank] = build_features(frame, private, fraud_cfg, None, split, progress=progress, transitions=transitions)
+        label = frame["is_fraud"].astype("float32").to_numpy(dtype=np.float32)
+        activity[bank] = BankActivity.of(frame["cardholder_id"], featurizer.merchant_hash(frame["merchant_id"]),
+                                         ts_s, label, buckets)
+        fit[bank] = before & (ts_s + label_delay_days * DAY_S <= cut)
+    rows = sum(len(b) for b in base.values())
+    if not any((b.split == "test").any() for b in base.values()):
+        raise ValueError(f"no transaction on or after train_until ({train_until}): nothing to replay")
+    if not any(np.nansum(base[b].label[fit[b]]) > 0 for b in base):
+        raise ValueError(f"no fraud labelled by train_until ({train_until}): nothing to train on")
+    logger.info("backtest_prepared banks=%d rows=%d fit_rows=%d test_rows=%d", len(base), rows,
+                sum(int(f.sum()) for f in fit.values()), sum(int((b.split == "test").sum()) for b in base.values()))
+    return BacktestData(base, activity, fit, cut, rows)
+
+
+def _train(data: BacktestData, features: Mapping[int, FraudFeatures], fraud_cfg: FraudConfig, trainer: Trainer,
+           window_days: tuple[int, ...]) -> dict[str, dict[int, FraudModel]]:
+    """Variant → bank → the model that scores that bank's rows."""
+    from fedfraud.training.fraud.train import train_centralized, train_local
+
+    order = sorted(features)
+    cfg = fraud_cfg.model_copy(update={"nthread": 1})
+    fit = {b: features[b].subset(data.fit[b]) for b in order}
+    base_names = data.base[order[0]].names
+    bank_names, fed_names = merchant_feature_names("bank", window_days), merchant_feature_names("fed", window_days)
+    drops = {"fl": (*bank_names, *fed_names), "fl+merchant-bank": fed_names, "fl+merchant-fed": bank_names}
+    models: dict[str, dict[int, FraudModel]] = {
+        "local": {b: train_local(select_columns(fit[b], base_names), False, cfg, b) for b in order}}
+    if trainer == "central":
+        for variant, drop in drops.items():
+            keep = tuple(n for n in fit[order[0]].names if n not in drop)
+            model = train_centralized({b: select_columns(fit[b], keep) for b in order}, False, cfg)
+            models[variant] = dict.fromkeys(order, model)
+        return models
+    from fedfraud.training.fraud.federated.hist import HistJob, federated_hist_train
+
+    jobs = [HistJob(variant, None, cfg.seed, drop) for variant, drop in drops.items()]
+    trained = federated_hist_train(fit, cfg, jobs, tls=cfg.federated_tls, timeout_s=cfg.federated_timeout_s)
+    for variant in drops:
+        models[variant] = dict.fromkeys(order, trained[variant])
+    return models
+
+
+@dataclass(frozen=True)
+class GroupResult:
+    """One slice of the test rows (pooled, a bank, a scenario): its size and every variant's intervals."""
+
+    rows: int
+    frauds: int
+    cardholders: int
+    metrics: dict[str, dict[str, Interval]]
+    diffs: dict[str, dict[str, Interval]]
+
+
+@dataclass(frozen=True)
+class BacktestReport:
+    """What ``fedfraud eval backtest`` prints: groups ``pooled``, ``bank <b>``, ``S<k>`` and the targets."""
+
+    groups: dict[str, GroupResult]
+    scores: pd.DataFrame
+    releases: pd.DataFrame
+    info: dict[str, object] = field(default_factory=dict)
+
+    def targets(self) -> list[tuple[str, str, bool | None]]:
+        """(target, measured, met) of issue 35; met is None where it could not be measured (no S2 frauds)."""
+        out: list[tuple[str, str, bool | None]] = []
+        s2 = self.groups.get("S2")
+        if s2 is None or s2.frauds == 0:
+            out.append(("S2 targets", "no S2 frauds in the test rows (give --scenarios)", None))
+        else:
+            r = s2.metrics["fl+merchant-fed"]["recall_at_fpr"]
+            out.append((f"S2 recall@1%FPR of fl+merchant-fed >= {S2_RECALL_TARGET:.2f}", r.fmt(),
+                        r.point >= S2_RECALL_TARGET))
+            d = s2.diffs["fl+merchant-fed − fl+merchant-bank"]["recall_at_fpr"]
+            out.append((f"S2 recall@1%FPR fl+merchant-fed − fl+merchant-bank >= +{S2_GAIN_TARGET:.2f}, "
+                        "interval above 0", d.fmt(signed=True), d.point >= S2_GAIN_TARGET and d.low > 0))
+        d = self.groups["pooled"].diffs["fl+merchant-fed − fl"]["pr_auc"]
+        out.append((f"pooled PR-AUC fl+merchant-fed − fl >= +{PR_AUC_GAIN_POINTS:g} points, interval above 0",
+                    f"{d.fmt(100, 2, True)} points", 100 * d.point >= PR_AUC_GAIN_POINTS and d.low > 0))
+        return out
+
+    def to_markdown(self) -> str:
+        """The report block (docs/fraud.md's merchant-risk section quotes it)."""
+        i = self.info
+        lines = [
+            f"### Backtest: federated merchant risk, scored on the replayed period {i.get('replay', '?')}",
+            "",
+            f"Data: {i.get('data', '?')}; banks={i.get('banks', '?')}; train until {i.get('train_until')} "
+            f"(fit rows {i.get('fit_rows')}, labels as they had arrived); replay {i.get('replay')}; "
+            f"label delay D={i.get('label_delay_days')} days; merchant risk: {i.get('risk')}; "
+            f"fl trained by: {i.get('trainer')}; bootstrap: {i.get('reps')} replicates over test cardholders; "
+            f"wall {float(i.get('seconds', math.nan)):.0f} s; load average at start {i.get('load_start')}, "
+            f"at end {i.get('load_end')}. DP and SecAgg are OFF: the release is the clear sum of the banks' vectors.",
+            "",
+        ]
+        for name, g in self.groups.items():
+            lines += [f"**{name}**: {g.rows} rows, {g.frauds} frauds, {g.cardholders} cardholders", "",
+                      "| variant | " + " | ".join(TITLES[m] for m in REPORTED) + " |",
+                      "|---|" + "---:|" * len(REPORTED)]
+            for v, metrics in g.metrics.items():
+                lines.append(f"| {v} | " + " | ".join(metrics[m].fmt() for m in REPORTED) + " |")
+            for c, metrics in g.diffs.items():
+                lines.append(f"| {c} (paired) | " + " | ".join(metrics[m].fmt(signed=True) for m in REPORTED) + " |")
+            lines.append("")
+        lines += ["**Targets** (issue 35; figures of the replayed period)", ""]
+        for name, measured, met in self.targets():
+            verdict = "not measured" if met is None else ("met" if met else "NOT met")
+            lines.append(f"- {name}: {measured} → **{verdict}**")
+        return "\n".join(lines) + "\n"
+
+
+def _group(label: np.ndarray, holder: np.ndarray, scores: Mapping[str, tuple[np.ndarray, np.ndarray]],
+           counts: np.ndarray, rows: np.ndarray, max_fpr: float) -> GroupResult | None:
+    """Intervals of every variant and comparison on the ``rows`` of the test set; None without a fraud."""
+    y = label[rows]
+    if not y.any() or y.all():
+        return None
+    ranked = {v: [RankedScores.of(y, s[rows], t[rows])] for v, (s, t) in scores.items()}
+    draws = metric_draws(ranked, holder[rows], counts, max_fpr)
+    points = {v: weighted_metrics(r[0], np.ones(y.size), max_fpr) for v, r in ranked.items()}
+    metrics = {v: {m: interval([points[v][m]], draws[v][m]) for m in REPORTED} for v in ranked}
+    diffs = {name: {m: interval([points[a][m] - points[b][m]], draws[a][m] - draws[b][m]) for m in REPORTED}
+             for name, a, b in COMPARISONS}
+    return GroupResult(int(rows.sum()), int(y.sum()), int(np.unique(holder[rows]).size), metrics, diffs)
+
+
+def _top_releases(top: int, window_days: tuple[int, ...]) -> tuple[list[pd.DataFrame], ReleaseHook]:
+    """A release hook keeping, per day, the ``top`` buckets by federated frauds of the shortest window: what an
+    operator is shown (a bank maps a bucket back to its own merchants with the federation key; the server cannot).
+    """
+    kept: list[pd.DataFrame] = []
+    columns = [f"{stat}_{w}d" for w in window_days for stat in STATS]
+
+    def hook(day: int, release: np.ndarray) -> None:
+        frauds = release[STATS.index("frauds")]
+        hit = np.flatnonzero(frauds)
+        if not hit.size:
+            return
+        hit = hit[np.argsort(-frauds[hit], kind="stable")[:top]]
+        frame = pd.DataFrame(release[:, hit].T, columns=columns)
+        frame.insert(0, "bucket", hit)
+        frame.insert(0, "release_day", pd.Timestamp(day * DAY_S, unit="s").date().isoformat())
+        kept.append(frame)
+
+    return kept, hook
+
+
+def run_backtest(
+    data: BacktestData,
+    fraud_cfg: FraudConfig,
+    risk: MerchantRiskConfig,
+    scenarios: pd.Series | None = None,
+    trainer: Trainer = "hist",
+    reps: int | None = None,
+    top_releases: int = 20,
+    progress: bool = True,
+) -> BacktestReport:
+    """Release merchant risk daily, train the four variants on the fit rows, score the replayed rows, bootstrap.
+
+    Args:
+        data: :func:`prepare_backtest` output (the cut and the label delay are in it).
+        fraud_cfg: XGBoost and threshold settings (the project's defaults).
+        risk: the merchant statistics' window, delay, bound and domain; its delay must be the data's.
+        scenarios: ``transaction_id`` → scenario name (NaN for genuine), for per-scenario figures.
+        trainer: ``hist`` (histogram federation) or ``central`` (the pooled stand-in).
+        reps: bootstrap replicates (default ``fraud_cfg.bootstrap_reps``).
+        top_releases: per release day, the buckets with the most frauds kept for the operator's view.
+        progress: progress bars.
+    """
+    started, load_start = time.perf_counter(), _load()
+    reps = fraud_cfg.bootstrap_reps if reps is None else reps
+    order = sorted(data.base)
+    kept, hook = _top_releases(top_releases, risk.window_days)
+    cols = daily_merchant_features(data.activity, risk, on_release=hook, progress=progress)
+    features = {b: with_merchant_columns(data.base[b], cols[b], risk.window_days) for b in order}
+    models = _train(data, features, fraud_cfg, trainer, risk.window_days)
+
+    tests = {b: features[b].of_split("test") for b in order}
+    label = np.concatenate([tests[b].label for b in order]).astype(bool)
+    bank_of_row = np.concatenate([np.full(len(tests[b]), b) for b in order])
+    tx_ids = np.concatenate([tests[b].transaction_id for b in order]).astype(str)
+    holder_codes, holders = pd.factorize(pd.Series(np.concatenate(
+        [[f"{b}:{c}" for c in tests[b].cardholder] for b in order]), dtype=object))
+    scores: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    for variant in VARIANTS:
+        s, t = [], []
+        for b in order:
+            model = models[variant][b]
+            s.append(model.scores(select_columns(tests[b], model.input_names).X))
+            t.append(np.full(len(tests[b]), model.threshold))
+        scores[variant] = (np.concatenate(s), np.concatenate(t))
+    score_frame = pd.concat([pd.DataFrame({"transaction_id": tx_ids, "variant": v, "fraud_score": s})
+                             for v, (s, _) in scores.items()], ignore_index=True)
+
+    counts = bootstrap_counts(len(holders), reps, fraud_cfg.seed)
+    groups: dict[str, GroupResult] = {}
+    slices: list[tuple[str, np.ndarray]] = [("pooled", np.ones(label.size, dtype=bool))]
+    slices += [(f"bank {b}", bank_of_row == b) for b in order]
+    if scenarios is not None:
+        scen = pd.Series(tx_ids).map(scenarios).to_numpy(dtype=object)
+        names = sorted({str(s) for s, y in zip(scen, label, strict=True) if y and isinstance(s, str)})
+        slices += [(name, ~label | (scen == name)) for name in names]
+    for name, rows in tqdm(slices, desc="bootstrap", disable=not progress):
+        result = _group(label, holder_codes, scores, counts, rows, fraud_cfg.fpr_target)
+        if result is not None:
+            groups[name] = result
+    info: dict[str, object] = {
+        **data.info, "banks": len(order), "fit_rows": sum(int(f.sum()) for f in data.fit.values()),
+        "train_until": pd.Timestamp(data.cut_s, unit="s").date().isoformat(),
+        "label_delay_days": risk.label_delay_days, "trainer": (
+            "histogram federation (xgboost.federated, one process per bank)" if trainer == "hist"
+            else "CENTRALIZED fit on the union of the banks' training rows, a stand-in for the federated model"),
+        "risk": (f"windows {'/'.join(map(str, risk.window_days))} d, CPP horizon {risk.cpp_days} d, "
+                 f"k = {risk.max_merchants} merchants "
+                 f"per cardholder per window, cap {risk.per_merchant_cap} per merchant, {risk.buckets} buckets "
+                 f"(L1 sensitivity {risk.sensitivity_l1()})"),
+        "reps": reps, "seconds": time.perf_counter() - started, "load_start": load_start, "load_end": _load(),
+    }
+    releases = pd.concat(kept, ignore_index=True) if kept else pd.DataFrame(columns=["release_day", "bucket"])
+    report = BacktestReport(groups, score_frame, releases, info)
+    for name, measured, met in report.targets():
+        logger.info("backtest_target name=%r measured=%r met=%s", name, measured, met)
+    return report
+
+
+def _load() -> str:
+    return "{:.2f} {:.2f} {:.2f}".format(*os.getloadavg())
+
+
+def load_bank_frames(csv: Path, ingest_cfg: IngestConfig, stack: ExitStack) -> dict[int, pd.DataFrame]:
+    """Every bank's canonical rows of ``csv``, split into banks exactly as ``fedfraud ingest`` does."""
+    from fedfraud.feature_store.layout import list_banks, read_bank
+    from fedfraud.training.fraud.dataset import materialize
+
+    root = stack.enter_context(materialize(csv, ingest_cfg))
+    return {b: read_bank(root, b) for b in list_banks(root)}
+
+
+def backtest_frames(
+    frames: Mapping[int, pd.DataFrame],
+    train_until: str,
+    fraud_cfg: FraudConfig,
+    encoder_cfg: EncoderConfig,
+    privacy_cfg: PrivacyConfig,
+    risk: MerchantRiskConfig,
+    *,
+    until: str | None = None,
+    scenarios: pd.Series | None = None,
+    trainer: Trainer = "hist",
+    reps: int | None = None,
+    progress: bool = True,
+) -> BacktestReport:
+    """:func:`prepare_backtest` then :func:`run_backtest`: the whole backtest of per-bank frames."""
+    started = time.perf_counter()
+    data = prepare_backtest(frames, train_until, risk.label_delay_days, fraud_cfg, encoder_cfg, privacy_cfg,
+                            risk.buckets, until=until, progress=progress)
+    data.info.update({"rows": data.rows, "replay": f"{train_until} .. {until or 'end of data'}"})
+    report = run_backtest(data, fraud_cfg, risk, scenarios, trainer, reps, progress=progress)
+    report.info["seconds"] = time.perf_counter() - started
+    return report

@@ -1,0 +1,299 @@
+"""Per-merchant label statistics inside each bank, their daily federation release, and causal features.
+
+Why: a compromised terminal's victims are spread over every bank. One bank sees a few of its frauds there; the
+sum over banks sees all of them. Each bank computes, at the end of every day ``r``, one vector over a **fixed
+public domain**: ``len(STATS) × buckets`` counts, a merchant's bucket being its 64-bit hash under the
+federation's key (:meth:`fedfraud.feature_store.privacy.PrivateFeaturizer.merchant_hash`, the hash
+:func:`fedfraud.feature_store.cardholder.merchant_key` renders) modulo ``buckets``. Every bank's vector has the
+same layout whatever its customers bought, so secure aggregation can later add the vectors without seeing them;
+today :func:`federation_release` adds them in clear (no DP noise, no SecAgg yet).
+
+A window ``W`` of release ``r`` is days ``r − W + 1 .. r`` (UTC); a release carries one block per window of
+``window_days`` (a short and a long one: the short follows a breach that has just started to show in the
+labels, the long one keeps the evidence of its first days). Per bucket and window:
+
+* ``transactions``: transactions there (capped per cardholder, see below);
+* ``cardholders``: distinct cardholders with a transaction there;
+* ``labelled``: transactions there whose label had come back by the end of day ``r``;
+* ``frauds``: of those, labelled fraud;
+* ``sole_frauds``: distinct cardholders whose known frauds of the window are all at this one bucket. Why: a
+  breached merchant leaves frauds of many cardholders with nothing else in common, while a stolen card used
+  everywhere leaves one fraud at each of many merchants and says little about any of them;
+* ``cpp``: common point of purchase: distinct cardholders who transacted there and had a fraud on their card
+  (anywhere, this bank's labels) strictly after that visit and within ``cpp_days``, the label known by the end
+  of day ``r``.
+
+A label of a transaction at time ``t`` is known from ``t + label_delay_days`` on, never earlier.
+
+Per-cardholder bound (the DP sensitivity later): in each window a cardholder adds to at most ``max_merchants``
+buckets (chosen by :func:`_bounded` from the cardholder's own data: labelled frauds first), and at most
+``per_merchant_cap`` to each count of one bucket (the flags ``cardholders``, ``sole_frauds`` and ``cpp`` are
+0/1; ``sole_frauds`` is 1 at one bucket at most). With the default cap 1, ``transactions`` equals
+``cardholders``.
+
+Causality: a transaction on day ``d`` gets features from release ``d − 1`` only (its own bank's vector for the
+``bank`` columns, the federation's sum for the ``fed`` columns).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+from tqdm.auto import tqdm
+
+from fedfraud.training.merchant_risk.config import MerchantRiskConfig
+
+__all__ = [
+    "DAY_S",
+    "RATES",
+    "SCOPES",
+    "STATS",
+    "BankActivity",
+    "MerchantColumns",
+    "ReleaseHook",
+    "bank_vector",
+    "daily_merchant_features",
+    "federation_release",
+    "merchant_feature_names",
+    "risk_columns",
+]
+
+logger = logging.getLogger(__name__)
+
+DAY_S = 86_400
+#: Rows of a bank's vector, in order.
+STATS: tuple[str, ...] = ("transactions", "cardholders", "labelled", "frauds", "sole_frauds", "cpp")
+#: Ratios derived from a vector at feature time (NaN when the denominator is 0).
+RATES: tuple[str, ...] = ("fraud_rate", "sole_fraud_rate", "cpp_rate")
+#: ``bank``: the bank's own vector; ``fed``: the federation's release (the sum over banks).
+SCOPES: tuple[str, ...] = ("bank", "fed")
+_TX, _HOLDERS, _LABELLED, _FRAUDS, _SOLE, _CPP = range(len(STATS))
+
+
+def merchant_feature_names(scope: str, window_days: tuple[int, ...]) -> tuple[str, ...]:
+    """Column names of one scope's merchant features (``merchant_<scope>_<stat>_<W>d``), :func:`risk_columns` order."""
+    if scope not in SCOPES:
+        raise ValueError(f"scope must be one of {SCOPES}, got {scope!r}")
+    return tuple(f"merchant_{scope}_{name}_{w}d" for w in window_days for name in (*STATS, *RATES))
+
+
+@dataclass(frozen=True)
+class BankActivity:
+    """One bank's transactions as the merchant statistics need them, sorted by time; never leaves the bank.
+
+    Attributes:
+        holder: int64 cardholder code (bank-internal).
+        bucket: int64 keyed-merchant bucket in ``[0, buckets)``.
+        ts_s: int64 UTC seconds, non-decreasing.
+        label: float32 1 fraud / 0 genuine / NaN never labelled.
+        row: int64 position of each entry in the caller's row order (entry ``i`` is caller row ``row[i]``).
+    """
+
+    holder: np.ndarray
+    bucket: np.ndarray
+    ts_s: np.ndarray
+    label: np.ndarray
+    row: np.ndarray
+
+    def __post_init__(self) -> None:
+        n = self.ts_s.shape[0]
+        for name in ("holder", "bucket", "label", "row"):
+            if getattr(self, name).shape != (n,):
+                raise ValueError(f"BankActivity.{name} must have shape ({n},)")
+        if n and np.any(np.diff(self.ts_s) < 0):
+            raise ValueError("BankActivity rows must be sorted by ts_s")
+
+    def __len__(self) -> int:
+        return int(self.ts_s.shape[0])
+
+    @property
+    def day(self) -> np.ndarray:
+        """UTC day index (days since the epoch) of each entry."""
+        return self.ts_s // DAY_S
+
+    @classmethod
+    def of(cls, cardholder: Iterable[object], merchant_hash: np.ndarray, ts_s: np.ndarray, label: np.ndarray,
+           buckets: int) -> BankActivity:
+        """From per-row cardholder ids, keyed 64-bit merchant hashes, UTC seconds and labels (any row order)."""
+        ts = np.asarray(ts_s, dtype=np.int64)
+        holder = pd.factorize(pd.Series(list(cardholder), dtype=object).astype(str))[0].astype(np.int64)
+        bucket = (np.asarray(merchant_hash, dtype=np.uint64) % np.uint64(buckets)).astype(np.int64)
+        lab = np.asarray(label, dtype=np.float32)
+        order = np.argsort(ts, kind="stable")
+        return cls(holder[order], bucket[order], ts[order], lab[order], order.astype(np.int64))
+
+    def window(self, lo_day: int, hi_day: int) -> slice:
+        """Entries of days ``lo_day .. hi_day`` (inclusive), a slice since entries are sorted by time."""
+        lo = int(np.searchsorted(self.ts_s, lo_day * DAY_S, side="left"))
+        hi = int(np.searchsorted(self.ts_s, (hi_day + 1) * DAY_S, side="left"))
+        return slice(lo, hi)
+
+
+def _cpp_flags(holder: np.ndarray, ts: np.ndarray, fraud_known: np.ndarray, cutoff_s: int, horizon_s: int
+               ) -> np.ndarray:
+    """Per entry: did a known fraud of the same cardholder follow it, strictly after and within ``horizon_s``?"""
+    key_shift = np.int64(1) << np.int64(34)  # seconds since the epoch stay below 2**34 until the year 2514
+    fraud_keys = np.sort(holder[fraud_known] * key_shift + ts[fraud_known])
+    if not fraud_keys.size:
+        return np.zeros(holder.shape[0], dtype=bool)
+    upper = np.minimum(ts + horizon_s, cutoff_s)
+    base = holder * key_shift
+    after = np.searchsorted(fraud_keys, base + ts, side="right")
+    until = np.searchsorted(fraud_keys, base + upper, side="right")
+    return until > after
+
+
+def _bounded(pair_holder: np.ndarray, pair_bucket: np.ndarray, last: np.ndarray, per_pair: dict[int, np.ndarray],
+             k: int) -> np.ndarray:
+    """Which (cardholder, bucket) pairs count: each cardholder's first ``k`` by priority, nothing from the rest.
+
+    Priority (the cardholder's own data only, so one cardholder's part stays bounded whatever the others do):
+    a known fraud there, then a common-point-of-purchase flag, then a known label, then the latest visit, then
+    the lower bucket. Why not recency alone: the most recent visits have no label yet, and dropping the labelled
+    ones would drop the signal the statistic exists for.
+    """
+    n_pairs = pair_holder.size
+    order = np.lexsort((pair_bucket, -last, per_pair[_LABELLED] == 0, ~per_pair[_CPP], per_pair[_FRAUDS] == 0,
+                        pair_holder))
+    sorted_holder = pair_holder[order]
+    first = np.r_[0, np.flatnonzero(np.diff(sorted_holder)) + 1]
+    rank = np.arange(n_pairs) - np.repeat(first, np.diff(np.r_[first, n_pairs]))
+    keep = np.zeros(n_pairs, dtype=bool)
+    keep[order[rank < k]] = True
+    return keep
+
+
+def _window_vector(activity: BankActivity, release_day: int, window_days: int, cfg: MerchantRiskConfig
+                   ) -> np.ndarray:
+    """One window's rows of :func:`bank_vector`: int64 ``[len(STATS), buckets]``."""
+    out = np.zeros((len(STATS), cfg.buckets), dtype=np.int64)
+    sl = activity.window(release_day - window_days + 1, release_day)
+    holder, bucket, ts, label = activity.holder[sl], activity.bucket[sl], activity.ts_s[sl], activity.label[sl]
+    if not ts.size:
+        return out
+    end_s = (release_day + 1) * DAY_S
+    delay_s = cfg.label_delay_days * DAY_S
+    known = (ts + delay_s <= end_s) & np.isfinite(label)
+    fraud = known & (label == 1)
+    cpp = _cpp_flags(holder, ts, fraud, end_s - delay_s, cfg.cpp_days * DAY_S)
+
+    pairs, inverse = np.unique(holder * np.int64(cfg.buckets) + bucket, return_inverse=True)
+    n_pairs = pairs.size
+    last = np.full(n_pairs, np.iinfo(np.int64).min, dtype=np.int64)
+    np.maximum.at(last, inverse, ts)
+    pair_holder, pair_bucket = pairs // cfg.buckets, pairs % cfg.buckets
+    cap = cfg.per_merchant_cap
+    per_pair = {
+        _TX: np.minimum(np.bincount(inverse, minlength=n_pairs), cap),
+        _HOLDERS: np.ones(n_pairs, dtype=np.int64),
+        _LABELLED: np.minimum(np.bincount(inverse, weights=known.astype(np.float64), minlength=n_pairs), cap),
+        _FRAUDS: np.minimum(np.bincount(inverse, weights=fraud.astype(np.float64), minlength=n_pairs), cap),
+        _CPP: np.bincount(inverse, weights=cpp.astype(np.float64), minlength=n_pairs) > 0,
+    }
+    # sole frauds: the cardholder's known frauds of the window are all at this one bucket
+    fraud_pairs = per_pair[_FRAUDS] > 0
+    per_pair[_SOLE] = fraud_pairs & (np.bincount(pair_holder, weights=fraud_pairs.astype(np.float64))[pair_holder] == 1)
+    keep = _bounded(pair_holder, pair_bucket, last, per_pair, cfg.max_merchants)
+    for stat, values in per_pair.items():
+        out[stat] = np.bincount(pair_bucket[keep], weights=values[keep].astype(np.float64),
+                                minlength=cfg.buckets).astype(np.int64)
+    return out
+
+
+def bank_vector(activity: BankActivity, release_day: int, cfg: MerchantRiskConfig) -> np.ndarray:
+    """The bank's contribution to release ``release_day``, per-cardholder bounded: int64
+    ``[len(window_days) * len(STATS), buckets]`` (window-major), the fixed layout secure aggregation will sum.
+
+    Window ``W`` uses only the bank's transactions of days ``release_day − W + 1 .. release_day`` and the labels
+    known by the end of ``release_day`` (a transaction at ``t`` is labelled from ``t + D``).
+    """
+    return np.concatenate([_window_vector(activity, release_day, w, cfg) for w in cfg.window_days])
+
+
+def federation_release(vectors: Iterable[np.ndarray]) -> np.ndarray:
+    """The federation's release: the element-wise sum of the banks' vectors (later: SecAgg + DP noise, here clear).
+
+    Why one function: the only place where banks' numbers meet, so secure aggregation replaces exactly this.
+    """
+    parts = [np.asarray(v, dtype=np.int64) for v in vectors]
+    if not parts:
+        raise ValueError("a release needs at least one bank's vector")
+    if len({p.shape for p in parts}) != 1:
+        raise ValueError(f"bank vectors differ in shape: {sorted({p.shape for p in parts})}")
+    return np.sum(parts, axis=0)
+
+
+def risk_columns(vector: np.ndarray, bucket: np.ndarray) -> np.ndarray:
+    """Feature columns (float32 ``[n, windows * (len(STATS) + len(RATES))]``) of rows at ``bucket`` under one
+    vector of :func:`bank_vector`'s layout, window by window in :func:`merchant_feature_names` order.
+    """
+    vector = np.asarray(vector)
+    if vector.ndim != 2 or vector.shape[0] % len(STATS):
+        raise ValueError(f"expected a [windows * {len(STATS)}, buckets] vector, got shape {vector.shape}")
+    parts = []
+    for w in range(vector.shape[0] // len(STATS)):
+        counts = vector[w * len(STATS):(w + 1) * len(STATS), np.asarray(bucket, dtype=np.int64)].T.astype(np.float64)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            labelled = np.where(counts[:, _LABELLED] > 0, counts[:, _LABELLED], np.nan)
+            fraud_rate, sole_rate = counts[:, _FRAUDS] / labelled, counts[:, _SOLE] / labelled
+            cpp_rate = np.where(counts[:, _HOLDERS] > 0, counts[:, _CPP] / counts[:, _HOLDERS], np.nan)
+        parts.append(np.column_stack([counts, fraud_rate, sole_rate, cpp_rate]))
+    return np.hstack(parts).astype(np.float32)
+
+
+@dataclass(frozen=True)
+class MerchantColumns:
+    """A bank's merchant features per row, in the caller's row order: own vector (``bank``) and release (``fed``)."""
+
+    bank: np.ndarray
+    fed: np.ndarray
+
+    def of(self, scope: str) -> np.ndarray:
+        """The ``[n, F]`` columns of ``scope`` (``bank`` or ``fed``)."""
+        if scope not in SCOPES:
+            raise ValueError(f"scope must be one of {SCOPES}, got {scope!r}")
+        return self.bank if scope == "bank" else self.fed
+
+
+#: Called with (release day, federation release) after every daily release.
+ReleaseHook = Callable[[int, np.ndarray], None]
+
+
+def daily_merchant_features(
+    banks: Mapping[int, BankActivity],
+    cfg: MerchantRiskConfig,
+    on_release: ReleaseHook | None = None,
+    progress: bool = False,
+) -> dict[int, MerchantColumns]:
+    """Replay the days: every bank computes its vector at the end of each day, the federation sums them, and each
+    transaction of day ``d`` gets the features of release ``d − 1`` (zeros before the first release).
+
+    ``on_release(day, release)`` sees every federation release (what an operator would be shown).
+    """
+    width = len(cfg.window_days) * (len(STATS) + len(RATES))
+    out = {b: MerchantColumns(np.zeros((len(a), width), np.float32), np.zeros((len(a), width), np.float32))
+           for b, a in banks.items()}
+    days = [a.day for a in banks.values() if len(a)]
+    if not days:
+        return out
+    first, last = min(int(d[0]) for d in days), max(int(d[-1]) for d in days)
+    for release_day in tqdm(range(first - 1, last), desc="merchant releases", disable=not progress,
+                            mininterval=2.0):
+        vectors = {b: bank_vector(a, release_day, cfg) for b, a in banks.items()}
+        release = federation_release(vectors.values())
+        if on_release is not None:
+            on_release(release_day, release)
+        for b, activity in banks.items():
+            sl = activity.window(release_day + 1, release_day + 1)
+            if sl.start == sl.stop:
+                continue
+            rows, bucket = activity.row[sl], activity.bucket[sl]
+            out[b].bank[rows] = risk_columns(vectors[b], bucket)
+            out[b].fed[rows] = risk_columns(release, bucket)
+    logger.info("merchant_releases days=%d banks=%d window_days=%s delay_days=%d k=%d", last - first + 1,
+                len(banks), ",".join(map(str, cfg.window_days)), cfg.label_delay_days, cfg.max_merchants)
+    return out
