@@ -5,8 +5,9 @@ sum over banks sees all of them. Each bank computes, at the end of every day ``r
 public domain**: ``len(STATS) × buckets`` counts, a merchant's bucket being its 64-bit hash under the
 federation's key (:meth:`fedfraud.feature_store.privacy.PrivateFeaturizer.merchant_hash`, the hash
 :func:`fedfraud.feature_store.cardholder.merchant_key` renders) modulo ``buckets``. Every bank's vector has the
-same layout whatever its customers bought, so secure aggregation can later add the vectors without seeing them;
-today :func:`federation_release` adds them in clear (no DP noise, no SecAgg yet).
+same layout whatever its customers bought, so secure aggregation can add the vectors without seeing them:
+:func:`federation_release` adds them in clear (ε = ∞), :func:`~.release.private_release` with each bank's noise
+share as the SecAgg+ app (:mod:`.release_app`) does.
 
 A window ``W`` of release ``r`` is days ``r − W + 1 .. r`` (UTC); a release carries one block per window of
 ``window_days`` (a short and a long one: the short follows a breach that has just started to show in the
@@ -215,9 +216,10 @@ def bank_vector(activity: BankActivity, release_day: int, cfg: MerchantRiskConfi
 
 
 def federation_release(vectors: Iterable[np.ndarray]) -> np.ndarray:
-    """The federation's release: the element-wise sum of the banks' vectors (later: SecAgg + DP noise, here clear).
+    """The federation's clear release: the element-wise sum of the banks' vectors (no noise, no SecAgg: ε = ∞).
 
-    Why one function: the only place where banks' numbers meet, so secure aggregation replaces exactly this.
+    Why one function: the only place where banks' numbers meet in clear; :func:`~.release.private_release` is the
+    noised, securely aggregated replacement.
     """
     parts = [np.asarray(v, dtype=np.int64) for v in vectors]
     if not parts:
