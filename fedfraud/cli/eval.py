@@ -102,6 +102,15 @@ def backtest(
         str, typer.Option("--fl-trainer", help="hist (histogram federation) or central (pooled stand-in, faster)")
     ] = "hist",
     reps: Annotated[int | None, typer.Option("--reps", min=50, help="bootstrap replicates (cardholders)")] = None,
+    epsilon: Annotated[
+        list[float] | None,
+        typer.Option("--epsilon", help=(
+            "repeatable: one more fl+merchant-fed row with every daily release private at this ε per cardholder "
+            "per release (δ of the merchant-noise config); the clear row is ε = ∞")),
+    ] = None,
+    noise_seed: Annotated[
+        int, typer.Option("--noise-seed", min=0, help="seed of the private releases' noise (reproducible rows)")
+    ] = 0,
 ) -> None:
     """Replay time with labels D days late and a daily federated merchant-risk release; scores and intervals."""
     from contextlib import ExitStack
@@ -112,7 +121,7 @@ def backtest(
     from fedfraud.bench.detection import load_scenarios
     from fedfraud.cli.common import readable_file
     from fedfraud.errors import UserError
-    from fedfraud.training.merchant_risk.backtest import backtest_frames, load_bank_frames
+    from fedfraud.training.merchant_risk.backtest import PrivateRelease, backtest_frames, load_bank_frames
     from fedfraud.training.merchant_risk.config import MerchantRiskConfig
 
     if trainer not in ("hist", "central"):
@@ -139,8 +148,14 @@ def backtest(
         if len(frames) < 2:
             raise UserError(f"{csv} split into {len(frames)} bank; the federated variants need at least 2 (--banks)")
         try:
+            private = tuple(PrivateRelease.calibrated(e, risk, len(frames), seed=noise_seed)
+                            for e in dict.fromkeys(epsilon or ()))
+        except ValueError as err:
+            raise UserError(f"--epsilon: {err}") from None
+        try:
             report = backtest_frames(frames, train_until, cfg.fraud, cfg.encoder, cfg.privacy, risk, until=until,
-                                     scenarios=mapping, trainer="hist" if trainer == "hist" else "central", reps=reps)
+                                     scenarios=mapping, trainer="hist" if trainer == "hist" else "central", reps=reps,
+                                     private=private)
         except ValueError as err:
             raise UserError(str(err)) from None
     report.info["data"] = str(csv)

@@ -59,6 +59,30 @@ def test_backtest_writes_every_variant_for_every_replayed_transaction(world, cap
     assert (releases["release_day"] < CUT).any() and (releases["frauds_3d"] > 0).all()
 
 
+def test_epsilon_adds_private_rows_and_a_huge_epsilon_scores_as_the_clear_row(world, capsys):
+    out = world["root"] / "out-private"
+    code = main(["--log-level", "WARNING", "--set", "fraud.num_boost_round=20", "--set", "fraud.threshold_bins=200",
+                 "eval", "backtest", "--csv", str(world["csv"]), "--format", "sparkov", "--banks", "2",
+                 "--train-until", CUT, "--labels-delay-days", str(DELAY), "--window-days", "3,7", "--reps", "50",
+                 "--epsilon", "1", "--epsilon", "1e8", "--epsilon", "1", "--out", str(out)])
+    assert code == 0
+    scores = pd.read_csv(out / "scores.csv", dtype={"transaction_id": str})
+    private = ("fl+merchant-fed ε=1", "fl+merchant-fed ε=1e+08")
+    assert list(scores["variant"].unique()) == [*VARIANTS, *private]  # a repeated ε is one row
+    wide = scores.pivot(index="transaction_id", columns="variant", values="fraud_score")
+    assert not wide.isna().any().any()
+    clear, huge, one = wide["fl+merchant-fed"], wide[private[1]], wide[private[0]]
+    assert np.isclose(huge, clear, atol=1e-6).mean() > 0.99  # σ ≈ 0.002: the release is (nearly) the clear sum
+    assert not np.allclose(one, clear)
+    printed = capsys.readouterr().out
+    for text in ("**Private release**", "ε over the replayed period", "fl+merchant-fed ε=1 − fl+merchant-fed (paired)",
+                 "DP and SecAgg are OFF for fl+merchant-fed"):
+        assert text in printed
+    row = next(line for line in printed.splitlines() if line.startswith("| fl+merchant-fed ε=1 |"))
+    sigma, _, eps, eps_test = (cell.strip() for cell in row.split("|")[2:6])
+    assert float(eps) == 1 and float(sigma) > 0 and float(eps_test) > 1  # composed over the replayed days
+
+
 def test_training_uses_only_labels_that_had_come_back_and_the_stand_in_says_so(world):
     frame = world["frame"]
     frames = {int(b): g.drop(columns=["bank", "scenario", "holder"]).reset_index(drop=True)

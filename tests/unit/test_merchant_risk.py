@@ -1,14 +1,18 @@
 """Federated merchant risk (issue 35): causality, the per-cardholder bound, the release as the sum of the banks'
-vectors, and the statistics on a hand-made example.
+vectors, the statistics on a hand-made example, and the backtest's private releases (seeded, calibrated per release).
 """
 
 import dataclasses
+import math
 
 import numpy as np
 import pandas as pd
 import pytest
 
-from fedfraud.training.merchant_risk.config import MerchantRiskConfig
+from fedfraud.training.merchant_risk.backtest import PrivateRelease, private_fed_columns
+from fedfraud.training.merchant_risk.config import MerchantNoiseConfig, MerchantRiskConfig
+from fedfraud.training.merchant_risk.dp import noise_for_epsilon, release_epsilon
+from fedfraud.training.merchant_risk.release import private_release
 from fedfraud.training.merchant_risk.stats import (
     DAY_S,
     RATES,
@@ -173,3 +177,41 @@ def test_config_refuses_unordered_windows_and_activity_refuses_unsorted_rows():
     act = _of(_activity(5))
     with pytest.raises(ValueError, match="sorted"):
         dataclasses.replace(act, ts_s=act.ts_s[::-1].copy())
+
+
+def test_private_rows_read_private_release_of_the_day_before_reproducibly_and_a_huge_epsilon_is_the_clear_sum():
+    frames = _banks(_activity(6))
+    acts = {b: _of(f) for b, f in frames.items()}
+    clear = daily_merchant_features(acts, CFG)
+    p1 = PrivateRelease.calibrated(1.0, CFG, len(acts), seed=5)
+    delta = MerchantNoiseConfig().delta
+    l1, l2 = float(CFG.sensitivity_l1()), CFG.sensitivity_l2()
+    assert p1.delta == delta and p1.plan.noise_std == noise_for_epsilon(1.0, 1, delta, l1, l2)
+    assert release_epsilon(p1.plan.noise_std, 1, delta, l1, l2) <= 1.0
+    first = private_fed_columns(acts, CFG, (p1,))[p1.variant]
+    again = private_fed_columns(acts, CFG, (PrivateRelease.calibrated(1.0, CFG, len(acts), seed=5),))[p1.variant]
+    other = private_fed_columns(acts, CFG, (dataclasses.replace(p1, seed=6),))[p1.variant]
+    p3 = PrivateRelease.calibrated(3.0, CFG, len(acts), seed=5)
+    both = private_fed_columns(acts, CFG, (p3, p1))  # another row beside it does not change a row's noise
+    for b in acts:
+        np.testing.assert_array_equal(first[b], again[b])
+        np.testing.assert_array_equal(first[b], both[p1.variant][b])
+        assert not np.array_equal(first[b], other[b], equal_nan=True)
+        assert not np.array_equal(first[b], clear[b].fed, equal_nan=True)
+        assert not np.array_equal(first[b], both[p3.variant][b], equal_nan=True)
+    # the rows of day d read the private release of day d − 1 of the banks' vectors, drawn from the day's generator
+    d = DAY0 + 15
+    vectors = [bank_vector(acts[b], d - 1, CFG) for b in sorted(acts)]
+    release = private_release(vectors, p1.plan, p1.rng(d - 1))
+    for b, f in frames.items():
+        today = np.flatnonzero(((f["ts"] // DAY_S) == d).to_numpy())
+        bucket = np.empty(len(acts[b]), dtype=np.int64)
+        bucket[acts[b].row] = acts[b].bucket
+        np.testing.assert_array_equal(first[b][today], risk_columns(release, bucket[today]))
+    huge = PrivateRelease.calibrated(1e8, CFG, len(acts), seed=5)
+    near = private_fed_columns(acts, CFG, (huge,))[huge.variant]
+    for b in acts:
+        same = (near[b] == clear[b].fed) | (np.isnan(near[b]) & np.isnan(clear[b].fed))
+        assert same.mean() > 0.999
+    with pytest.raises(ValueError, match="clear row"):
+        PrivateRelease.calibrated(math.inf, CFG, 3)

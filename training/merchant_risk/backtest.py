@@ -13,7 +13,11 @@ Variants, all scored on every transaction from ``--train-until`` on:
   anomaly model) or, with ``trainer="central"``, the centralized fit on the union of the banks' training
   rows as its stand-in;
 * ``fl+merchant-bank``: ``fl`` plus merchant statistics from the bank's own vector only;
-* ``fl+merchant-fed``: ``fl`` plus the federation's release (the sum over banks).
+* ``fl+merchant-fed``: ``fl`` plus the federation's release (the sum over banks);
+* ``fl+merchant-fed ε=E`` (one per :class:`PrivateRelease`): ``fl+merchant-fed`` with every daily release, of the
+  training period and of the replay, replaced by the private release
+  (:func:`fedfraud.training.merchant_risk.release.private_release`: each bank's Skellam share, summed as SecAgg+
+  sums), and the model retrained on it, so training and scoring see the same mechanism.
 
 Metrics: PR-AUC and recall at 1 % FPR, pooled, per bank and per fraud scenario (genuine rows + that
 scenario's frauds), each with a 95 % interval from the cardholder bootstrap of
@@ -52,15 +56,19 @@ from fedfraud.training.fraud.config import FraudConfig
 from fedfraud.training.fraud.dataset import fraud_split
 from fedfraud.training.fraud.features import FraudFeatures, build_features, fit_transitions
 from fedfraud.training.fraud.model import FraudModel
-from fedfraud.training.merchant_risk.config import MerchantRiskConfig
+from fedfraud.training.merchant_risk.config import MerchantNoiseConfig, MerchantRiskConfig
+from fedfraud.training.merchant_risk.release import ReleasePlan, plan_release, private_release
 from fedfraud.training.merchant_risk.stats import (
     DAY_S,
+    RATES,
     STATS,
     BankActivity,
     MerchantColumns,
     ReleaseHook,
+    bank_vector,
     daily_merchant_features,
     merchant_feature_names,
+    risk_columns,
 )
 
 __all__ = [
@@ -69,9 +77,11 @@ __all__ = [
     "BacktestData",
     "BacktestReport",
     "GroupResult",
+    "PrivateRelease",
     "backtest_frames",
     "load_bank_frames",
     "prepare_backtest",
+    "private_fed_columns",
     "run_backtest",
     "select_columns",
     "with_merchant_columns",
@@ -94,6 +104,10 @@ Trainer = Literal["hist", "central"]
 S2_RECALL_TARGET = 0.50
 S2_GAIN_TARGET = 0.10
 PR_AUC_GAIN_POINTS = 5.0
+#: Target of issue 35, part 4: at ε = 1 per cardholder per release, S2 recall loses at most this against ε = ∞.
+S2_PRIVATE_EPSILON = 1.0
+S2_PRIVATE_LOSS = 0.05
+CLEAR = "fl+merchant-fed"
 
 
 def with_merchant_columns(base: FraudFeatures, cols: MerchantColumns, window_days: tuple[int, ...]) -> FraudFeatures:
@@ -113,6 +127,84 @@ def select_columns(data: FraudFeatures, names: tuple[str, ...]) -> FraudFeatures
     """The same rows with only the ``names`` columns (in that order): one feature set of a variant."""
     idx = [data.names.index(n) for n in names]
     return FraudFeatures(data.X[:, idx], names, data.transaction_id, data.cardholder, data.label, data.split)
+
+
+@dataclass(frozen=True)
+class PrivateRelease:
+    """One private row of the backtest: the daily release at ``epsilon`` per cardholder per release.
+
+    Attributes:
+        epsilon: per-cardholder ε of one daily release at ``delta``.
+        delta: δ of that (ε, δ).
+        plan: the banks' noise and field; its σ meets ``epsilon`` for one release when ``plan.survivors`` banks are
+            summed (more banks summed: more noise).
+        seed: the release of day ``r`` draws from ``default_rng([seed, round(ε·10⁶), r])``, so a day's noise is the
+            same whatever the replay's range or the other rows.
+    """
+
+    epsilon: float
+    delta: float
+    plan: ReleasePlan
+    seed: int = 0
+
+    @classmethod
+    def calibrated(cls, epsilon: float, risk: MerchantRiskConfig, banks: int,
+                   noise: MerchantNoiseConfig | None = None, seed: int = 0) -> PrivateRelease:
+        """The plan for ``banks`` banks whose σ (``noise_for_epsilon`` with one release) meets ``epsilon`` at
+        ``noise``'s δ (default: the config's); the rest of ``noise`` (t, count cap) as given.
+        """
+        if not (epsilon > 0 and math.isfinite(epsilon)):
+            raise ValueError(f"epsilon must be positive and finite (the clear row is ε = ∞), got {epsilon}")
+        if seed < 0:
+            raise ValueError(f"seed must be >= 0, got {seed}")
+        base = (noise or MerchantNoiseConfig()).model_dump()
+        cfg = MerchantNoiseConfig.model_validate({**base, "target_epsilon": epsilon, "period_days": 1})
+        return cls(float(epsilon), cfg.delta, plan_release(risk, cfg, banks), seed)
+
+    @property
+    def variant(self) -> str:
+        """The row's name, e.g. ``fl+merchant-fed ε=1``."""
+        return f"{CLEAR} ε={self.epsilon:g}"
+
+    def rng(self, release_day: int) -> np.random.Generator:
+        """The generator of the release of ``release_day`` (UTC day index)."""
+        return np.random.default_rng([self.seed, round(self.epsilon * 1_000_000), int(release_day)])
+
+    def columns(self, window_days: tuple[int, ...]) -> tuple[str, ...]:
+        """This row's ``fed`` column names, tagged with ε, so one feature table holds every release side by side."""
+        tag = "merchant_fed_eps" + f"{self.epsilon:g}".replace("+", "") + "_"
+        return tuple(n.replace("merchant_fed_", tag, 1) for n in merchant_feature_names("fed", window_days))
+
+
+def private_fed_columns(
+    activity: Mapping[int, BankActivity],
+    risk: MerchantRiskConfig,
+    private: tuple[PrivateRelease, ...],
+    progress: bool = False,
+) -> dict[str, dict[int, np.ndarray]]:
+    """Variant → bank → the ``fed`` columns of every row (the caller's order) with each daily release replaced by
+    :func:`~.release.private_release` of the banks' vectors (bank ``i`` of the sorted banks draws the ``i``-th
+    share); a transaction of day ``d`` reads release ``d − 1``, as :func:`~.stats.daily_merchant_features`.
+
+    Why one pass for every ε: the banks' vectors are computed once a day and every plan releases the same ones.
+    """
+    order = sorted(activity)
+    width = len(risk.window_days) * (len(STATS) + len(RATES))
+    out = {p.variant: {b: np.zeros((len(activity[b]), width), np.float32) for b in order} for p in private}
+    days = [activity[b].day for b in order if len(activity[b])]
+    if not private or not days:
+        return out
+    first, last = min(int(d[0]) for d in days), max(int(d[-1]) for d in days)
+    for release_day in tqdm(range(first - 1, last), desc="private releases", disable=not progress, mininterval=2.0):
+        reads = {b: activity[b].window(release_day + 1, release_day + 1) for b in order}
+        if all(sl.start == sl.stop for sl in reads.values()):
+            continue  # nobody reads this release
+        vectors = [bank_vector(activity[b], release_day, risk) for b in order]
+        for p in private:
+            release = private_release(vectors, p.plan, p.rng(release_day))
+            for b, sl in reads.items():
+                out[p.variant][b][activity[b].row[sl]] = risk_columns(release, activity[b].bucket[sl])
+    return out
 
 
 @dataclass(frozen=True)
@@ -195,8 +287,11 @@ def prepare_backtest(
 
 
 def _train(data: BacktestData, features: Mapping[int, FraudFeatures], fraud_cfg: FraudConfig, trainer: Trainer,
-           window_days: tuple[int, ...]) -> dict[str, dict[int, FraudModel]]:
-    """Variant → bank → the model that scores that bank's rows."""
+           window_days: tuple[int, ...], private: Mapping[str, tuple[str, ...]] | None = None,
+           ) -> dict[str, dict[int, FraudModel]]:
+    """Variant → bank → the model that scores that bank's rows; ``private``: private variant → its release columns
+    (each trained as ``fl+merchant-fed`` on its own release, the other variants never see them).
+    """
     from fedfraud.training.fraud.train import train_centralized, train_local
 
     order = sorted(features)
@@ -204,7 +299,11 @@ def _train(data: BacktestData, features: Mapping[int, FraudFeatures], fraud_cfg:
     fit = {b: features[b].subset(data.fit[b]) for b in order}
     base_names = data.base[order[0]].names
     bank_names, fed_names = merchant_feature_names("bank", window_days), merchant_feature_names("fed", window_days)
-    drops = {"fl": (*bank_names, *fed_names), "fl+merchant-bank": fed_names, "fl+merchant-fed": bank_names}
+    private = private or {}
+    noisy = tuple(n for cols in private.values() for n in cols)
+    drops = {"fl": (*bank_names, *fed_names, *noisy), "fl+merchant-bank": (*fed_names, *noisy),
+             "fl+merchant-fed": (*bank_names, *noisy)}
+    drops.update({v: (*bank_names, *fed_names, *(n for n in noisy if n not in cols)) for v, cols in private.items()})
     models: dict[str, dict[int, FraudModel]] = {
         "local": {b: train_local(select_columns(fit[b], base_names), False, cfg, b) for b in order}}
     if trainer == "central":
@@ -241,6 +340,9 @@ class BacktestReport:
     scores: pd.DataFrame
     releases: pd.DataFrame
     info: dict[str, object] = field(default_factory=dict)
+    #: private variant → its noise and ε: ``epsilon``, ``delta``, ``sigma`` (t banks summed), ``sigma_all`` (every
+    #: bank summed), ``epsilon_test`` (over the releases the replayed period reads), ``epsilon_all`` (every release).
+    private: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def targets(self) -> list[tuple[str, str, bool | None]]:
         """(target, measured, met) of issue 35; met is None where it could not be measured (no S2 frauds)."""
@@ -258,7 +360,48 @@ class BacktestReport:
         d = self.groups["pooled"].diffs["fl+merchant-fed − fl"]["pr_auc"]
         out.append((f"pooled PR-AUC fl+merchant-fed − fl >= +{PR_AUC_GAIN_POINTS:g} points, interval above 0",
                     f"{d.fmt(100, 2, True)} points", 100 * d.point >= PR_AUC_GAIN_POINTS and d.low > 0))
+        for variant, noise in self.private.items():
+            if noise["epsilon"] != S2_PRIVATE_EPSILON:
+                continue
+            name = (f"S2 recall@1%FPR {variant} − {CLEAR} (ε = ∞) >= −{S2_PRIVATE_LOSS:.2f} (ε over the replayed "
+                    f"period {noise['epsilon_test']:.2f})")
+            if s2 is None or s2.frauds == 0:
+                out.append((name, "no S2 frauds in the test rows (give --scenarios)", None))
+            else:
+                d = s2.diffs[f"{variant} − {CLEAR}"]["recall_at_fpr"]
+                out.append((name, d.fmt(signed=True), d.point >= -S2_PRIVATE_LOSS))
         return out
+
+    def _private_lines(self) -> list[str]:
+        """The private rows' table: noise, ε per release and composed, figures and paired loss against ε = ∞."""
+        i, pooled, s2 = self.info, self.groups["pooled"], self.groups.get("S2")
+        first = next(iter(self.private.values()))
+        lines = [
+            f"**Private release** (issue 35, part 4): σ calibrated with `noise_for_epsilon` for one release at "
+            f"δ = {first['delta']:g} per cardholder (add/remove), guaranteed while at least t = {i.get('survivors')} "
+            f"of the {i.get('banks')} banks are summed (every bank adds σ²/t, so with all of them the noise std is "
+            f"σ·√({i.get('banks')}/{i.get('survivors')})); ε composed with `release_epsilon` over the "
+            f"{i.get('test_releases')} daily releases the replayed period reads (and over all "
+            f"{i.get('replay_releases')} releases of the run, training period included). Every row is retrained on "
+            f"its own releases; noise seed {i.get('noise_seed')}.",
+            "",
+            "| row | σ | noise std, all banks | ε per release | ε over the replayed period | ε over the run "
+            "| pooled PR-AUC | pooled recall@1%FPR | S2 recall@1%FPR | S2 recall − ε = ∞ (paired) "
+            "| pooled PR-AUC − ε = ∞ (paired) |",
+            "|---|" + "---:|" * 10,
+        ]
+        clear = dict.fromkeys(("sigma", "sigma_all"), 0.0) | dict.fromkeys(("epsilon", "epsilon_test", "epsilon_all"),
+                                                                           math.inf)
+        for variant, noise in [(CLEAR, clear), *self.private.items()]:
+            diff = f"{variant} − {CLEAR}"
+            cells = [pooled.metrics[variant][m].fmt() for m in REPORTED]
+            cells.append(s2.metrics[variant]["recall_at_fpr"].fmt() if s2 is not None else "—")
+            cells += [g.diffs[diff][m].fmt(signed=True) if g is not None and diff in g.diffs else "—"
+                      for g, m in ((s2, "recall_at_fpr"), (pooled, "pr_auc"))]
+            figures = [_num(noise[k]) for k in ("sigma", "sigma_all", "epsilon", "epsilon_test", "epsilon_all")]
+            name = variant if noise is not clear else f"{variant} (ε = ∞, clear sum)"
+            lines.append(f"| {name} | " + " | ".join([*figures, *cells]) + " |")
+        return [*lines, ""]
 
     def to_markdown(self) -> str:
         """The report block (docs/fraud.md's merchant-risk section quotes it)."""
@@ -271,9 +414,15 @@ class BacktestReport:
             f"label delay D={i.get('label_delay_days')} days; merchant risk: {i.get('risk')}; "
             f"fl trained by: {i.get('trainer')}; bootstrap: {i.get('reps')} replicates over test cardholders; "
             f"wall {float(i.get('seconds', math.nan)):.0f} s; load average at start {i.get('load_start')}, "
-            f"at end {i.get('load_end')}. DP and SecAgg are OFF: the release is the clear sum of the banks' vectors.",
+            f"at end {i.get('load_end')}. " + (
+                "DP and SecAgg are OFF: the release is the clear sum of the banks' vectors." if not self.private else
+                f"DP and SecAgg are OFF for {CLEAR} (ε = ∞: the clear sum of the banks' vectors); each "
+                f"`{CLEAR} ε=E` row replaces every daily release, training period included, by `private_release` "
+                "(each bank's Skellam share, summed as SecAgg+ sums, in process)."),
             "",
         ]
+        if self.private:
+            lines += self._private_lines()
         for name, g in self.groups.items():
             lines += [f"**{name}**: {g.rows} rows, {g.frauds} frauds, {g.cardholders} cardholders", "",
                       "| variant | " + " | ".join(TITLES[m] for m in REPORTED) + " |",
@@ -291,7 +440,8 @@ class BacktestReport:
 
 
 def _group(label: np.ndarray, holder: np.ndarray, scores: Mapping[str, tuple[np.ndarray, np.ndarray]],
-           counts: np.ndarray, rows: np.ndarray, max_fpr: float) -> GroupResult | None:
+           counts: np.ndarray, rows: np.ndarray, max_fpr: float,
+           comparisons: tuple[tuple[str, str, str], ...] = COMPARISONS) -> GroupResult | None:
     """Intervals of every variant and comparison on the ``rows`` of the test set; None without a fraud."""
     y = label[rows]
     if not y.any() or y.all():
@@ -301,7 +451,7 @@ def _group(label: np.ndarray, holder: np.ndarray, scores: Mapping[str, tuple[np.
     points = {v: weighted_metrics(r[0], np.ones(y.size), max_fpr) for v, r in ranked.items()}
     metrics = {v: {m: interval([points[v][m]], draws[v][m]) for m in REPORTED} for v in ranked}
     diffs = {name: {m: interval([points[a][m] - points[b][m]], draws[a][m] - draws[b][m]) for m in REPORTED}
-             for name, a, b in COMPARISONS}
+             for name, a, b in comparisons}
     return GroupResult(int(rows.sum()), int(y.sum()), int(np.unique(holder[rows]).size), metrics, diffs)
 
 
@@ -335,8 +485,10 @@ def run_backtest(
     reps: int | None = None,
     top_releases: int = 20,
     progress: bool = True,
+    private: tuple[PrivateRelease, ...] = (),
 ) -> BacktestReport:
-    """Release merchant risk daily, train the four variants on the fit rows, score the replayed rows, bootstrap.
+    """Release merchant risk daily, train the four variants (and one per private release) on the fit rows, score the
+    replayed rows, bootstrap.
 
     Args:
         data: :func:`prepare_backtest` output (the cut and the label delay are in it).
@@ -347,14 +499,26 @@ def run_backtest(
         reps: bootstrap replicates (default ``fraud_cfg.bootstrap_reps``).
         top_releases: per release day, the buckets with the most frauds kept for the operator's view.
         progress: progress bars.
+        private: one ``fl+merchant-fed ε=E`` row each, its releases private (distinct ε, plans for these banks).
     """
     started, load_start = time.perf_counter(), _load()
     reps = fraud_cfg.bootstrap_reps if reps is None else reps
     order = sorted(data.base)
+    if len({p.variant for p in private}) != len(private):
+        raise ValueError(f"private releases need distinct ε, got {[p.epsilon for p in private]}")
     kept, hook = _top_releases(top_releases, risk.window_days)
     cols = daily_merchant_features(data.activity, risk, on_release=hook, progress=progress)
     features = {b: with_merchant_columns(data.base[b], cols[b], risk.window_days) for b in order}
-    models = _train(data, features, fraud_cfg, trainer, risk.window_days)
+    noisy = private_fed_columns(data.activity, risk, private, progress)
+    if private:
+        extra = tuple(n for p in private for n in p.columns(risk.window_days))
+        features = {b: FraudFeatures(np.hstack([f.X, *(noisy[p.variant][b] for p in private)]).astype(np.float32),
+                                     (*f.names, *extra), f.transaction_id, f.cardholder, f.label, f.split)
+                    for b, f in features.items()}
+    models = _train(data, features, fraud_cfg, trainer, risk.window_days,
+                    {p.variant: p.columns(risk.window_days) for p in private})
+    variants = (*VARIANTS, *(p.variant for p in private))
+    comparisons = (*COMPARISONS, *((f"{p.variant} − {CLEAR}", p.variant, CLEAR) for p in private))
 
     tests = {b: features[b].of_split("test") for b in order}
     label = np.concatenate([tests[b].label for b in order]).astype(bool)
@@ -363,7 +527,7 @@ def run_backtest(
     holder_codes, holders = pd.factorize(pd.Series(np.concatenate(
         [[f"{b}:{c}" for c in tests[b].cardholder] for b in order]), dtype=object))
     scores: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-    for variant in VARIANTS:
+    for variant in variants:
         s, t = [], []
         for b in order:
             model = models[variant][b]
@@ -382,7 +546,7 @@ def run_backtest(
         names = sorted({str(s) for s, y in zip(scen, label, strict=True) if y and isinstance(s, str)})
         slices += [(name, ~label | (scen == name)) for name in names]
     for name, rows in tqdm(slices, desc="bootstrap", disable=not progress):
-        result = _group(label, holder_codes, scores, counts, rows, fraud_cfg.fpr_target)
+        result = _group(label, holder_codes, scores, counts, rows, fraud_cfg.fpr_target, comparisons)
         if result is not None:
             groups[name] = result
     info: dict[str, object] = {
@@ -397,11 +561,29 @@ def run_backtest(
                  f"(L1 sensitivity {risk.sensitivity_l1()})"),
         "reps": reps, "seconds": time.perf_counter() - started, "load_start": load_start, "load_end": _load(),
     }
+    first = min(int(a.day[0]) for a in data.activity.values() if len(a))
+    last = max(int(a.day[-1]) for a in data.activity.values() if len(a))
+    # releases cut_day − 1 .. last − 1 feed the replayed rows; first − 1 .. last − 1 are made in all
+    info.update({"test_releases": last - data.cut_s // DAY_S + 1, "replay_releases": last - first + 1})
+    noise: dict[str, dict[str, float]] = {}
+    for p in private:
+        noise[p.variant] = {
+            "epsilon": p.epsilon, "delta": p.delta, "sigma": p.plan.noise_std,
+            "sigma_all": math.sqrt(p.plan.banks * p.plan.share_variance),
+            "epsilon_test": p.plan.epsilon(int(info["test_releases"]), p.delta, risk),
+            "epsilon_all": p.plan.epsilon(int(info["replay_releases"]), p.delta, risk)}
+        info.update({"survivors": p.plan.survivors, "noise_seed": p.seed})
+        logger.info("backtest_private_release variant=%r sigma=%.3f epsilon_test=%.3f test_releases=%s",
+                    p.variant, p.plan.noise_std, noise[p.variant]["epsilon_test"], info["test_releases"])
     releases = pd.concat(kept, ignore_index=True) if kept else pd.DataFrame(columns=["release_day", "bucket"])
-    report = BacktestReport(groups, score_frame, releases, info)
+    report = BacktestReport(groups, score_frame, releases, info, noise)
     for name, measured, met in report.targets():
         logger.info("backtest_target name=%r measured=%r met=%s", name, measured, met)
     return report
+
+
+def _num(x: float) -> str:
+    return "∞" if math.isinf(x) else f"{x:.4g}"
 
 
 def _load() -> str:
@@ -430,12 +612,13 @@ def backtest_frames(
     trainer: Trainer = "hist",
     reps: int | None = None,
     progress: bool = True,
+    private: tuple[PrivateRelease, ...] = (),
 ) -> BacktestReport:
     """:func:`prepare_backtest` then :func:`run_backtest`: the whole backtest of per-bank frames."""
     started = time.perf_counter()
     data = prepare_backtest(frames, train_until, risk.label_delay_days, fraud_cfg, encoder_cfg, privacy_cfg,
                             risk.buckets, until=until, progress=progress)
     data.info.update({"rows": data.rows, "replay": f"{train_until} .. {until or 'end of data'}"})
-    report = run_backtest(data, fraud_cfg, risk, scenarios, trainer, reps, progress=progress)
+    report = run_backtest(data, fraud_cfg, risk, scenarios, trainer, reps, progress=progress, private=private)
     report.info["seconds"] = time.perf_counter() - started
     return report
