@@ -444,17 +444,39 @@ def secagg(
 @bench_app.command("anomaly-ablation")
 def anomaly_ablation(
     ctx: typer.Context,
-    csv: Annotated[Path, typer.Option("--csv", help="labelled Sparkov/Kaggle or TabFormer CSV (.csv or .csv.gz)")],
-    work: Annotated[Path, typer.Option("--work", help="data goes here")] = Path("out/bench-detection"),
+    csv: CsvOption = None,
+    data: DataOption = None,
+    work: Annotated[Path, typer.Option("--work", help="data goes here (one per CSV)")] = Path("out/bench-detection"),
     steps: Annotated[int, typer.Option("--steps", min=8, help="optimizer steps per variant")] = 240,
+    scenarios: Annotated[
+        Path | None, typer.Option("--scenarios", help="trans_num → scenario CSV: adds per-scenario ROC-AUCs")
+    ] = None,
+    group: Annotated[
+        list[str] | None,
+        typer.Option("--group", help="variant group, repeatable: graph (what the ego graph adds), readout"),
+    ] = None,
+    seeds: Annotated[int, typer.Option("--seeds", min=1, help="training seeds per variant (spread reported)")] = 1,
+    rounds: Annotated[
+        int, typer.Option("--rounds", min=1, help=">1: the steps in rounds, product LR schedule, best val-loss round")
+    ] = 1,
+    resamples: Annotated[int, typer.Option("--resamples", min=50, help="bootstrap resamples")] = 300,
     out: OutOption = None,
 ) -> None:
-    """Readouts and negative mixes side by side on validation cardholders (where the defaults were chosen)."""
-    from fedfraud.bench.ablation import run_ablation
+    """Encoder parts, readouts and negative mixes side by side on validation cardholders, each paired against the
+    full model (where the defaults were chosen).
+    """
+    from fedfraud.bench.ablation import ABLATION_GROUPS, run_ablation
 
-    readable_file(csv)
+    _one_source(csv, data)
+    if scenarios is not None:
+        readable_file(scenarios)
+    unknown = sorted(set(group or ()) - set(ABLATION_GROUPS))
+    if unknown:
+        raise UserError(f"--group {unknown[0]}: not one of {', '.join(ABLATION_GROUPS)}")
+    variants = {k: v for g in (group or ABLATION_GROUPS) for k, v in ABLATION_GROUPS[g].items()}
     config_of(ctx)
-    emit(run_ablation(csv, work, steps=steps).to_markdown(), out)
+    emit(run_ablation(csv, work, steps=steps, variants=variants, resamples=resamples, scenarios=scenarios,
+                      seeds=seeds, data=data, rounds=rounds).to_markdown(), out)
 
 
 @bench_app.command("anomaly-thesis")

@@ -96,6 +96,16 @@ class AnomalyConfig(BaseModel):
         ),
     )
     aux_weight: float = Field(1.0, ge=0.0, description="weight of a pooling operator's auxiliary loss (DiffPool)")
+    ablate: Literal["none", "no-graph", "no-history", "freeze-merchants", "no-location-time"] = Field(
+        "none",
+        description=(
+            "remove one part of the encoder to measure what it adds (`fedfraud bench anomaly-ablation`): 'none' "
+            "(default) is the full model; 'no-graph' q = the history summary only (no GNN); 'no-history' q = the "
+            "GNN readout only; 'freeze-merchants' the merchant table stays at its N(0, 0.1) initialisation; "
+            "'no-location-time' nodes get no L' and edges no T' (merchant table only). 'no-graph' and 'no-history' "
+            "need an event readout (the thesis readouts have no history summary)"
+        ),
+    )
     seed: int = 7
 
     @field_validator("readout", mode="before")
@@ -112,6 +122,9 @@ class AnomalyConfig(BaseModel):
     def _check(self) -> AnomalyConfig:
         if self.perturb_min > self.perturb_max:
             raise ValueError("perturb_min must be <= perturb_max")
+        if self.ablate in ("no-graph", "no-history") and not self.uses_events:
+            raise ValueError(f"ablate={self.ablate!r} needs an event readout: readout {self.readout!r} has no "
+                             "history summary to keep or remove")
         from fedfraud.training.anomaly.event_negatives import parse_mix
         parse_heads(self.heads)
         parse_mix(self.negatives)

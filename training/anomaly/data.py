@@ -63,6 +63,7 @@ class PairSet:
     priors: np.ndarray
     labels: np.ndarray | None = None  # is_fraud per pair, for evaluation only (never read by training)
     cardholders: np.ndarray | None = None  # pseudonym per pair, for intervals over cardholders
+    transactions: np.ndarray | None = None  # transaction_id per pair, to join side labels (scenarios) and baselines
 
     def __post_init__(self) -> None:
         n = len(self.previous)
@@ -82,7 +83,8 @@ class PairSet:
         priors = np.array([p.prior for p in pairs]).reshape(len(pairs), HISTORY_SIZE)
         labels = np.array([bool(p.is_fraud) for p in pairs], dtype=bool)
         holders = np.array([p.cardholder for p in pairs], dtype=object)
-        return cls([p.previous for p in pairs], [p.current for p in pairs], events, priors, labels, holders)
+        ids = np.array([p.transaction_id for p in pairs], dtype=object)
+        return cls([p.previous for p in pairs], [p.current for p in pairs], events, priors, labels, holders, ids)
 
     def __len__(self) -> int:
         return len(self.current)

@@ -13,6 +13,12 @@ Encoder (one graph G_t → q_t):
    last level of a ≤32-node graph is a single node, so the last term is the
    thesis's single-cluster embedding; the earlier terms keep a direct path
    from shallow levels, which trains far more reliably. ``dim(q) = 2·hidden``.
+5. event readouts: ``q ← [q ‖ ReLU(W_h · history summary)]``, the cardholder's running statistics
+   (:func:`fedfraud.feature_store.events.history_summary`) beside the graph's embedding.
+
+``anomaly.ablate`` removes one of those parts to measure what it adds (``fedfraud bench anomaly-ablation``):
+``no-graph`` keeps step 5 only, ``no-history`` drops step 5, ``freeze-merchants`` keeps ``M`` at its
+initialisation (no gradient), ``no-location-time`` feeds zeros for ``L'`` and ``T'``.
 
 Inference (eval, no autograd) runs steps 3–4 on padded dense tensors where every
 layer has a dense form (TopK does): same embeddings, a constant number of batched
@@ -88,21 +94,27 @@ class GraphEncoder(nn.Module):
 
     def __init__(self, cfg: AnomalyConfig, encoder_cfg: EncoderConfig, max_nodes: int) -> None:
         super().__init__()
+        self.ablate = cfg.ablate
         self.merchant = MerchantEmbedding.from_config(encoder_cfg)
+        if self.ablate == "freeze-merchants":  # stays at its N(0, 0.1) draw: every bucket a fixed random identity
+            self.merchant.weight.requires_grad_(False)
         self.temporal = TemporalMessage()
         self.dropout = nn.Dropout(cfg.dropout)
         self.convs = nn.ModuleList()
         self.pools = nn.ModuleList()
         size, width = max_nodes, encoder_cfg.dim
-        for _ in range(cfg.layers):
+        # no-graph builds no GCN or pooling; the merchant table stays (unused, no gradient) for the optimizer's sake
+        for _ in range(0 if self.ablate == "no-graph" else cfg.layers):
             self.convs.append(GCNConv(width, cfg.hidden))
             self.pools.append(resolve_pooling(cfg.pooling, cfg.hidden, cfg.ratio, size))
             width = cfg.hidden
             size = max(1, math.ceil(size * cfg.ratio))
         self.newest = cfg.readout == "thesis-newest"
         # event readouts: the graph-level event history (feature_store/events.py: history_summary) joins the readout
-        self.history = nn.Linear(SUMMARY_SIZE, cfg.hidden) if cfg.uses_events else None
-        self.out_dim = (3 if self.newest or self.history is not None else 2) * cfg.hidden
+        with_history = cfg.uses_events and self.ablate != "no-history"
+        self.history = nn.Linear(SUMMARY_SIZE, cfg.hidden) if with_history else None
+        graph_dim = 0 if self.ablate == "no-graph" else 2 * cfg.hidden
+        self.out_dim = graph_dim + (cfg.hidden if self.newest or self.history is not None else 0)
         #: inference takes the dense path where it applies (:meth:`dense_applies`); False forces the sparse one
         self.allow_dense = True
         self.reset_parameters()
@@ -131,13 +143,19 @@ class GraphEncoder(nn.Module):
         )
 
     def forward(self, batch: Batch | Data | GraphBatch) -> EncoderOutput:
+        graphs = int(batch.num_graphs) if hasattr(batch, "num_graphs") else 1
+        if self.ablate == "no-graph":
+            q = self._history_embedding(batch, graphs)
+            return EncoderOutput(q, q.new_zeros(()))
+        location, times = batch.x, batch.edge_attr
+        if self.ablate == "no-location-time":
+            location, times = torch.zeros_like(location), torch.zeros_like(times)
         # sparse gradient: a step touches a few hundred of the table's rows (see engine.train_model)
-        x = batch.x + F.embedding(batch.merchant, self.merchant.weight, sparse=True)
-        x = self.temporal(x, batch.edge_index, batch.edge_attr)
+        x = location + F.embedding(batch.merchant, self.merchant.weight, sparse=True)
+        x = self.temporal(x, batch.edge_index, times)
         vector = getattr(batch, "batch", None)
         if vector is None:
             vector = torch.zeros(x.shape[0], dtype=torch.long, device=x.device)
-        graphs = int(batch.num_graphs) if hasattr(batch, "num_graphs") else 1
         if 0 < graphs <= self.DENSE_MAX_GRAPHS and x.shape[0] and self.dense_applies():
             q, newest = self._dense_levels(x, batch.edge_index, vector, graphs)
             aux = x.new_zeros(())
@@ -146,8 +164,14 @@ class GraphEncoder(nn.Module):
         if newest is not None:
             q = torch.cat([q, newest], dim=1)
         if self.history is not None:
-            q = torch.cat([q, torch.relu(self.history(batch.history.reshape(graphs, -1)))], dim=1)
+            q = torch.cat([q, self._history_embedding(batch, graphs)], dim=1)
         return EncoderOutput(q, aux)
+
+    def _history_embedding(self, batch: Batch | Data | GraphBatch, graphs: int) -> Tensor:
+        """ReLU(W_h · history summary) per graph: the event readouts' view of the cardholder's running statistics."""
+        if self.history is None:
+            raise ValueError("this encoder has no history layer (thesis readout or ablate=no-history)")
+        return torch.relu(self.history(batch.history.reshape(graphs, -1)))
 
     def _sparse_levels(
         self, x: Tensor, edge_index: Tensor, vector: Tensor, graphs: int
@@ -261,9 +285,10 @@ class AnomalyModel(nn.Module):
 
     def __repr__(self) -> str:
         cfg = self.cfg
+        ablate = "" if cfg.ablate == "none" else f", ablate={cfg.ablate}"
         return (
             f"{self.__class__.__name__}(pooling={cfg.pooling}, layers={cfg.layers}, readout={cfg.readout}, "
-            f"q_dim={self.encoder.out_dim})"
+            f"q_dim={self.encoder.out_dim}{ablate})"
         )
 
 

@@ -313,6 +313,12 @@ def _card(mode: str, anomaly_cfg: AnomalyConfig, rounds: int, summary: Mapping[s
             "",
             "**Limits**: trained on the banks' own history; a cardholder's first transaction has no score; the "
             "score is a behaviour-change signal, not a fraud probability.",
+            *(
+                []
+                if anomaly_cfg.ablate == "none"
+                else ["", f"**Ablated** (`anomaly.ablate={anomaly_cfg.ablate}`): a study variant, not the product "
+                      "model."]
+            ),
         ]
     )
 

@@ -83,6 +83,7 @@ MODEL_KEYS: tuple[str, ...] = (
     "disc-hidden",
     "readout",
     "heads",
+    "ablate",
     "data-dir",
     "encoder-dim",
     "encoder-variant",
