@@ -38,6 +38,7 @@ from fedfraud.feature_store.privacy import PrivateFeaturizer
 __all__ = [
     "CARDHOLDER_FILE",
     "MERCHANT_FILE",
+    "MERCHANT_RISK_FILE",
     "BankTables",
     "OfflineReport",
     "bank_tables",
@@ -49,6 +50,14 @@ logger = logging.getLogger(__name__)
 
 CARDHOLDER_FILE = "cardholder_transactions.parquet"
 MERCHANT_FILE = "merchant_transactions.parquet"
+#: The ``merchant_risk`` view's batch source: the daily job writes the online store only, so it starts (and, in
+#: this simulation, stays) empty; Feast's materialisation needs the file with its columns.
+MERCHANT_RISK_FILE = "merchant_risk.parquet"
+MERCHANT_RISK_SCHEMA = pa.schema([
+    ("bank", pa.int64()), ("merchant_bucket", pa.int64()), ("release_day", pa.int64()),
+    ("merchant_bank", pa.list_(pa.float32())), ("merchant_fed", pa.list_(pa.float32())),
+    ("event_timestamp", pa.timestamp("us", tz="UTC")), ("created", pa.timestamp("us", tz="UTC")),
+])
 _TS = pa.timestamp("us", tz="UTC")
 _ACTIVITY_TYPES = {int: pa.int64(), float: pa.float64(), str: pa.string()}
 
@@ -170,6 +179,8 @@ def write_offline(
     chosen = banks if banks is not None else list_banks(Path(data_dir))
     out = Path(repo_dir) / DATA_DIR
     out.mkdir(parents=True, exist_ok=True)
+    if not (out / MERCHANT_RISK_FILE).exists():
+        pq.write_table(MERCHANT_RISK_SCHEMA.empty_table(), out / MERCHANT_RISK_FILE)
     paths = [out / CARDHOLDER_FILE, out / MERCHANT_FILE]
     writers: list[pq.ParquetWriter | None] = [None, None]
     created_base = int(datetime.now(UTC).timestamp() * 1_000_000)

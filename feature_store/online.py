@@ -44,7 +44,7 @@ if TYPE_CHECKING:
 
     from fedfraud.feature_store.redis_store import MultiViewRedisOnlineStore
 
-__all__ = ["CARDHOLDER_VIEWS", "MERCHANT_VIEW", "OnlineStateClient"]
+__all__ = ["CARDHOLDER_VIEWS", "MERCHANT_RISK_VIEW", "MERCHANT_VIEW", "OnlineStateClient", "RiskRow"]
 
 logger = logging.getLogger(__name__)
 
@@ -53,15 +53,19 @@ logger = logging.getLogger(__name__)
 #: client reads each view's feature list from the applied registry.
 CARDHOLDER_VIEWS: tuple[str, ...] = ("cardholder_ego_state", "cardholder_time", "cardholder_activity")
 MERCHANT_VIEW = "merchant_location"
+#: The daily merchant-risk release and the bank's own counts, per (bank, merchant bucket).
+MERCHANT_RISK_VIEW = "merchant_risk"
 
 
 def _from_us(us: int) -> datetime:
     return datetime.fromtimestamp(us // 1_000_000, tz=UTC).replace(microsecond=us % 1_000_000)
 
 
-#: A Feast entity of this module: a card token, or (bank, merchant key) of ``merchant_location`` (a keyed hash,
-#: :func:`fedfraud.feature_store.cardholder.merchant_key`).
-Entity = str | tuple[int, str]
+#: A Feast entity of this module: a card token, (bank, merchant key) of ``merchant_location`` (a keyed hash,
+#: :func:`fedfraud.feature_store.cardholder.merchant_key`) or (bank, merchant bucket) of ``merchant_risk``.
+Entity = str | tuple[int, str] | tuple[int, int]
+#: A ``merchant_risk`` row: release day, the bank's own columns, the federation's columns (None: no row yet).
+RiskRow = dict[str, Any] | None
 #: Rows of one view: (entity, feature name → Python value, event time, created time).
 ViewRows = list[tuple[Entity, dict[str, Any], datetime, datetime]]
 #: Python values of one view per entity, None for an entity the store has no row of.
@@ -93,6 +97,12 @@ class _ViewIO:
             ]
             for table, features in tables
         ]
+
+    def read_groups(
+        self, groups: Sequence[tuple[Sequence[tuple[FeatureView, Sequence[str]]], Sequence[Entity]]]
+    ) -> list[list[ViewValues]]:
+        """:meth:`read` of several (views, entities) groups; one round trip where the store allows (Redis)."""
+        return [self.read(tables, entities) for tables, entities in groups]
 
     def write(self, rows: Sequence[tuple[FeatureView, ViewRows]]) -> None:
         for table, view_rows in rows:
@@ -133,6 +143,11 @@ class _RedisViewIO(_ViewIO):
 
     def read(self, tables: Sequence[tuple[FeatureView, Sequence[str]]], entities: Sequence[Entity]) -> list[ViewValues]:
         return self.multi.read_views(self.config, tables, self._redis_keys(entities))
+
+    def read_groups(
+        self, groups: Sequence[tuple[Sequence[tuple[FeatureView, Sequence[str]]], Sequence[Entity]]]
+    ) -> list[list[ViewValues]]:
+        return self.multi.read_view_groups(self.config, [(t, self._redis_keys(e)) for t, e in groups])
 
     def write(self, rows: Sequence[tuple[FeatureView, ViewRows]]) -> None:
         merged = []
@@ -211,12 +226,16 @@ def _entity_keys(entities: Sequence[Entity]) -> list[Any]:
     from feast.protos.feast.types.EntityKey_pb2 import EntityKey
     from feast.protos.feast.types.Value_pb2 import Value
 
-    return [
-        EntityKey(join_keys=["cardholder"], entity_values=[Value(string_val=e)])
-        if isinstance(e, str)
-        else EntityKey(join_keys=["bank", "merchant"], entity_values=[Value(int64_val=e[0]), Value(string_val=e[1])])
-        for e in entities
-    ]
+    def key(e: Entity) -> Any:
+        if isinstance(e, str):
+            return EntityKey(join_keys=["cardholder"], entity_values=[Value(string_val=e)])
+        if isinstance(e[1], str):
+            return EntityKey(join_keys=["bank", "merchant"], entity_values=[Value(int64_val=e[0]),
+                                                                            Value(string_val=e[1])])
+        return EntityKey(join_keys=["bank", "merchant_bucket"], entity_values=[Value(int64_val=e[0]),
+                                                                                Value(int64_val=int(e[1]))])
+
+    return [key(e) for e in entities]
 
 
 class OnlineStateClient:
@@ -248,7 +267,7 @@ class OnlineStateClient:
         from fedfraud.errors import UserError
 
         try:
-            for name in (*CARDHOLDER_VIEWS, MERCHANT_VIEW):
+            for name in (*CARDHOLDER_VIEWS, MERCHANT_VIEW, MERCHANT_RISK_VIEW):
                 self._views[name] = self.store.get_feature_view(name)
         except Exception as exc:  # FeatureViewNotFoundException and registry-missing errors
             raise UserError(
@@ -263,7 +282,26 @@ class OnlineStateClient:
     # ------------------------------------------------------------------ read
     def read_states(self, cardholders: Sequence[str]) -> list[CardholderState]:
         """States of many cardholders (pseudonyms) in one batched read; unknown ones come back empty."""
-        ego_rows, time_rows, act_rows = self._io.read(self._cardholder_tables, cardholders)
+        return self.read_batch(cardholders)[0]
+
+    def read_batch(self, cardholders: Sequence[str], bank: int = 0, buckets: Sequence[int] = ()
+                   ) -> tuple[list[CardholderState], list[RiskRow]]:
+        """States of many cardholders and the ``merchant_risk`` rows of ``bank`` at ``buckets``, in one read.
+
+        Why together: the fraud model's merchant-risk features then cost no extra round trip, and every read sees
+        the latest release the daily job wrote (no restart, no cache to invalidate).
+        """
+        if not buckets:
+            return self._states(cardholders, self._io.read(self._cardholder_tables, cardholders)), []
+        risk_view = self._views[MERCHANT_RISK_VIEW]
+        (ego_time_act, (risk,)) = self._io.read_groups([
+            (self._cardholder_tables, cardholders),
+            ([(risk_view, ("release_day", "merchant_bank", "merchant_fed"))], [(bank, int(b)) for b in buckets]),
+        ])
+        return self._states(cardholders, ego_time_act), risk
+
+    def _states(self, cardholders: Sequence[str], rows: list[ViewValues]) -> list[CardholderState]:
+        ego_rows, time_rows, act_rows = rows
         out: list[CardholderState] = []
         for holder, ego_row, time_row, act_row in zip(cardholders, ego_rows, time_rows, act_rows, strict=True):
             state = CardholderState.empty(holder, self.ego_cfg)
@@ -346,6 +384,21 @@ class OnlineStateClient:
             views.append((self._views[MERCHANT_VIEW], merchants))
         if views:
             self._io.write(views)
+
+    def push_merchant_risk(self, bank: int, release_day: int, buckets: Sequence[int], own: Any, fed: Any) -> None:
+        """Write ``merchant_risk`` rows of ``bank`` for release ``release_day``: per bucket, the bank's own columns
+        (row ``i`` of ``own``) and the federation's (row ``i`` of ``fed``); event time = the end of that day.
+        """
+        ts, now = _from_us((int(release_day) + 1) * 86_400_000_000 - 1), datetime.now(UTC)
+        rows: ViewRows = [
+            ((bank, int(b)), {"release_day": int(release_day), "merchant_bank": own[i], "merchant_fed": fed[i]},
+             ts, now)
+            for i, b in enumerate(buckets)
+        ]
+        view = self._views[MERCHANT_RISK_VIEW]
+        for start in range(0, len(rows), 4096):  # bounded transactions / pipelines
+            self._io.write([(view, rows[start:start + 4096])])
+        logger.info("merchant_risk_pushed bank=%d release_day=%d rows=%d", bank, release_day, len(rows))
 
     def read_merchants(self, bank: int, merchants: Sequence[str]) -> list[dict[str, Any] | None]:
         """``merchant_location`` features of many merchants of ``bank`` in one read (None when unknown).

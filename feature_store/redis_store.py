@@ -82,19 +82,39 @@ class MultiViewRedisOnlineStore(RedisOnlineStore):
         as a first-time cardholder does on every store. Event timestamps
         (``_ts:<view>``) are not read: serving does not use them.
         """
-        spans: list[tuple[list[str], int, int]] = []
-        fields: list[bytes] = []
-        for table, features in tables:
-            names = list(features)
-            view_fields = self._view_fields(self._stored_name(config, table), names)
-            spans.append((names, len(fields), len(fields) + len(view_fields)))
-            fields.extend(view_fields)
+        return self.read_view_groups(config, [(tables, redis_keys)])[0]
+
+    def read_view_groups(
+        self,
+        config: RepoConfig,
+        groups: Sequence[tuple[Sequence[tuple[FeatureView, Sequence[str]]], Sequence[bytes]]],
+    ) -> list[list[list[dict[str, Any] | None]]]:
+        """:meth:`read_views` of several (views, entity keys) groups in one pipeline: ``[group][view][entity]``.
+
+        Why: serving reads the batch's cardholders and the merchant-risk rows of its merchants (other entities)
+        in the same round trip.
+        """
+        plans = []
+        for tables, keys in groups:
+            spans: list[tuple[list[str], int, int]] = []
+            fields: list[bytes] = []
+            for table, features in tables:
+                names = list(features)
+                view_fields = self._view_fields(self._stored_name(config, table), names)
+                spans.append((names, len(fields), len(fields) + len(view_fields)))
+                fields.extend(view_fields)
+            plans.append((spans, fields, keys))
         client = self._get_client(config.online_store)
         with client.pipeline(transaction=False) as pipe:
-            for key in redis_keys:
-                pipe.hmget(key, fields)
+            for _, fields, keys in plans:
+                for key in keys:
+                    pipe.hmget(key, fields)
             replies = pipe.execute()
-        return [[_decoded(names, reply[a:b]) for reply in replies] for names, a, b in spans]
+        out, at = [], 0
+        for spans, _, keys in plans:
+            mine, at = replies[at:at + len(keys)], at + len(keys)
+            out.append([[_decoded(names, reply[a:b]) for reply in mine] for names, a, b in spans])
+        return out
 
     def write_views(
         self, config: RepoConfig, rows: Sequence[tuple[FeatureView, Sequence[tuple[bytes, dict[str, Any], datetime]]]]

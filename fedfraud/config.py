@@ -21,6 +21,7 @@ from fedfraud.training.data.config import GeneratorConfig, IngestConfig
 from fedfraud.training.fraud.config import FraudConfig
 from fedfraud.training.anomaly.config import AnomalyConfig
 from fedfraud.training.federated.config import FederatedConfig
+from fedfraud.training.merchant_risk.config import MerchantNoiseConfig, MerchantRiskConfig
 from fedfraud.training.retrain.config import RetrainConfig
 from fedfraud.training.tokenizer.config import TokenizerConfig
 from fedfraud.serving.config import ServingConfig
@@ -48,6 +49,8 @@ class FedfraudConfig(BaseModel):
     federated: FederatedConfig = Field(default_factory=FederatedConfig)
     serving: ServingConfig = Field(default_factory=ServingConfig)
     retrain: RetrainConfig = Field(default_factory=RetrainConfig)
+    merchant_risk: MerchantRiskConfig = Field(default_factory=MerchantRiskConfig)
+    merchant_noise: MerchantNoiseConfig = Field(default_factory=MerchantNoiseConfig)
 
 
 def _parse_value(raw: str) -> Any:

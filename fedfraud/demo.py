@@ -228,7 +228,8 @@ def _stage_train_fraud(cfg: FedfraudConfig, args: DemoArgs, ctx: dict[str, Any])
     from fedfraud.training.fraud.pipeline import train_and_publish
 
     t0 = time.perf_counter()
-    version, metrics = train_and_publish(cfg, ctx["split"].history, ctx["registry"], bank=cfg.serving.bank_id)
+    version, metrics = train_and_publish(cfg, ctx["split"].history, ctx["registry"], bank=cfg.serving.bank_id,
+                                         labels_root=ctx["data"])
     _make_champion(ctx["registry"], "fraud", version.tag)
     return StageResult(
         "train fraud",
@@ -300,6 +301,39 @@ def _stage_feature_store(cfg: FedfraudConfig, args: DemoArgs, ctx: dict[str, Any
             "rows": report.rows,
             "cardholders": report.cardholders,
             "fraud_states_warmed": warmed,
+        },
+    )
+
+
+def _stage_merchant_risk(cfg: FedfraudConfig, args: DemoArgs, ctx: dict[str, Any]) -> StageResult:
+    """The daily merchant-risk job on the history's last day: every bank's private release summed, each bank's
+    ``merchant_risk`` rows in the online store (the fraud model's merchant columns), the merchants it flags.
+    """
+    import json
+
+    from fedfraud.feature_store.online import OnlineStateClient
+    from fedfraud.training.merchant_risk.publish import publish_release
+
+    t0 = time.perf_counter()
+    client = OnlineStateClient.open(cfg.features, cfg.egograph)
+    done = publish_release(cfg, ctx["split"].history, client, top=5, progress=False)
+    manifest = json.loads((Path(ctx["data"]) / "manifest.json").read_text(encoding="utf-8"))
+    breached = set(manifest.get("generator", {}).get("breached_merchants", []))
+    flagged = done.flagged.drop_duplicates("merchant_id")
+    card = done.card
+    return StageResult(
+        "merchant risk",
+        time.perf_counter() - t0,
+        {
+            "release_day": done.date,
+            "rows_per_bank": done.rows,
+            "guarantee": (f"per cardholder (ε, δ) = ({card['epsilon_per_release']}, {card['delta']}) per daily "
+                          f"release, ε = {card['epsilon_period']} over {card['period_days']} releases "
+                          "(Skellam noise in each bank, SecAgg+ sum)"),
+            "flagged_merchants": [f"bank {r.bank}: {r.merchant_id} ({r.fed_frauds:.1f} frauds, averaged)"
+                                  for r in flagged.head(5).itertuples()],
+            "breached_by_generator": sorted(breached),
+            "breached_flagged": sorted(breached & set(flagged["merchant_id"])),
         },
     )
 
@@ -493,6 +527,7 @@ STAGES: list[Stage] = [
     _stage_train_anomaly,
     _stage_train_fraud,
     _stage_feature_store,
+    _stage_merchant_risk,
     _stage_stream,
 ]
 

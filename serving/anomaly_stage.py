@@ -125,6 +125,7 @@ class AnomalyWork:
     touched: set[str] = field(default_factory=set)  # cardholders whose score ring grew
     changed: list[CardholderState] = field(default_factory=list)  # states to push, with their new q_t
     shadow: GraphScorer | None = None  # the challenger GNN, when one shadows (this batch's, fixed at begin)
+    merchant_risk: list[dict[str, Any] | None] | None = None  # per row: its merchant's merchant_risk row
 
     @property
     def holders(self) -> list[str]:
@@ -145,8 +146,10 @@ class AnomalyStage:
         ring: int,
         clock: StageClock | None = None,
         max_nodes: int = 8192,
+        risk_buckets: int = 0,
     ) -> None:
         self.client = client
+        self.risk_buckets = risk_buckets  # > 0: read each row's merchant_risk row (bucket = hash mod this)
         self.featurizer = featurizer
         self.max_nodes = max_nodes
         self.kv = kv
@@ -168,12 +171,18 @@ class AnomalyStage:
             self.features.seed(batch)
         holders = list(dict.fromkeys(batch.cardholder))
         with clock.section("anomaly.state_read"):
-            states = dict(zip(holders, self.client.read_states(holders), strict=True))
+            buckets = [h % self.risk_buckets for h in batch.merchant_hash] if self.risk_buckets else []
+            distinct = list(dict.fromkeys(buckets))
+            # the merchant-risk rows of the batch's merchants come with the states: no extra round trip
+            read, risk = self.client.read_batch(holders, self.bank_id, distinct)
+            states = dict(zip(holders, read, strict=True))
             blobs, fraud = self.kv.get_tables(("scores", "fraud"), holders)  # the fraud stage's too: one round trip
             rings = {h: (json_value(b) if b else []) for h, b in zip(holders, blobs, strict=True)}
+        by_bucket = dict(zip(distinct, risk, strict=True))
         with clock.section("anomaly.graphs"):
             return self._apply(AnomalyWork(batch, frame, produced_us, source, model, states, rings,
-                                           dict(zip(holders, fraud, strict=True)), shadow=self.shadow))
+                                           dict(zip(holders, fraud, strict=True)), shadow=self.shadow,
+                                           merchant_risk=[by_bucket[b] for b in buckets] if buckets else None))
 
     def _apply(self, work: AnomalyWork) -> AnomalyWork:
         """Fold each transaction into its state and collect G_t (and a stale G_{t-1}) to embed."""
@@ -244,6 +253,7 @@ class AnomalyStage:
             anomaly_model=model.tag,
             scored_us=now_us(),
             fraud_blobs=work.fraud_blobs,
+            merchant_risk=work.merchant_risk,
         )
 
     def _remember(self, work: AnomalyWork, q: np.ndarray, scores: np.ndarray) -> None:

@@ -92,6 +92,27 @@ def _cardholder_chunks(frame: pd.DataFrame, chunk_rows: int) -> Iterator[pd.Data
         yield part
 
 
+def _merchant_columns(registry: Path, data: Path, encoder_cfg: Any, privacy_cfg: PrivacyConfig
+                      ) -> dict[int, np.ndarray] | None:
+    """Per bank (file order), the merchant-risk columns a fraud model trained with them reads; None for a model
+    without. The releases are replayed over the scored data (its banks), as training replays them.
+    """
+    from fedfraud.serving.fraud_stage import merchant_risk_for
+    from fedfraud.training.merchant_risk.config import MerchantNoiseConfig
+    from fedfraud.training.merchant_risk.features import dataset_columns
+    from fedfraud.training.registry import ModelRegistry, RegistryError
+
+    try:
+        config = ModelRegistry(registry).get("fraud", "champion").config
+    except RegistryError:
+        return None
+    risk = merchant_risk_for(config)
+    if risk is None:
+        return None
+    noise = MerchantNoiseConfig.model_validate(config.get("merchant_noise") or {})
+    return dataset_columns(data, encoder_cfg, privacy_cfg, risk, noise)
+
+
 def _load_models(registry: Path) -> tuple[Any, Any, Any, dict[str, str]]:
     from fedfraud.serving.fraud_stage import fraud_config_for
     from fedfraud.training.anomaly.scorer import AnomalyScorer
@@ -128,13 +149,14 @@ def _init_worker(registry: Path, privacy: dict[str, Any]) -> None:
     _WORKER.update(scorer=scorer, fraud=fraud, fraud_cfg=fraud_cfg, privacy=PrivacyConfig.model_validate(privacy))
 
 
-def _score_in_worker(part: pd.DataFrame, bank: int) -> pd.DataFrame:
+def _score_in_worker(part: pd.DataFrame, bank: int, merchant: np.ndarray | None) -> pd.DataFrame:
     w = _WORKER
-    return _score_chunk(part, bank, w["scorer"], w["fraud"], w["fraud_cfg"], w["privacy"])
+    return _score_chunk(part, bank, w["scorer"], w["fraud"], w["fraud_cfg"], w["privacy"], merchant)
 
 
 def _score_chunk(
-    part: pd.DataFrame, bank: int, scorer: Any, fraud: Any, fraud_cfg: Any, privacy_cfg: PrivacyConfig
+    part: pd.DataFrame, bank: int, scorer: Any, fraud: Any, fraud_cfg: Any, privacy_cfg: PrivacyConfig,
+    merchant: np.ndarray | None = None,
 ) -> pd.DataFrame:
     featurizer = PrivateFeaturizer.for_bank(scorer.encoder_cfg, privacy_cfg, bank)
     anomaly = scorer.score_frame(part, featurizer)
@@ -152,7 +174,8 @@ def _score_chunk(
 
         private = featurizer.transform(part)
         features = build_features(part, private, fraud_cfg, anomaly, transitions=fraud.transitions)
-        decisions = fraud.predict_batch(features.X)
+        X = features.X if merchant is None else np.hstack([features.X, merchant]).astype(np.float32)
+        decisions = fraud.predict_batch(X)
         out["fraud_score"] = [d.score for d in decisions]
         out["decision"] = ["fraud" if d.decision else "legit" for d in decisions]
         out["top_reasons"] = [
@@ -163,19 +186,19 @@ def _score_chunk(
 
 
 def _ordered(
-    chunks: Iterator[tuple[pd.DataFrame, int]], pool: Any, workers: int, scorer: Any, fraud: Any, fraud_cfg: Any,
-    privacy_cfg: PrivacyConfig,
+    chunks: Iterator[tuple[pd.DataFrame, int, np.ndarray | None]], pool: Any, workers: int, scorer: Any, fraud: Any,
+    fraud_cfg: Any, privacy_cfg: PrivacyConfig,
 ) -> Iterator[pd.DataFrame]:
     """Scored chunks in input order: in this process, or ``2 × workers`` at a time in the pool."""
     if pool is None:
-        for part, bank in chunks:
-            yield _score_chunk(part, bank, scorer, fraud, fraud_cfg, privacy_cfg)
+        for part, bank, merchant in chunks:
+            yield _score_chunk(part, bank, scorer, fraud, fraud_cfg, privacy_cfg, merchant)
         return
     from collections import deque
 
     in_flight: deque[Any] = deque()
-    for part, bank in chunks:
-        in_flight.append(pool.submit(_score_in_worker, part, bank))
+    for part, bank, merchant in chunks:
+        in_flight.append(pool.submit(_score_in_worker, part, bank, merchant))
         if len(in_flight) >= 2 * workers:
             yield in_flight.popleft().result()
     while in_flight:
@@ -230,8 +253,10 @@ def score_path(
             raise UserError(f"{path}: nothing was ingested")
         writer = _Writer(out)
         total = sum(pq.ParquetFile(data / f"bank_{b}" / "transactions.parquet").metadata.num_rows for b in banks)
+        merchant = (_merchant_columns(Path(registry), data, scorer.encoder_cfg, privacy_cfg)
+                    if fraud is not None else None)
         chunks = (
-            (part, bank if not path.is_dir() else k)
+            (part, bank if not path.is_dir() else k, None if merchant is None else merchant[k][part.index.to_numpy()])
             for k in banks
             for part in _cardholder_chunks(read_bank(data, k), chunk_rows)
         )

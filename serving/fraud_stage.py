@@ -47,10 +47,19 @@ from fedfraud.serving.side_work import guarded
 if TYPE_CHECKING:
     from fedfraud.serving.kafka_producer import Producer
     from fedfraud.training.fraud.model import FraudModel
+    from fedfraud.training.merchant_risk.config import MerchantRiskConfig
     from fedfraud.training.registry import ModelRegistry
     from fedfraud.training.retrain.drift import DriftMonitor
 
-__all__ = ["Decided", "FraudStage", "fraud_config_for", "load_fraud_model", "pack_fraud_state", "unpack_fraud_state"]
+__all__ = [
+    "Decided",
+    "FraudStage",
+    "fraud_config_for",
+    "load_fraud_model",
+    "merchant_risk_for",
+    "pack_fraud_state",
+    "unpack_fraud_state",
+]
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +105,16 @@ def fraud_config_for(version_config: dict[str, Any], fallback: Any) -> Any:
     return fallback if fallback is not None else FraudConfig()
 
 
+def merchant_risk_for(version_config: dict[str, Any]) -> MerchantRiskConfig | None:
+    """The merchant-risk settings the model's merchant columns were computed with (its registry config), None for
+    a model without merchant columns: the replica then reads no ``merchant_risk`` row.
+    """
+    from fedfraud.training.merchant_risk.config import MerchantRiskConfig
+
+    raw = version_config.get("merchant_risk")
+    return MerchantRiskConfig.model_validate(raw) if isinstance(raw, dict) else None
+
+
 _LEN = struct.Struct("<I")
 
 
@@ -131,8 +150,10 @@ class FraudStage:
         scores_topic: str | None = None,
         clock: StageClock | None = None,
         reasons_for: str = "fraud",
+        risk: MerchantRiskConfig | None = None,
     ) -> None:
         self.kv = kv
+        self.risk = risk  # the merchant-risk columns the row ends with (None: the row has none)
         self.model = model
         self.model_tag = model_tag
         self.fraud_cfg = fraud_cfg
@@ -163,13 +184,20 @@ class FraudStage:
         """Where each of ``model.input_names`` sits in the row this stage builds (the model's own feature list)."""
         from fedfraud.training.fraud.features import feature_names
 
-        names = feature_names(self.row_cfg)
+        names = self.row_names = feature_names(self.row_cfg) + self._merchant_names()
         missing = [n for n in model.input_names if n not in names]
         if missing:
             raise ValueError(
                 f"fraud model expects features {missing} that the serving config does not give (it gives {list(names)})"
             )
         return np.asarray([names.index(n) for n in model.input_names], dtype=np.int64)
+
+    def _merchant_names(self) -> tuple[str, ...]:
+        if self.risk is None:
+            return ()
+        from fedfraud.training.merchant_risk.features import merchant_names
+
+        return merchant_names(self.risk)
 
     def swap(self, model: FraudModel, tag: str) -> None:
         """Use ``model`` from the next micro-batch on (callers swap between batches)."""
@@ -225,6 +253,11 @@ class FraudStage:
         shadow_out: list[dict[str, Any]] = []
         if fresh_rows:
             full = np.stack(features)
+            if self.risk is not None:  # the merchant's risk row, read with the states (training's columns)
+                from fedfraud.training.merchant_risk.features import row_columns
+
+                rows = scored.merchant_risk or [None] * len(scored)
+                full = np.hstack([full, row_columns([rows[i] for i in fresh_rows], self.risk)])
             X = full[:, columns]  # the champion's own feature list
             with clock.section("fraud.model"):
                 decisions = model.predict_batch(X, top_k=self.top_k, reasons_for=self.reasons_for)
@@ -265,10 +298,10 @@ class FraudStage:
         """The challenger's score of each fresh row, with the champion's beside it (``shadow-scores`` records).
 
         ``X``: the full rows the stage built. The challenger reads its own columns of them, with its anomaly
-        score in the last column (the AS is the only model-made input) and the category-transition surprise from
-        its own table.
+        score in its ``anomaly_score`` column (the AS is the only model-made input) and the category-transition
+        surprise from its own table.
         """
-        from fedfraud.training.fraud.features import with_transitions
+        from fedfraud.training.fraud.features import ANOMALY_FEATURE, with_transitions
 
         assert self.shadow is not None
         challenger, c_tag = self.shadow
@@ -277,7 +310,7 @@ class FraudStage:
         Xs = X[:, self._shadow_columns]  # a copy
         if challenger.transitions != self.model.transitions:
             Xs = with_transitions(Xs, challenger.input_names, challenger.transitions)
-        Xs[:, -1] = np.asarray(as_rows, dtype=np.float32)[rows]
+        Xs[:, challenger.input_names.index(ANOMALY_FEATURE)] = np.asarray(as_rows, dtype=np.float32)[rows]
         c_scores = challenger.scores(Xs)
         out = []
         for k, i in enumerate(rows):

@@ -41,7 +41,7 @@ class HotPath:
         from fedfraud.feature_store.online import OnlineStateClient
         from fedfraud.feature_store.privacy import PrivateFeaturizer
         from fedfraud.serving.anomaly_stage import AnomalyStage
-        from fedfraud.serving.fraud_stage import FraudStage, fraud_config_for, load_fraud_model
+        from fedfraud.serving.fraud_stage import FraudStage, fraud_config_for, load_fraud_model, merchant_risk_for
         from fedfraud.serving.kafka import make_producer
         from fedfraud.serving.kvstore import open_kv
         from fedfraud.training.registry import ModelRegistry
@@ -60,18 +60,19 @@ class HotPath:
         featurizer = PrivateFeaturizer.for_bank(cfg.encoder, cfg.privacy, s.bank_id)
         anomaly_model = self._load_anomaly(s.anomaly_version)
         self._check_features("anomaly", anomaly_model.tag)
-        self.anomaly = AnomalyStage(client, featurizer, kv, anomaly_model, s.bank_id,
-                                    cfg.features.location_cell_deg, cfg.egograph.dedupe_ring, self.clock,
-                                    max_nodes=s.max_nodes_per_batch)
         model, tag = self._load_fraud(s.fraud_version)
         self._check_features("fraud", tag)
         trained = self.registry.get("fraud", tag.rsplit(":v", 1)[-1]).config
         fraud_cfg = fraud_config_for(trained, cfg.fraud)
+        risk = merchant_risk_for(trained)
+        self.anomaly = AnomalyStage(client, featurizer, kv, anomaly_model, s.bank_id,
+                                    cfg.features.location_cell_deg, cfg.egograph.dedupe_ring, self.clock,
+                                    max_nodes=s.max_nodes_per_batch, risk_buckets=risk.buckets if risk else 0)
         producer = (make_producer(bootstrap_servers, s.producer, client_id="fedfraud-scorer", security=s.kafka_security)
                     if bootstrap_servers else None)
         self.fraud = FraudStage(kv, model, tag, fraud_cfg, cfg.encoder.dim, s.decision_ring,
                                 getattr(fraud_cfg, "top_reasons", 3), producer, s.topics.decisions,
-                                s.topics.anomaly_scores, self.clock, s.reasons_for)
+                                s.topics.anomaly_scores, self.clock, s.reasons_for, risk)
         self.fraud.shadow_topic = s.topics.shadow_scores if producer is not None else None
         self.retrain = cfg.retrain
         self.fraud.drift = self._drift_monitor(tag)

@@ -8,6 +8,7 @@ micro-batch's event-time order.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -38,6 +39,9 @@ class ScoredBatch:
     #: Fraud-stage state blobs by cardholder, read in the anomaly stage's round trip (``KVStore.get_tables``);
     #: the fraud stage reads a cardholder missing here itself.
     fraud_blobs: dict[str, bytes | None] = field(default_factory=dict)
+    #: Per row, the ``merchant_risk`` row of its merchant read in the same online read (None: no row); None when
+    #: the replica does not read merchant risk.
+    merchant_risk: list[dict[str, Any] | None] | None = None
 
     def __post_init__(self) -> None:
         n = len(self.transaction_id)

@@ -29,6 +29,12 @@ merchant = Entity(
     value_type=ValueType.STRING,
     description="keyed hash of the merchant id (federation key, 16 hex digits), never its name",
 )
+merchant_bucket = Entity(
+    name="merchant_bucket",
+    join_keys=["merchant_bucket"],
+    value_type=ValueType.INT64,
+    description="a merchant's keyed hash (federation key) modulo the merchant-risk domain, the same in every bank",
+)
 
 # ---------------------------------------------------------------- sources
 cardholder_source = FileSource(
@@ -45,8 +51,16 @@ merchant_source = FileSource(
     created_timestamp_column="created",
     description="one row per transaction: the noised location embedding of the merchant seen by that bank",
 )
+merchant_risk_source = FileSource(
+    name="merchant_risk_releases",
+    path="data/merchant_risk.parquet",
+    timestamp_field="event_timestamp",
+    created_timestamp_column="created",
+    description="one row per bank, bucket and daily release: the bank's own counts and the federation's release",
+)
 cardholder_push = PushSource(name="cardholder_push", batch_source=cardholder_source)
 merchant_push = PushSource(name="merchant_push", batch_source=merchant_source)
+merchant_risk_push = PushSource(name="merchant_risk_push", batch_source=merchant_risk_source)
 
 # ---------------------------------------------------------------- feature views
 cardholder_ego_state = FeatureView(
@@ -114,6 +128,23 @@ merchant_location = FeatureView(
     online=True,
     tags={"owner": "feature_store", "privacy": "ldp-noised"},
 )
+merchant_risk = FeatureView(
+    name="merchant_risk",
+    entities=[bank, merchant_bucket],
+    ttl=timedelta(0),
+    schema=[
+        Field(name="bank", dtype=Int64),
+        Field(name="merchant_bucket", dtype=Int64),
+        Field(name="release_day", dtype=Int64, description="UTC day index of the release; read by day + 1"),
+        Field(name="merchant_bank", dtype=Array(Float32),
+              description="the bank's own counts and rates per window (merchant_bank_* features, never shared)"),
+        Field(name="merchant_fed", dtype=Array(Float32),
+              description="the federation's private release, averaged over the latest releases (merchant_fed_*)"),
+    ],
+    source=merchant_risk_push,
+    online=True,
+    tags={"owner": "merchant_risk", "privacy": "bank-internal + DP release (SecAgg+, Skellam)"},
+)
 
 # ---------------------------------------------------------------- services (versioned)
 anomaly_scoring_v1 = FeatureService(
@@ -125,4 +156,9 @@ fraud_scoring_v1 = FeatureService(
     name="fraud_scoring_v1",
     features=[cardholder_activity, cardholder_ego_state[["q_t"]], merchant_location],
     description="what the fraud model reads: activity, last graph embedding, merchant location",
+)
+fraud_scoring_v2 = FeatureService(
+    name="fraud_scoring_v2",
+    features=[cardholder_activity, cardholder_ego_state[["q_t"]], merchant_location, merchant_risk],
+    description="fraud_scoring_v1 and the merchant-risk release (federated compromised-merchant signal)",
 )

@@ -115,9 +115,19 @@ def serving(
         int, typer.Option("--backlog", min=100, help="transactions replayed at once for throughput")
     ] = 3000,
     seconds: Annotated[float, typer.Option("--seconds", min=1, help="duration of each offered load")] = 8.0,
+    merchant_risk_ab: Annotated[
+        bool, typer.Option("--merchant-risk-ab", help="instead: p50/p99 at 250 and 1,000 tx/s without and with the "
+                           "merchant-risk read, alternated in one run")
+    ] = False,
+    rounds: Annotated[int, typer.Option("--rounds", min=1, help="A/B rounds (with --merchant-risk-ab)")] = 2,
     out: OutOption = None,
 ) -> None:
     """End-to-end streaming: ceiling, max sustained tx/s, p50/p99/p99.9 at 250/500/1,000/2,000 tx/s offered."""
+    if merchant_risk_ab:
+        from fedfraud.bench.merchant_ab import run_merchant_risk_ab
+
+        emit(run_merchant_risk_ab(config_of(ctx), rounds=rounds, seconds=seconds).to_markdown(), out)
+        return
     from fedfraud.bench.serving import run_serving_bench
 
     result = run_serving_bench(registry, backlog, seconds=seconds, config=config_of(ctx))

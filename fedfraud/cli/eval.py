@@ -71,6 +71,18 @@ def stacking(
     emit(report.to_markdown(), out)
 
 
+def _days(text: str | None, flag: str) -> tuple[int, ...] | None:
+    """``"10,21"`` → ``(10, 21)``; a one-line error for anything else."""
+    from fedfraud.errors import UserError
+
+    if text is None:
+        return None
+    try:
+        return tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise UserError(f"{flag} {text!r}: expected whole days separated by commas, e.g. 10,21") from None
+
+
 @eval_app.command("backtest")
 def backtest(
     ctx: typer.Context,
@@ -89,15 +101,29 @@ def backtest(
         str | None, typer.Option("--until", help="UTC date: stop the replay before it (a validation period)")
     ] = None,
     window_days: Annotated[
-        str, typer.Option("--window-days", help="merchant statistics windows W in days, e.g. 10,21 (short, long)")
-    ] = "10,21",
-    cpp_days: Annotated[int, typer.Option("--cpp-days", min=1, help="common-point-of-purchase horizon N")] = 7,
+        str | None, typer.Option("--window-days", help="the bank's own statistics' windows in days, e.g. 10,21")
+    ] = None,
+    cpp_days: Annotated[
+        int | None, typer.Option("--cpp-days", min=1, help="common-point-of-purchase horizon N")
+    ] = None,
     max_merchants: Annotated[
-        int, typer.Option("--max-merchants", min=1, help="k: merchants one cardholder adds to per window")
-    ] = 10,
+        int | None, typer.Option("--max-merchants", min=1, help="k: merchants one cardholder adds to per window")
+    ] = None,
     per_merchant_cap: Annotated[
-        int, typer.Option("--per-merchant-cap", min=1, help="most one cardholder adds to one merchant's count")
-    ] = 1,
+        int | None, typer.Option("--per-merchant-cap", min=1, help="most one cardholder adds to one merchant's count")
+    ] = None,
+    released_stats: Annotated[
+        str | None, typer.Option("--released-stats", help="statistics the release carries, e.g. frauds,sole_frauds")
+    ] = None,
+    release_window_days: Annotated[
+        str | None, typer.Option("--release-window-days", help="the release's windows in days, e.g. 21")
+    ] = None,
+    release_max_merchants: Annotated[
+        int | None, typer.Option("--release-max-merchants", min=1, help="k_f: release buckets per cardholder")
+    ] = None,
+    release_average: Annotated[
+        int | None, typer.Option("--release-average", min=1, help="fed features average the last N releases")
+    ] = None,
     trainer: Annotated[
         str, typer.Option("--fl-trainer", help="hist (histogram federation) or central (pooled stand-in, faster)")
     ] = "hist",
@@ -116,13 +142,11 @@ def backtest(
     from contextlib import ExitStack
 
     import pandas as pd
-    from pydantic import ValidationError
 
     from fedfraud.bench.detection import load_scenarios
     from fedfraud.cli.common import readable_file
     from fedfraud.errors import UserError
     from fedfraud.training.merchant_risk.backtest import PrivateRelease, backtest_frames, load_bank_frames
-    from fedfraud.training.merchant_risk.config import MerchantRiskConfig
 
     if trainer not in ("hist", "central"):
         raise UserError(f"--fl-trainer {trainer!r}: choose hist or central")
@@ -135,20 +159,19 @@ def backtest(
     readable_file(csv)
     mapping = load_scenarios(readable_file(scenarios)) if scenarios is not None else None
     cfg = update_section(config_of(ctx, needs_secret=True), "ingest", format=fmt, banks=banks)
-    try:
-        risk = MerchantRiskConfig(window_days=tuple(int(part) for part in window_days.split(",")),
-                                  label_delay_days=labels_delay_days, cpp_days=cpp_days, max_merchants=max_merchants,
-                                  per_merchant_cap=per_merchant_cap)
-    except ValidationError as err:
-        raise UserError(f"invalid merchant-risk option: {err.errors()[0]['msg']}") from None
-    except ValueError:
-        raise UserError(f"--window-days {window_days!r}: expected whole days separated by commas, e.g. 10,21") from None
+    cfg = update_section(
+        cfg, "merchant_risk", label_delay_days=labels_delay_days, cpp_days=cpp_days, max_merchants=max_merchants,
+        per_merchant_cap=per_merchant_cap, release_max_merchants=release_max_merchants,
+        release_average=release_average, window_days=_days(window_days, "--window-days"),
+        release_window_days=_days(release_window_days, "--release-window-days"),
+        released_stats=None if released_stats is None else tuple(s.strip() for s in released_stats.split(",")))
+    risk = cfg.merchant_risk
     with ExitStack() as stack:
         frames = load_bank_frames(csv, cfg.ingest, stack)
         if len(frames) < 2:
             raise UserError(f"{csv} split into {len(frames)} bank; the federated variants need at least 2 (--banks)")
         try:
-            private = tuple(PrivateRelease.calibrated(e, risk, len(frames), seed=noise_seed)
+            private = tuple(PrivateRelease.calibrated(e, risk, len(frames), cfg.merchant_noise, seed=noise_seed)
                             for e in dict.fromkeys(epsilon or ()))
         except ValueError as err:
             raise UserError(f"--epsilon: {err}") from None

@@ -119,6 +119,43 @@ def get(
             typer.echo(f"  {name}: [{head}, ...] (dim {len(vec)})")
 
 
+@features_app.command("merchant-risk")
+def merchant_risk(
+    ctx: typer.Context,
+    data: Annotated[Path, typer.Option("--data", help="dataset folder with bank_<k>/transactions.parquet")],
+    day: Annotated[
+        str | None, typer.Option("--day", help="UTC release day, e.g. 2022-06-30 (default: the data's last day)")
+    ] = None,
+    top: Annotated[int, typer.Option("--top", min=0, help="flagged merchants to print")] = 10,
+    store_name: StoreOption = None,
+    repo: RepoOption = None,
+) -> None:
+    """Make the day's private merchant-risk release and write every bank's `merchant_risk` rows (the daily job)."""
+    import pandas as pd
+
+    from fedfraud.errors import UserError
+    from fedfraud.feature_store.online import OnlineStateClient
+    from fedfraud.training.merchant_risk.publish import publish_release
+
+    cfg = config_of(ctx, needs_secret=True)
+    if day is not None:
+        try:
+            pd.Timestamp(day)
+        except ValueError:
+            raise UserError(f"--day {day!r}: expected a date, e.g. 2022-06-30") from None
+    client = OnlineStateClient.open(cfg.features, cfg.egograph, repo, store_name)
+    try:
+        done = publish_release(cfg, existing_dir(data, "data directory"), client, day, top=top)
+    except ValueError as err:
+        raise UserError(str(err)) from None
+    card = done.card
+    typer.echo(f"merchant_risk release {done.date}: rows per bank {done.rows}; per cardholder "
+               f"(ε, δ) = ({card['epsilon_per_release']}, {card['delta']}) per release, "
+               f"ε = {card['epsilon_period']} over {card['period_days']} daily releases")
+    if top and not done.flagged.empty:
+        typer.echo(done.flagged.head(top).to_string(index=False))
+
+
 def register(app: typer.Typer) -> None:
     """Attach the ``features`` group to the root CLI."""
     app.add_typer(features_app, name="features")

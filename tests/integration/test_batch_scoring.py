@@ -137,3 +137,45 @@ def test_score_cli_errors_are_one_line(published, tmp_path, capsys, args, messag
     code = main(base + [str(tmp_path / a) if a.startswith(("scores", "no-such")) else a for a in args])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and message in err[0]
+
+
+def test_batch_scoring_gives_a_merchant_risk_model_the_columns_it_was_trained_on(published, tmp_path) -> None:
+    """A fraud model trained with merchant-risk columns: `fedfraud score` replays the releases over the scored
+    data and appends them, so its scores are the model's on the training columns (clear release: exact)."""
+    import shutil
+
+    from fedfraud.feature_store.privacy import PrivateFeaturizer
+    from fedfraud.serving.batch import score_path
+    from fedfraud.training.fraud.config import FraudConfig
+    from fedfraud.training.fraud.features import build_features
+    from fedfraud.training.fraud.train import train_local
+    from fedfraud.training.merchant_risk.config import MerchantNoiseConfig
+    from fedfraud.training.merchant_risk.features import dataset_columns, with_merchant_columns
+
+    data, source = published
+    registry = tmp_path / "registry"
+    shutil.copytree(source, registry)
+    fcfg = FraudConfig(num_boost_round=10, max_depth=3, nthread=1)
+    risk = CFG.merchant_risk.model_copy(update={"buckets": 1024, "label_delay_days": 2})
+    clear = MerchantNoiseConfig(noise_multiplier=0.0)
+    merchant = dataset_columns(data, CFG.encoder, CFG.privacy, risk, clear)
+    frame = read_bank(data, 0)
+    private = PrivateFeaturizer.for_bank(CFG.encoder, CFG.privacy, 0).transform(frame)
+    feats = with_merchant_columns(build_features(frame, private, fcfg), merchant[0], risk)
+    model = train_local(feats, False, fcfg, 0)
+    version = model.publish(ModelRegistry(registry), config={
+        "fraud": fcfg.model_dump(), "merchant_risk": risk.model_dump(mode="json"),
+        "merchant_noise": clear.model_dump(mode="json")}, metrics={})
+    ModelRegistry(registry).promote("fraud", version.tag.rsplit(":v", 1)[-1], actor="test",
+                                    reason="merchant-risk model")
+
+    out = tmp_path / "scores.parquet"
+    score_path(data, registry, out, progress=False)
+    batch = pd.read_parquet(out)
+    mine = batch[batch["bank"] == 0].set_index("transaction_id")
+    anomaly = mine.loc[frame["transaction_id"].astype(str), "anomaly_score"].to_numpy()
+    expected = model.scores(with_merchant_columns(build_features(frame, private, fcfg, anomaly), merchant[0],
+                                                  risk).X)
+    got = mine.loc[frame["transaction_id"].astype(str), "fraud_score"].to_numpy()
+    np.testing.assert_allclose(got, expected, rtol=0, atol=1e-6)
+    assert np.nanstd(merchant[0][:, 0]) > 0  # the columns carry something (the test is not vacuous)

@@ -25,16 +25,17 @@ from fedfraud.training.data.synthetic import generate_dataset
 from fedfraud.training.federated.deployment import Federation, generate_federation_files, run_app
 from fedfraud.training.merchant_risk.config import MerchantNoiseConfig, MerchantRiskConfig
 from fedfraud.training.merchant_risk.dp import skellam_share
-from fedfraud.training.merchant_risk.release import plan_release, save_bank_vector
+from fedfraud.training.merchant_risk.release import plan_release, save_release_vector
 from fedfraud.training.merchant_risk.release_app import NOISE_SEED_KEY, read_audit
-from fedfraud.training.merchant_risk.stats import DAY_S, BankActivity, bank_vector
+from fedfraud.training.merchant_risk.stats import DAY_S, BankActivity, release_vector
 from tests.unit.test_merchant_release import assert_server_saw_only_masks
 
 pytestmark = [pytest.mark.integration, pytest.mark.long]
 
 ROOT = Path(__file__).resolve().parents[2]
 BANKS = [0, 1, 2]
-RISK = MerchantRiskConfig(window_days=(7, 14), label_delay_days=2, cpp_days=5, max_merchants=4, buckets=256)
+RISK = MerchantRiskConfig(window_days=(7, 14), label_delay_days=2, cpp_days=5, max_merchants=4, buckets=256,
+                          released_stats=("labelled", "frauds"), release_window_days=(7, 14), release_max_merchants=2)
 NOISE = MerchantNoiseConfig(noise_multiplier=3.0)
 
 
@@ -57,7 +58,7 @@ def _bank_vectors(data: Path) -> tuple[int, dict[int, np.ndarray]]:
         merchant = PrivateFeaturizer.for_bank(EncoderConfig(), PrivacyConfig(), b).merchant_hash(frame["merchant_id"])
         activity = BankActivity.of(frame["cardholder_id"], merchant, timestamps_us(frame["timestamp"]) // 1_000_000,
                                    frame["is_fraud"].astype("float32").to_numpy(), RISK.buckets)
-        vectors[b] = bank_vector(activity, day, RISK)
+        vectors[b] = release_vector(activity, day, RISK)
     return day, vectors
 
 
@@ -69,7 +70,7 @@ def released(tmp_path_factory):
                      raw_csv=False, progress=False)
     day, vectors = _bank_vectors(data)
     for b, v in vectors.items():
-        save_bank_vector(data / f"bank_{b}", day, v, RISK)
+        save_release_vector(data / f"bank_{b}", day, v, RISK)
     files = generate_federation_files(root / "federation", banks=len(BANKS))
     out, audit = root / "out", root / "audit"
     with _SeededFederation(files, data, BANKS, cache=False) as fed:

@@ -31,8 +31,9 @@ def frame() -> pd.DataFrame:
 
 
 def _stream(stage: FraudStage, kv: SqliteKV, frame: pd.DataFrame, anomaly: np.ndarray, rows: np.ndarray | None = None,
-            batch: int = 7) -> tuple[np.ndarray, np.ndarray]:
-    """Feed ``frame`` (``rows`` of it) in arrival order, ``batch`` rows per micro-batch.
+            batch: int = 7, risk_rows: list | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Feed ``frame`` (``rows`` of it) in arrival order, ``batch`` rows per micro-batch; ``risk_rows``: per row of
+    ``frame``, the ``merchant_risk`` row the replica's online read returned.
 
     Returns the feature rows the champion saw and the challenger's shadow scores, in frame order (NaN elsewhere).
     """
@@ -62,6 +63,8 @@ def _stream(stage: FraudStage, kv: SqliteKV, frame: pd.DataFrame, anomaly: np.nd
             private.time, anomaly[idx], np.zeros(len(idx), dtype=bool), np.zeros(len(idx), dtype=np.int64),
             "anomaly:v1",
         )
+        if risk_rows is not None:
+            scored.merchant_risk = [risk_rows[i] for i in idx]
         decided = stage.decide(scored)
         kv.put_many("fraud", decided.writes)  # what the hot path writes between micro-batches
         out[idx] = seen.pop()
@@ -123,3 +126,33 @@ def test_a_model_trained_before_the_previous_transaction_features_still_scores(f
     rest = np.setdiff1d(np.arange(len(frame)), first)
     online, _ = _stream(stage, kv, frame, np.full(len(frame), np.nan), rows=rest)
     assert np.array_equal(online[rest], new_feats.X[rest], equal_nan=True)
+
+
+def test_merchant_risk_rows_read_online_give_the_training_columns_and_the_shadow_keeps_its_anomaly_score(frame,
+                                                                                                        tmp_path):
+    from fedfraud.training.merchant_risk.config import MerchantRiskConfig
+    from fedfraud.training.merchant_risk.features import merchant_names, with_merchant_columns
+
+    risk = MerchantRiskConfig(buckets=64)
+    rng = np.random.default_rng(3)
+    n_own, width = len(merchant_names(risk)) - 1, len(merchant_names(risk))
+    cols = rng.random((len(frame), width)).astype(np.float32)
+    cols[rng.random(len(frame)) < 0.3] = np.nan  # rows whose merchant has no risk row: NaN rates, zero counts
+    rows = [None if np.isnan(c).all() else {"release_day": 1, "merchant_bank": c[:n_own], "merchant_fed": c[n_own:]}
+            for c in cols]
+    from fedfraud.training.merchant_risk.features import row_columns
+
+    trained_cols = row_columns(rows, risk)  # what training computes for a bucket with, or without, a row
+    anomaly = rng.random(len(frame))
+    feats = with_merchant_columns(_features(frame, CFG, anomaly), trained_cols, risk)
+    model = train_local(feats, True, CFG, 0)
+    assert set(merchant_names(risk)) <= set(model.input_names)
+    challenger = train_local(feats, True, CFG.model_copy(update={"seed": 8, "num_boost_round": 5}), 0)
+    kv = SqliteKV(tmp_path / "kv.sqlite")
+    stage = FraudStage(kv, model, "fraud:v1", fraud_config_for({"fraud": CFG.model_dump()}, None), ENC.dim, ring=4,
+                       risk=risk)
+    stage.set_shadow((challenger, "fraud:v2"))
+    online, shadow = _stream(stage, kv, frame, anomaly, risk_rows=rows)
+    assert np.array_equal(online, feats.X, equal_nan=True)
+    # the challenger's anomaly score goes to its anomaly_score column, not onto the last merchant column
+    np.testing.assert_allclose(shadow, challenger.scores(feats.X), rtol=0, atol=1e-6)

@@ -40,20 +40,22 @@ from fedfraud.training.merchant_risk.release import (
     ReleasePlan,
     decode_sum,
     encode_share,
-    load_bank_vector,
+    load_release_vector,
     plan_release,
     private_release,
-    save_bank_vector,
+    save_release_vector,
 )
-from fedfraud.training.merchant_risk.stats import DAY_S, STATS, BankActivity, bank_vector, federation_release
+from fedfraud.training.merchant_risk.stats import DAY_S, STATS, BankActivity, federation_release, release_vector
 
 ROOT = Path(__file__).resolve().parents[2]
-RISK = MerchantRiskConfig(window_days=(4, 9), label_delay_days=3, cpp_days=4, max_merchants=3, buckets=64)
+#: A rich release (every statistic, 3 buckets per cardholder): L2 √32, so the accountant's discrete term shows.
+RISK = MerchantRiskConfig(window_days=(4, 9), label_delay_days=3, cpp_days=4, max_merchants=3, buckets=64,
+                          released_stats=STATS, release_window_days=(4, 9), release_max_merchants=3)
 DAY0 = 19_000
 
 
 def _vectors(n_banks: int = 3, seed: int = 0, day: int = DAY0 + 12) -> list[np.ndarray]:
-    """Real bank vectors (stats.bank_vector) of random activity, one cardholder per bank."""
+    """Real release vectors (stats.release_vector) of random activity, one cardholder per bank."""
     rng = np.random.default_rng(seed)
     out = []
     for b in range(n_banks):
@@ -64,7 +66,7 @@ def _vectors(n_banks: int = 3, seed: int = 0, day: int = DAY0 + 12) -> list[np.n
                               "label": (rng.random(n) < 0.15).astype(np.float32)})
         activity = BankActivity.of(frame["holder"], frame["merchant"].to_numpy(), frame["ts"].to_numpy(),
                                    frame["label"].to_numpy(), RISK.buckets)
-        out.append(bank_vector(activity, day, RISK))
+        out.append(release_vector(activity, day, RISK))
     return out
 
 
@@ -83,11 +85,11 @@ def test_l2_sensitivity_bounds_one_cardholder_and_is_at_most_l1():
         def vec(frame: pd.DataFrame, c: MerchantRiskConfig = cfg) -> np.ndarray:
             act = BankActivity.of(frame["holder"], frame["merchant"].to_numpy(), frame["ts"].to_numpy(),
                                   frame["label"].to_numpy(), c.buckets)
-            return bank_vector(act, DAY0 + 9, c)
+            return release_vector(act, DAY0 + 9, c)
 
         diff = vec(pd.concat([others, heavy], ignore_index=True)) - vec(others)
         assert 0 < np.sqrt((diff.astype(float) ** 2).sum()) <= cfg.sensitivity_l2() <= cfg.sensitivity_l1()
-    assert MerchantRiskConfig().sensitivity_l2() == pytest.approx(math.sqrt(2 * (10 * 5 + 1)))
+    assert RISK.sensitivity_l2() == pytest.approx(math.sqrt(2 * (3 * 5 + 1)))
 
 
 def test_noise_shares_of_the_survivors_sum_to_the_target_variance():
@@ -191,12 +193,12 @@ def test_the_field_clips_wraps_and_refuses_overflow():
 
 def test_a_stored_vector_must_match_the_release_settings(tmp_path):
     v = _vectors(1)[0]
-    save_bank_vector(tmp_path, DAY0, v, RISK)
-    np.testing.assert_array_equal(load_bank_vector(tmp_path, DAY0, RISK), v)
+    save_release_vector(tmp_path, DAY0, v, RISK)
+    np.testing.assert_array_equal(load_release_vector(tmp_path, DAY0, RISK), v)
     with pytest.raises(ValueError, match="computed under"):
-        load_bank_vector(tmp_path, DAY0, RISK.model_copy(update={"max_merchants": 4}))
+        load_release_vector(tmp_path, DAY0, RISK.model_copy(update={"max_merchants": 4}))
     with pytest.raises(FileNotFoundError):
-        load_bank_vector(tmp_path, DAY0 + 1, RISK)
+        load_release_vector(tmp_path, DAY0 + 1, RISK)
 
 
 def test_the_app_bundle_carries_the_default_run_config():
@@ -294,7 +296,7 @@ def test_secagg_release_in_process_is_exact_and_the_server_sees_only_masks(tmp_p
                   "merchant-noise": noise.model_dump_json(), "out-dir": str(tmp_path / "out"),
                   "audit-dir": str(tmp_path / "audit"), "timeout-s": 60.0}
     for b, v in enumerate(vectors):
-        save_bank_vector(tmp_path / f"bank_{b}", DAY0, v, RISK)
+        save_release_vector(tmp_path / f"bank_{b}", DAY0, v, RISK)
         node = 9000 + 17 * b
         contexts[node] = Context(7, node, {"data-dir": str(tmp_path / f"bank_{b}"), release_app.NOISE_SEED_KEY: b},
                                  RecordDict(), run_config)

@@ -24,6 +24,10 @@ class FraudConfig(BaseModel):
         True, description="the previous transaction's category, −log P(category | previous category) from the bank's "
         "training rows, and amount / previous amount in the feature row (a model trained before they existed has "
         "no such key in its registry config and is served without them)")
+    merchant_risk_features: bool = Field(
+        True, description="the merchant-risk columns (the bank's own merchant label statistics and the federation's "
+        "private daily release, `merchant_risk` settings) in the feature row; the replica then reads each "
+        "merchant's `merchant_risk` row with the cardholder states")
 
     # -- XGBoost
     num_boost_round: int = Field(200, ge=1, description="trees of the local and centralized models")

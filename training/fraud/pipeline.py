@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from contextlib import ExitStack
@@ -40,6 +41,12 @@ def load_fraud_banks(cfg: FedfraudConfig, data: Path, registry: Path, anomaly_ve
     tag = scorer.tag
     root = stack.enter_context(materialize(data, cfg.ingest))
     banks = dataset_features(root, cfg.fraud, cfg.encoder, cfg.privacy, scorer, require_labels=require_labels)
+    if cfg.fraud.merchant_risk_features:
+        from fedfraud.training.merchant_risk.features import dataset_columns, with_merchant_columns
+
+        encoder = getattr(scorer, "encoder_cfg", cfg.encoder)
+        merchant = dataset_columns(root, encoder, cfg.privacy, cfg.merchant_risk, cfg.merchant_noise)
+        banks = {b: with_merchant_columns(f, merchant[b], cfg.merchant_risk) for b, f in banks.items()}
     rows = sum(len(b) for b in banks.values())
     col = next(iter(banks.values())).names.index(ANOMALY_FEATURE)
     info: dict[str, Any] = {
@@ -181,9 +188,28 @@ def _drift_reference(model: Any, banks: dict[int, FraudFeatures], bank: int, roo
     return DriftReference.from_matrix([*held_out.names, "fraud_score"], X)
 
 
+def _scenario_metrics(test: FraudFeatures, bank: np.ndarray, scores: np.ndarray, labels_root: Path
+                      ) -> dict[str, float]:
+    """Test ROC-AUC of each fraud scenario's frauds against every legitimate test row (the generator's labels)."""
+    from fedfraud.bench.detection import scenario_aucs, scenario_column
+
+    rows = pd.DataFrame({"bank": bank, "transaction_id": test.transaction_id.astype(str), "is_fraud": test.label,
+                         "fraud_score": scores})
+    scenario = scenario_column(rows, labels_root, None)
+    if scenario is None:
+        return {}
+    aucs = scenario_aucs(rows, ["fraud_score"], scenario)
+    return {f"test_roc_auc_{name}": v["fraud_score"] for name, v in aucs.items()}
+
+
 def train_and_publish(cfg: FedfraudConfig, data: Path, out: Path, bank: int = 0,
-                      anomaly_version: str = "latest") -> tuple[ModelVersion, dict[str, Any]]:
-    """``fedfraud train fraud``: train ``cfg.fraud.variant`` and publish it as kind ``fraud`` under ``out``."""
+                      anomaly_version: str = "latest", labels_root: Path | None = None
+                      ) -> tuple[ModelVersion, dict[str, Any]]:
+    """``fedfraud train fraud``: train ``cfg.fraud.variant`` and publish it as kind ``fraud`` under ``out``.
+
+    ``labels_root``: a generated dataset whose ``labels.parquet`` names each fraud's scenario; the card then
+    carries the test ROC-AUC per scenario (``test_roc_auc_<scenario>``).
+    """
     with ExitStack() as stack:
         banks, info = load_fraud_banks(cfg, data, out, anomaly_version, stack, require_labels=True)
         model = _train_variant(cfg, banks, bank)
@@ -194,14 +220,33 @@ def train_and_publish(cfg: FedfraudConfig, data: Path, out: Path, bank: int = 0,
 
             raise UserError(f"--bank {bank} is not in the data (banks: {sorted(banks)}): the fraud model ships that "
                             "bank's category-transition table, fitted on its training rows")
-        tests = [b.of_split("test") for b in (banks.values() if cfg.fraud.variant != "local" else [banks[bank]])]
+        scored_banks = sorted(banks) if cfg.fraud.variant != "local" else [bank]
+        tests = [banks[b].of_split("test") for b in scored_banks]
         test = FraudFeatures.concat(tests)
-        m = classification_metrics(test.label, model.scores(test.X), model.threshold, cfg.fraud.fpr_target)
+        test_scores = model.scores(test.X)
+        m = classification_metrics(test.label, test_scores, model.threshold, cfg.fraud.fpr_target)
         metrics: dict[str, Any] = {
             "test_f1": m.f1, "test_pr_auc": m.pr_auc, "test_recall_at_fpr": m.recall_at_fpr,
             "test_precision": m.precision, "test_recall": m.recall, "test_rows": m.n, "test_frauds": m.n_pos,
             "valid_f1": float(model.meta.get("valid_f1", float("nan"))), "threshold": model.threshold,
         }
+        if labels_root is not None:
+            bank_of = np.repeat(scored_banks, [len(t) for t in tests])
+            metrics.update(_scenario_metrics(test, bank_of, test_scores, labels_root))
+            if cfg.fraud.merchant_risk_features:  # the ablation: what the merchant columns add, same rows
+                from fedfraud.training.fraud.train import train_centralized
+                from fedfraud.training.merchant_risk.features import merchant_names
+
+                drop = set(merchant_names(cfg.merchant_risk))
+                keep = [i for i, n in enumerate(test.names) if n not in drop]
+                strip = {b: dataclasses.replace(f, X=f.X[:, keep], names=tuple(f.names[i] for i in keep))
+                         for b, f in banks.items()}
+                for name, mdl in (("central", train_centralized(banks, cfg.fraud.use_anomaly_score, cfg.fraud)),
+                                  ("central_without_merchant_risk",
+                                   train_centralized(strip, cfg.fraud.use_anomaly_score, cfg.fraud))):
+                    cols = keep if name.endswith("merchant_risk") else list(range(len(test.names)))
+                    part = _scenario_metrics(test, bank_of, mdl.scores(test.X[:, cols]), labels_root)
+                    metrics.update({f"{k}_{name}": v for k, v in part.items()})
         ldp = feature_ldp_card(cfg.privacy)
         privacy = {
             "inputs": f"noised L'/T' ({str(ldp['mechanism']).split(':', 1)[0]} mechanism, feature_ldp) + the bank's "
@@ -214,6 +259,10 @@ def train_and_publish(cfg: FedfraudConfig, data: Path, out: Path, bank: int = 0,
                 "federated-bagging: XGBoost trees and validation score histograms; never rows"
             ),
         }
+        if cfg.fraud.merchant_risk_features:
+            from fedfraud.training.merchant_risk.release import release_privacy_card
+
+            privacy["merchant_risk_release"] = release_privacy_card(cfg.merchant_risk, cfg.merchant_noise, len(banks))
         if cfg.fraud.variant != "local" and bank in banks:
             # the bank's-eye figure: what joining the federation buys this bank on its own test cardholders
             from fedfraud.training.fraud.train import train_local
@@ -228,6 +277,9 @@ def train_and_publish(cfg: FedfraudConfig, data: Path, out: Path, bank: int = 0,
                 metrics[f"bank{bank}_test_frauds"] = int(own.label.sum())
         config = {"fraud": cfg.fraud.model_dump(), "encoder": cfg.encoder.model_dump(),
                   "anomaly_model": info["anomaly_model"], "data": info["data"], "banks": sorted(banks)}
+        if cfg.fraud.merchant_risk_features:  # serving reads the same columns (serving.fraud_stage.merchant_risk_for)
+            config["merchant_risk"] = cfg.merchant_risk.model_dump(mode="json")
+            config["merchant_noise"] = cfg.merchant_noise.model_dump(mode="json")
         reference = _drift_reference(model, banks, bank, info["root"], cfg.retrain.drift_reference_days)
         files = {DRIFT_FILE: json.dumps(reference.to_json()).encode()}
         version = model.publish(ModelRegistry(out), config=config, metrics=metrics, privacy=privacy, files=files)

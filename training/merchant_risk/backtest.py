@@ -13,7 +13,8 @@ Variants, all scored on every transaction from ``--train-until`` on:
   anomaly model) or, with ``trainer="central"``, the centralized fit on the union of the banks' training
   rows as its stand-in;
 * ``fl+merchant-bank``: ``fl`` plus merchant statistics from the bank's own vector only;
-* ``fl+merchant-fed``: ``fl`` plus the federation's release (the sum over banks);
+* ``fl+merchant-fed``: ``fl+merchant-bank`` plus the federation's release (the sum over banks), as serving reads
+  both;
 * ``fl+merchant-fed ε=E`` (one per :class:`PrivateRelease`): ``fl+merchant-fed`` with every daily release, of the
   training period and of the replay, replaced by the private release
   (:func:`fedfraud.training.merchant_risk.release.private_release`: each bank's Skellam share, summed as SecAgg+
@@ -57,18 +58,15 @@ from fedfraud.training.fraud.dataset import fraud_split
 from fedfraud.training.fraud.features import FraudFeatures, build_features, fit_transitions
 from fedfraud.training.fraud.model import FraudModel
 from fedfraud.training.merchant_risk.config import MerchantNoiseConfig, MerchantRiskConfig
+from fedfraud.training.merchant_risk.features import with_merchant_columns
 from fedfraud.training.merchant_risk.release import ReleasePlan, plan_release, private_release
 from fedfraud.training.merchant_risk.stats import (
     DAY_S,
-    RATES,
-    STATS,
     BankActivity,
-    MerchantColumns,
     ReleaseHook,
-    bank_vector,
+    bank_feature_names,
     daily_merchant_features,
-    merchant_feature_names,
-    risk_columns,
+    release_feature_names,
 )
 
 __all__ = [
@@ -84,7 +82,6 @@ __all__ = [
     "private_fed_columns",
     "run_backtest",
     "select_columns",
-    "with_merchant_columns",
 ]
 
 logger = logging.getLogger(__name__)
@@ -108,19 +105,6 @@ PR_AUC_GAIN_POINTS = 5.0
 S2_PRIVATE_EPSILON = 1.0
 S2_PRIVATE_LOSS = 0.05
 CLEAR = "fl+merchant-fed"
-
-
-def with_merchant_columns(base: FraudFeatures, cols: MerchantColumns, window_days: tuple[int, ...]) -> FraudFeatures:
-    """``base`` (from ``build_features``) with the bank and federation merchant columns appended, same rows.
-
-    Why here and not in ``build_features``: the merchant columns depend on other banks (the release), the
-    per-cardholder state does not; composing keeps the fraud features one code path offline and online.
-    """
-    if cols.bank.shape[0] != len(base) or cols.fed.shape[0] != len(base):
-        raise ValueError(f"merchant columns have {cols.bank.shape[0]} rows, features {len(base)}")
-    names = (*base.names, *merchant_feature_names("bank", window_days), *merchant_feature_names("fed", window_days))
-    X = np.hstack([base.X, cols.bank, cols.fed]).astype(np.float32)
-    return FraudFeatures(X, names, base.transaction_id, base.cardholder, base.label, base.split)
 
 
 def select_columns(data: FraudFeatures, names: tuple[str, ...]) -> FraudFeatures:
@@ -170,10 +154,16 @@ class PrivateRelease:
         """The generator of the release of ``release_day`` (UTC day index)."""
         return np.random.default_rng([self.seed, round(self.epsilon * 1_000_000), int(release_day)])
 
-    def columns(self, window_days: tuple[int, ...]) -> tuple[str, ...]:
+    def columns(self, risk: MerchantRiskConfig) -> tuple[str, ...]:
         """This row's ``fed`` column names, tagged with ε, so one feature table holds every release side by side."""
         tag = "merchant_fed_eps" + f"{self.epsilon:g}".replace("+", "") + "_"
-        return tuple(n.replace("merchant_fed_", tag, 1) for n in merchant_feature_names("fed", window_days))
+        return tuple(n.replace("merchant_fed_", tag, 1) for n in release_feature_names(risk))
+
+    def release(self, release_day: int, vectors: list[np.ndarray]) -> np.ndarray:
+        """The private release of one day (a :data:`~.stats.Releaser`): bank ``i`` of the sorted banks draws the
+        ``i``-th share of this day's generator.
+        """
+        return private_release(vectors, self.plan, self.rng(release_day))
 
 
 def private_fed_columns(
@@ -183,28 +173,12 @@ def private_fed_columns(
     progress: bool = False,
 ) -> dict[str, dict[int, np.ndarray]]:
     """Variant → bank → the ``fed`` columns of every row (the caller's order) with each daily release replaced by
-    :func:`~.release.private_release` of the banks' vectors (bank ``i`` of the sorted banks draws the ``i``-th
-    share); a transaction of day ``d`` reads release ``d − 1``, as :func:`~.stats.daily_merchant_features`.
-
-    Why one pass for every ε: the banks' vectors are computed once a day and every plan releases the same ones.
+    :func:`~.release.private_release` of the banks' release vectors; a transaction of day ``d`` reads releases up
+    to ``d − 1``, exactly as :func:`~.stats.daily_merchant_features` (which it runs).
     """
-    order = sorted(activity)
-    width = len(risk.window_days) * (len(STATS) + len(RATES))
-    out = {p.variant: {b: np.zeros((len(activity[b]), width), np.float32) for b in order} for p in private}
-    days = [activity[b].day for b in order if len(activity[b])]
-    if not private or not days:
-        return out
-    first, last = min(int(d[0]) for d in days), max(int(d[-1]) for d in days)
-    for release_day in tqdm(range(first - 1, last), desc="private releases", disable=not progress, mininterval=2.0):
-        reads = {b: activity[b].window(release_day + 1, release_day + 1) for b in order}
-        if all(sl.start == sl.stop for sl in reads.values()):
-            continue  # nobody reads this release
-        vectors = [bank_vector(activity[b], release_day, risk) for b in order]
-        for p in private:
-            release = private_release(vectors, p.plan, p.rng(release_day))
-            for b, sl in reads.items():
-                out[p.variant][b][activity[b].row[sl]] = risk_columns(release, activity[b].bucket[sl])
-    return out
+    cols = daily_merchant_features(activity, risk, progress=progress,
+                                   releasers={p.variant: p.release for p in private})
+    return {p.variant: {b: c.private[p.variant] for b, c in cols.items()} for p in private}
 
 
 @dataclass(frozen=True)
@@ -287,7 +261,7 @@ def prepare_backtest(
 
 
 def _train(data: BacktestData, features: Mapping[int, FraudFeatures], fraud_cfg: FraudConfig, trainer: Trainer,
-           window_days: tuple[int, ...], private: Mapping[str, tuple[str, ...]] | None = None,
+           risk: MerchantRiskConfig, private: Mapping[str, tuple[str, ...]] | None = None,
            ) -> dict[str, dict[int, FraudModel]]:
     """Variant → bank → the model that scores that bank's rows; ``private``: private variant → its release columns
     (each trained as ``fl+merchant-fed`` on its own release, the other variants never see them).
@@ -298,12 +272,14 @@ def _train(data: BacktestData, features: Mapping[int, FraudFeatures], fraud_cfg:
     cfg = fraud_cfg.model_copy(update={"nthread": 1})
     fit = {b: features[b].subset(data.fit[b]) for b in order}
     base_names = data.base[order[0]].names
-    bank_names, fed_names = merchant_feature_names("bank", window_days), merchant_feature_names("fed", window_days)
+    bank_names, fed_names = bank_feature_names(risk), release_feature_names(risk)
     private = private or {}
     noisy = tuple(n for cols in private.values() for n in cols)
+    # fl+merchant-fed reads the federation's release beside the bank's own counts (what serving reads), so its
+    # gain over fl+merchant-bank is what the federation adds; each private row swaps the clear release for its own
     drops = {"fl": (*bank_names, *fed_names, *noisy), "fl+merchant-bank": (*fed_names, *noisy),
-             "fl+merchant-fed": (*bank_names, *noisy)}
-    drops.update({v: (*bank_names, *fed_names, *(n for n in noisy if n not in cols)) for v, cols in private.items()})
+             "fl+merchant-fed": noisy}
+    drops.update({v: (*fed_names, *(n for n in noisy if n not in cols)) for v, cols in private.items()})
     models: dict[str, dict[int, FraudModel]] = {
         "local": {b: train_local(select_columns(fit[b], base_names), False, cfg, b) for b in order}}
     if trainer == "central":
@@ -455,15 +431,17 @@ def _group(label: np.ndarray, holder: np.ndarray, scores: Mapping[str, tuple[np.
     return GroupResult(int(rows.sum()), int(y.sum()), int(np.unique(holder[rows]).size), metrics, diffs)
 
 
-def _top_releases(top: int, window_days: tuple[int, ...]) -> tuple[list[pd.DataFrame], ReleaseHook]:
-    """A release hook keeping, per day, the ``top`` buckets by federated frauds of the shortest window: what an
-    operator is shown (a bank maps a bucket back to its own merchants with the federation key; the server cannot).
+def _top_releases(top: int, risk: MerchantRiskConfig) -> tuple[list[pd.DataFrame], ReleaseHook]:
+    """A release hook keeping, per day, the ``top`` buckets by the first released statistic (frauds by default) of
+    the shortest release window: what an operator is shown (a bank maps a bucket back to its own merchants with the
+    federation key; the server cannot).
     """
     kept: list[pd.DataFrame] = []
-    columns = [f"{stat}_{w}d" for w in window_days for stat in STATS]
+    columns = [f"{stat}_{w}d" for w in risk.release_window_days for stat in risk.released_stats]
+    lead = risk.released_stats.index("frauds") if "frauds" in risk.released_stats else 0
 
     def hook(day: int, release: np.ndarray) -> None:
-        frauds = release[STATS.index("frauds")]
+        frauds = release[lead]
         hit = np.flatnonzero(frauds)
         if not hit.size:
             return
@@ -506,17 +484,13 @@ def run_backtest(
     order = sorted(data.base)
     if len({p.variant for p in private}) != len(private):
         raise ValueError(f"private releases need distinct ε, got {[p.epsilon for p in private]}")
-    kept, hook = _top_releases(top_releases, risk.window_days)
-    cols = daily_merchant_features(data.activity, risk, on_release=hook, progress=progress)
-    features = {b: with_merchant_columns(data.base[b], cols[b], risk.window_days) for b in order}
-    noisy = private_fed_columns(data.activity, risk, private, progress)
-    if private:
-        extra = tuple(n for p in private for n in p.columns(risk.window_days))
-        features = {b: FraudFeatures(np.hstack([f.X, *(noisy[p.variant][b] for p in private)]).astype(np.float32),
-                                     (*f.names, *extra), f.transaction_id, f.cardholder, f.label, f.split)
-                    for b, f in features.items()}
-    models = _train(data, features, fraud_cfg, trainer, risk.window_days,
-                    {p.variant: p.columns(risk.window_days) for p in private})
+    kept, hook = _top_releases(top_releases, risk)
+    cols = daily_merchant_features(data.activity, risk, on_release=hook, progress=progress,
+                                   releasers={p.variant: p.release for p in private})
+    features = {b: with_merchant_columns(data.base[b], cols[b], risk,
+                                         [(p.columns(risk), cols[b].private[p.variant]) for p in private])
+                 for b in order}
+    models = _train(data, features, fraud_cfg, trainer, risk, {p.variant: p.columns(risk) for p in private})
     variants = (*VARIANTS, *(p.variant for p in private))
     comparisons = (*COMPARISONS, *((f"{p.variant} − {CLEAR}", p.variant, CLEAR) for p in private))
 
@@ -555,10 +529,12 @@ def run_backtest(
         "label_delay_days": risk.label_delay_days, "trainer": (
             "histogram federation (xgboost.federated, one process per bank)" if trainer == "hist"
             else "CENTRALIZED fit on the union of the banks' training rows, a stand-in for the federated model"),
-        "risk": (f"windows {'/'.join(map(str, risk.window_days))} d, CPP horizon {risk.cpp_days} d, "
-                 f"k = {risk.max_merchants} merchants "
-                 f"per cardholder per window, cap {risk.per_merchant_cap} per merchant, {risk.buckets} buckets "
-                 f"(L1 sensitivity {risk.sensitivity_l1()})"),
+        "risk": (f"bank: windows {'/'.join(map(str, risk.window_days))} d, CPP horizon {risk.cpp_days} d, "
+                 f"k = {risk.max_merchants} merchants per cardholder per window; release: "
+                 f"{'+'.join(risk.released_stats)} over {'/'.join(map(str, risk.release_window_days))} d, "
+                 f"k_f = {risk.release_max_merchants}, features average the last {risk.release_average} releases; "
+                 f"cap {risk.per_merchant_cap} per merchant, {risk.buckets} buckets "
+                 f"(L1 / L2 sensitivity {risk.sensitivity_l1()} / {risk.sensitivity_l2():.3g})"),
         "reps": reps, "seconds": time.perf_counter() - started, "load_start": load_start, "load_end": _load(),
     }
     first = min(int(a.day[0]) for a in data.activity.values() if len(a))

@@ -8,11 +8,29 @@ import math
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-__all__ = ["MerchantNoiseConfig", "MerchantRiskConfig"]
+__all__ = ["STATS", "MerchantNoiseConfig", "MerchantRiskConfig"]
+
+#: Statistics a bank counts per keyed-merchant bucket and window, in the order of its vector's rows.
+STATS: tuple[str, ...] = ("transactions", "cardholders", "labelled", "frauds", "sole_frauds", "cpp")
+#: Statistics one cardholder adds up to ``per_merchant_cap`` to, per merchant (the others are 0/1 flags).
+CAPPED: frozenset[str] = frozenset({"transactions", "labelled", "frauds"})
+
+
+def _check_windows(w: tuple[int, ...], name: str) -> None:
+    if any(d < 1 or d > 365 for d in w) or list(w) != sorted(set(w)):
+        raise ValueError(f"{name} must be distinct, increasing, between 1 and 365")
 
 
 class MerchantRiskConfig(BaseModel):
-    """Window, label delay, common-point-of-purchase horizon, the per-cardholder bound and the bucket domain."""
+    """Window, label delay, common-point-of-purchase horizon, the per-cardholder bounds and the bucket domain.
+
+    Two vectors come out of a bank each day. Its own (``window_days``, every statistic, ``max_merchants``) feeds
+    the bank's ``merchant_bank_*`` features and never leaves it. The release (``release_window_days``,
+    ``released_stats``, ``release_max_merchants``) is all that leaves it, and the sensitivities are that vector's.
+    Why two: a release's noise grows with its sensitivity, and the rich statistics a bank may use on its own
+    customers would need ~10× the noise (L2 10.1 against 1.0 at the defaults), which drowns a compromised
+    terminal's handful of victims.
+    """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -31,13 +49,38 @@ class MerchantRiskConfig(BaseModel):
     max_merchants: int = Field(
         10, ge=1, le=65_535,
         description=(
-            "k: a cardholder adds to at most k merchants per window (labelled frauds first, then recent): with "
-            "per_merchant_cap this bounds one cardholder's part of a bank's vector, the sensitivity DP will need"
+            "k: a cardholder adds to at most k merchants per window of the bank's own vector (labelled frauds first, "
+            "then recent); the release has its own, smaller bound (release_max_merchants)"
         ),
     )
     per_merchant_cap: int = Field(
         1, ge=1, le=1_000,
         description="a cardholder adds at most this much to each count of one merchant (1: transactions = visitors)",
+    )
+    released_stats: tuple[str, ...] = Field(
+        ("frauds",), min_length=1, max_length=len(STATS),
+        description=(
+            "statistics that leave the bank in the federation's release (subset of the bank's, in its order); each "
+            "one added raises the sensitivity"
+        ),
+    )
+    release_window_days: tuple[int, ...] = Field(
+        (21,), min_length=1, max_length=8,
+        description="windows (days, increasing) of the release; each one added raises the sensitivity",
+    )
+    release_max_merchants: int = Field(
+        1, ge=1, le=65_535,
+        description=(
+            "k_f: a cardholder adds to at most this many buckets of the release per window (labelled frauds first): "
+            "with per_merchant_cap, the release's sensitivity"
+        ),
+    )
+    release_average: int = Field(
+        14, ge=1, le=60,
+        description=(
+            "the merchant_fed_* features average the latest N daily releases: post-processing of what was released, "
+            "so it costs no ε, and it averages N independent noises over a window that barely moves"
+        ),
     )
     buckets: int = Field(
         1 << 15, ge=16, le=1 << 22,
@@ -49,27 +92,37 @@ class MerchantRiskConfig(BaseModel):
 
     @model_validator(mode="after")
     def _windows(self) -> MerchantRiskConfig:
-        w = self.window_days
-        if any(d < 1 or d > 365 for d in w) or list(w) != sorted(set(w)):
-            raise ValueError("window_days must be distinct, increasing, between 1 and 365")
+        _check_windows(self.window_days, "window_days")
+        _check_windows(self.release_window_days, "release_window_days")
+        unknown = [s for s in self.released_stats if s not in STATS]
+        if unknown:
+            raise ValueError(f"released_stats: unknown {unknown}; choose from {list(STATS)}")
+        if list(self.released_stats) != [s for s in STATS if s in self.released_stats]:
+            raise ValueError(f"released_stats must be distinct and in the order {list(STATS)}")
         return self
 
-    def sensitivity_l1(self) -> int:
-        """Most one cardholder can change a bank's vector (L1): per window, k × (3 capped counts + 2 flags) + 1
-        sole fraud.
+    def _per_bucket(self, power: int) -> int:
+        """Σ over the released statistics but ``sole_frauds`` of the most one cardholder adds to one bucket, ^power."""
+        cap = self.per_merchant_cap
+        return sum((cap if s in CAPPED else 1) ** power for s in self.released_stats if s != "sole_frauds")
 
-        Why: DP noise for the release will be calibrated to this bound.
+    def sensitivity_l1(self) -> int:
+        """Most one cardholder can change a bank's release vector (L1): per release window, k_f buckets × the
+        released statistics (``per_merchant_cap`` for a count, 1 for a flag), + 1 if ``sole_frauds`` is released
+        (1 at one bucket at most).
+
+        Why: the release's noise is calibrated to this bound and :func:`~.dp.skellam_rdp` needs it.
         """
-        return len(self.window_days) * (self.max_merchants * (3 * self.per_merchant_cap + 2) + 1)
+        sole = int("sole_frauds" in self.released_stats)
+        return len(self.release_window_days) * (self.release_max_merchants * self._per_bucket(1) + sole)
 
     def sensitivity_l2(self) -> float:
-        """Most one cardholder can change a bank's vector in L2: per window, k buckets × (3 capped counts of at most
-        ``per_merchant_cap`` + 2 flags) and 1 sole fraud, squared and summed, over the windows.
+        """Most one cardholder can change a bank's release vector in L2: as :meth:`sensitivity_l1`, squared entries.
 
         Why: the release's noise is calibrated to this bound (its leading privacy term is L2's).
         """
-        cap = self.per_merchant_cap
-        return math.sqrt(len(self.window_days) * (self.max_merchants * (3 * cap * cap + 2) + 1))
+        sole = int("sole_frauds" in self.released_stats)
+        return math.sqrt(len(self.release_window_days) * (self.release_max_merchants * self._per_bucket(2) + sole))
 
 
 class MerchantNoiseConfig(BaseModel):

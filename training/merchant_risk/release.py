@@ -32,11 +32,12 @@ __all__ = [
     "ReleasePlan",
     "decode_sum",
     "encode_share",
-    "load_bank_vector",
+    "load_release_vector",
     "plan_release",
+    "release_privacy_card",
     "private_release",
     "reconstruction_threshold",
-    "save_bank_vector",
+    "save_release_vector",
     "vector_path",
 ]
 
@@ -175,8 +176,8 @@ def vector_path(data_dir: Path, release_day: int) -> Path:
     return Path(data_dir) / "merchant_risk" / f"vector-{int(release_day)}.npz"
 
 
-def save_bank_vector(data_dir: Path, release_day: int, vector: np.ndarray, risk: MerchantRiskConfig) -> Path:
-    """Store a bank's :func:`~.stats.bank_vector` with the settings it was computed under (the bank's daily job).
+def save_release_vector(data_dir: Path, release_day: int, vector: np.ndarray, risk: MerchantRiskConfig) -> Path:
+    """Store a bank's :func:`~.stats.release_vector` with the settings it was computed under (the bank's daily job).
 
     Why the settings: the release's sensitivity assumes them, so the ClientApp refuses a vector made otherwise.
     """
@@ -186,10 +187,8 @@ def save_bank_vector(data_dir: Path, release_day: int, vector: np.ndarray, risk:
     return path
 
 
-def load_bank_vector(data_dir: Path, release_day: int, risk: MerchantRiskConfig) -> np.ndarray:
+def load_release_vector(data_dir: Path, release_day: int, risk: MerchantRiskConfig) -> np.ndarray:
     """A bank's stored vector of ``release_day``, checked against ``risk`` (settings and shape)."""
-    from fedfraud.training.merchant_risk.stats import STATS
-
     path = vector_path(data_dir, release_day)
     if not path.is_file():
         raise FileNotFoundError(f"no merchant-risk vector for day {release_day} at {path}")
@@ -197,7 +196,35 @@ def load_bank_vector(data_dir: Path, release_day: int, risk: MerchantRiskConfig)
         vector, stored = data["vector"], MerchantRiskConfig.model_validate_json(str(data["config"]))
     if stored != risk:
         raise ValueError(f"{path} was computed under {stored}, the release runs under {risk}")
-    expected = (len(risk.window_days) * len(STATS), risk.buckets)
+    expected = (len(risk.release_window_days) * len(risk.released_stats), risk.buckets)
     if vector.shape != expected:
         raise ValueError(f"{path} has shape {vector.shape}, expected {expected}")
     return vector
+
+
+def release_privacy_card(risk: MerchantRiskConfig, noise: MerchantNoiseConfig, banks: int) -> dict[str, object]:
+    """What a model card says of the merchant-risk release its features read: what leaves each bank, the mechanism,
+    the unit and the per-cardholder (ε, δ) per release and over ``noise.period_days`` releases.
+    """
+    from fedfraud.training.merchant_risk.dp import ACCOUNTANT
+
+    plan = plan_release(risk, noise, banks)
+
+    def finite(x: float) -> float | str:
+        return round(x, 4) if math.isfinite(x) else "inf"
+
+    windows = "/".join(map(str, risk.release_window_days))
+    return {
+        "leaves_a_bank": (f"per keyed-merchant bucket ({risk.buckets}) and window ({windows} d): "
+                          f"{', '.join(risk.released_stats)}, at most {risk.release_max_merchants} bucket(s) per "
+                          f"cardholder per window, each count clipped to {plan.count_cap}, plus the bank's Skellam "
+                          "noise share; summed under SecAgg+, so the server sees only the noised sum"),
+        "unit": "one cardholder (add/remove)",
+        "sensitivity_l1": risk.sensitivity_l1(), "sensitivity_l2": round(risk.sensitivity_l2(), 6),
+        "noise_std": round(plan.noise_std, 6), "min_banks_summed": plan.survivors, "delta": noise.delta,
+        "epsilon_per_release": finite(plan.epsilon(1, noise.delta, risk)),
+        "period_days": noise.period_days,
+        "epsilon_period": finite(plan.epsilon(noise.period_days, noise.delta, risk)),
+        "accountant": ACCOUNTANT,
+        "bank_own_counts": "the bank's own merchant statistics never leave it",
+    }

@@ -1,7 +1,7 @@
 """The daily merchant-risk release as a Flower app: SecAgg+ over the banks' noised vectors; the server learns the sum.
 
 Bank side (``client``): the ClientApp reads the bank's own vector for the release day from its data folder (what
-the bank's daily job wrote with :func:`~.release.save_bank_vector`), clips it, adds its Skellam share and reduces
+the bank's daily job wrote with :func:`~.release.save_release_vector`), clips it, adds its Skellam share and reduces
 it modulo the field (:func:`~.release.encode_share`); Flower's ``secaggplus_mod`` then masks it. Server side
 (``server``): ``SecAggPlusWorkflow`` inside a ``DefaultWorkflow``, one round. Flower 1.41 has SecAgg+ only in its
 legacy API (a ``LegacyContext`` and a ``flwr.server.strategy`` strategy; the mod around a ``NumPyClient``), so the
@@ -56,7 +56,7 @@ from fedfraud.training.merchant_risk.release import (
     ReleasePlan,
     decode_sum,
     encode_share,
-    load_bank_vector,
+    load_release_vector,
     plan_release,
 )
 
@@ -144,7 +144,7 @@ class _Bank(NumPyClient):
         settings = ReleaseSettings.of(self.context.run_config)
         plan = settings.plan()
         data_dir = Path(str(self.context.node_config["data-dir"]))
-        vector = load_bank_vector(data_dir, settings.release_day, settings.risk)
+        vector = load_release_vector(data_dir, settings.release_day, settings.risk)
         share = encode_share(vector, plan, _bank_rng(self.context.node_config, settings.release_day))
         logger.info("merchant_release_bank day=%d shape=%s field_bits=%d", settings.release_day, vector.shape,
                     plan.field_bits)

@@ -1,17 +1,20 @@
 """Per-merchant label statistics inside each bank, their daily federation release, and causal features.
 
 Why: a compromised terminal's victims are spread over every bank. One bank sees a few of its frauds there; the
-sum over banks sees all of them. Each bank computes, at the end of every day ``r``, one vector over a **fixed
-public domain**: ``len(STATS) × buckets`` counts, a merchant's bucket being its 64-bit hash under the
+sum over banks sees all of them. Each bank computes, at the end of every day ``r``, two vectors over a **fixed
+public domain** of ``buckets`` keyed merchants: its own (:func:`bank_vector`: every statistic below, for its own
+``merchant_bank_*`` features; it never leaves the bank) and its part of the release (:func:`release_vector`: the
+``released_stats`` only, under a tighter per-cardholder bound, so that the release's noise stays small). A vector is
+``statistics × windows`` rows of counts, a merchant's bucket being its 64-bit hash under the
 federation's key (:meth:`fedfraud.feature_store.privacy.PrivateFeaturizer.merchant_hash`, the hash
 :func:`fedfraud.feature_store.cardholder.merchant_key` renders) modulo ``buckets``. Every bank's vector has the
 same layout whatever its customers bought, so secure aggregation can add the vectors without seeing them:
 :func:`federation_release` adds them in clear (ε = ∞), :func:`~.release.private_release` with each bank's noise
 share as the SecAgg+ app (:mod:`.release_app`) does.
 
-A window ``W`` of release ``r`` is days ``r − W + 1 .. r`` (UTC); a release carries one block per window of
-``window_days`` (a short and a long one: the short follows a breach that has just started to show in the
-labels, the long one keeps the evidence of its first days). Per bucket and window:
+A window ``W`` of release ``r`` is days ``r − W + 1 .. r`` (UTC); a vector carries one block per window
+(``window_days`` for the bank's, ``release_window_days`` for the release; a short window follows a breach that has
+just started to show in the labels, a long one keeps the evidence of its first days). Per bucket and window:
 
 * ``transactions``: transactions there (capped per cardholder, see below);
 * ``cardholders``: distinct cardholders with a transaction there;
@@ -26,27 +29,30 @@ labels, the long one keeps the evidence of its first days). Per bucket and windo
 
 A label of a transaction at time ``t`` is known from ``t + label_delay_days`` on, never earlier.
 
-Per-cardholder bound (the DP sensitivity later): in each window a cardholder adds to at most ``max_merchants``
-buckets (chosen by :func:`_bounded` from the cardholder's own data: labelled frauds first), and at most
+Per-cardholder bound (the release's DP sensitivity): in each window a cardholder adds to at most
+``max_merchants`` buckets of the bank's vector and ``release_max_merchants`` of the release (chosen by
+:func:`_bounded` from the cardholder's own data: labelled frauds first), and at most
 ``per_merchant_cap`` to each count of one bucket (the flags ``cardholders``, ``sole_frauds`` and ``cpp`` are
 0/1; ``sole_frauds`` is 1 at one bucket at most). With the default cap 1, ``transactions`` equals
 ``cardholders``.
 
 Causality: a transaction on day ``d`` gets features from release ``d − 1`` only (its own bank's vector for the
-``bank`` columns, the federation's sum for the ``fed`` columns).
+``bank`` columns; for the ``fed`` columns, the mean of the federation's releases ``d − N .. d − 1``, N =
+``release_average``, a post-processing of releases already made).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
-from fedfraud.training.merchant_risk.config import MerchantRiskConfig
+from fedfraud.training.merchant_risk.config import STATS, MerchantRiskConfig
 
 __all__ = [
     "DAY_S",
@@ -56,30 +62,31 @@ __all__ = [
     "BankActivity",
     "MerchantColumns",
     "ReleaseHook",
+    "Releaser",
+    "bank_feature_names",
     "bank_vector",
     "daily_merchant_features",
     "federation_release",
     "merchant_feature_names",
+    "release_columns",
+    "release_feature_names",
+    "release_vector",
     "risk_columns",
 ]
 
 logger = logging.getLogger(__name__)
 
 DAY_S = 86_400
-#: Rows of a bank's vector, in order.
-STATS: tuple[str, ...] = ("transactions", "cardholders", "labelled", "frauds", "sole_frauds", "cpp")
 #: Ratios derived from a vector at feature time (NaN when the denominator is 0).
 RATES: tuple[str, ...] = ("fraud_rate", "sole_fraud_rate", "cpp_rate")
+_RATE_INPUTS: dict[str, tuple[str, str]] = {
+    "fraud_rate": ("frauds", "labelled"),
+    "sole_fraud_rate": ("sole_frauds", "labelled"),
+    "cpp_rate": ("cpp", "cardholders"),
+}
 #: ``bank``: the bank's own vector; ``fed``: the federation's release (the sum over banks).
 SCOPES: tuple[str, ...] = ("bank", "fed")
 _TX, _HOLDERS, _LABELLED, _FRAUDS, _SOLE, _CPP = range(len(STATS))
-
-
-def merchant_feature_names(scope: str, window_days: tuple[int, ...]) -> tuple[str, ...]:
-    """Column names of one scope's merchant features (``merchant_<scope>_<stat>_<W>d``), :func:`risk_columns` order."""
-    if scope not in SCOPES:
-        raise ValueError(f"scope must be one of {SCOPES}, got {scope!r}")
-    return tuple(f"merchant_{scope}_{name}_{w}d" for w in window_days for name in (*STATS, *RATES))
 
 
 @dataclass(frozen=True)
@@ -168,14 +175,34 @@ def _bounded(pair_holder: np.ndarray, pair_bucket: np.ndarray, last: np.ndarray,
     return keep
 
 
-def _window_vector(activity: BankActivity, release_day: int, window_days: int, cfg: MerchantRiskConfig
-                   ) -> np.ndarray:
-    """One window's rows of :func:`bank_vector`: int64 ``[len(STATS), buckets]``."""
-    out = np.zeros((len(STATS), cfg.buckets), dtype=np.int64)
+@dataclass(frozen=True)
+class _Pairs:
+    """One window's (cardholder, bucket) pairs of a bank with each statistic's per-pair value (before any bound)."""
+
+    holder: np.ndarray
+    bucket: np.ndarray
+    last: np.ndarray
+    values: dict[int, np.ndarray]
+
+    def block(self, stats: tuple[str, ...], k: int, buckets: int) -> np.ndarray:
+        """int64 ``[len(stats), buckets]``: each statistic summed over the pairs kept by the per-cardholder bound k."""
+        out = np.zeros((len(stats), buckets), dtype=np.int64)
+        if not self.holder.size:
+            return out
+        keep = _bounded(self.holder, self.bucket, self.last, self.values, k)
+        for i, name in enumerate(stats):
+            out[i] = np.bincount(self.bucket[keep], weights=self.values[STATS.index(name)][keep].astype(np.float64),
+                                 minlength=buckets).astype(np.int64)
+        return out
+
+
+def _window_pairs(activity: BankActivity, release_day: int, window_days: int, cfg: MerchantRiskConfig) -> _Pairs:
+    """The pairs of days ``release_day − W + 1 .. release_day`` with the labels known by the end of ``release_day``."""
     sl = activity.window(release_day - window_days + 1, release_day)
     holder, bucket, ts, label = activity.holder[sl], activity.bucket[sl], activity.ts_s[sl], activity.label[sl]
     if not ts.size:
-        return out
+        empty = np.zeros(0, dtype=np.int64)
+        return _Pairs(empty, empty, empty, {})
     end_s = (release_day + 1) * DAY_S
     delay_s = cfg.label_delay_days * DAY_S
     known = (ts + delay_s <= end_s) & np.isfinite(label)
@@ -198,25 +225,35 @@ def _window_vector(activity: BankActivity, release_day: int, window_days: int, c
     # sole frauds: the cardholder's known frauds of the window are all at this one bucket
     fraud_pairs = per_pair[_FRAUDS] > 0
     per_pair[_SOLE] = fraud_pairs & (np.bincount(pair_holder, weights=fraud_pairs.astype(np.float64))[pair_holder] == 1)
-    keep = _bounded(pair_holder, pair_bucket, last, per_pair, cfg.max_merchants)
-    for stat, values in per_pair.items():
-        out[stat] = np.bincount(pair_bucket[keep], weights=values[keep].astype(np.float64),
-                                minlength=cfg.buckets).astype(np.int64)
-    return out
+    return _Pairs(pair_holder, pair_bucket, last, per_pair)
 
 
 def bank_vector(activity: BankActivity, release_day: int, cfg: MerchantRiskConfig) -> np.ndarray:
-    """The bank's contribution to release ``release_day``, per-cardholder bounded: int64
-    ``[len(window_days) * len(STATS), buckets]`` (window-major), the fixed layout secure aggregation will sum.
+    """The bank's own statistics of day ``release_day``, per-cardholder bounded (k = ``max_merchants``): int64
+    ``[len(window_days) * len(STATS), buckets]`` (window-major). It stays in the bank (its ``merchant_bank_*``
+    features); what leaves is :func:`release_vector`.
 
     Window ``W`` uses only the bank's transactions of days ``release_day − W + 1 .. release_day`` and the labels
     known by the end of ``release_day`` (a transaction at ``t`` is labelled from ``t + D``).
     """
-    return np.concatenate([_window_vector(activity, release_day, w, cfg) for w in cfg.window_days])
+    return np.concatenate([_window_pairs(activity, release_day, w, cfg).block(STATS, cfg.max_merchants, cfg.buckets)
+                           for w in cfg.window_days])
+
+
+def release_vector(activity: BankActivity, release_day: int, cfg: MerchantRiskConfig) -> np.ndarray:
+    """The bank's part of the federation's release of day ``release_day``: int64
+    ``[len(release_window_days) * len(released_stats), buckets]`` (window-major), the fixed layout secure
+    aggregation sums. A cardholder adds to at most ``release_max_merchants`` buckets per window (labelled frauds
+    first), so one cardholder changes it by at most ``cfg.sensitivity_l1()`` / ``cfg.sensitivity_l2()``.
+    """
+    return np.concatenate([
+        _window_pairs(activity, release_day, w, cfg).block(cfg.released_stats, cfg.release_max_merchants, cfg.buckets)
+        for w in cfg.release_window_days])
 
 
 def federation_release(vectors: Iterable[np.ndarray]) -> np.ndarray:
-    """The federation's clear release: the element-wise sum of the banks' vectors (no noise, no SecAgg: ε = ∞).
+    """The federation's clear release: the element-wise sum of the banks' release vectors (no noise, no SecAgg:
+    ε = ∞).
 
     Why one function: the only place where banks' numbers meet in clear; :func:`~.release.private_release` is the
     noised, securely aggregated replacement.
@@ -229,30 +266,79 @@ def federation_release(vectors: Iterable[np.ndarray]) -> np.ndarray:
     return np.sum(parts, axis=0)
 
 
-def risk_columns(vector: np.ndarray, bucket: np.ndarray) -> np.ndarray:
-    """Feature columns (float32 ``[n, windows * (len(STATS) + len(RATES))]``) of rows at ``bucket`` under one
-    vector of :func:`bank_vector`'s layout, window by window in :func:`merchant_feature_names` order.
-    """
+def _rates(stats: tuple[str, ...]) -> tuple[str, ...]:
+    """The ratios of :data:`RATES` whose numerator and denominator are both among ``stats``."""
+    return tuple(r for r in RATES if all(s in stats for s in _RATE_INPUTS[r]))
+
+
+def _columns(vector: np.ndarray, bucket: np.ndarray, stats: tuple[str, ...]) -> np.ndarray:
+    """Counts and derivable rates at ``bucket`` of a window-major ``[windows * len(stats), buckets]`` vector."""
     vector = np.asarray(vector)
-    if vector.ndim != 2 or vector.shape[0] % len(STATS):
-        raise ValueError(f"expected a [windows * {len(STATS)}, buckets] vector, got shape {vector.shape}")
+    if vector.ndim != 2 or vector.shape[0] % len(stats):
+        raise ValueError(f"expected a [windows * {len(stats)}, buckets] vector, got shape {vector.shape}")
+    idx = np.asarray(bucket, dtype=np.int64)
     parts = []
-    for w in range(vector.shape[0] // len(STATS)):
-        counts = vector[w * len(STATS):(w + 1) * len(STATS), np.asarray(bucket, dtype=np.int64)].T.astype(np.float64)
+    for w in range(vector.shape[0] // len(stats)):
+        counts = vector[w * len(stats):(w + 1) * len(stats), idx].T.astype(np.float64)
+        col = {name: counts[:, i] for i, name in enumerate(stats)}
+        rates = []
         with np.errstate(divide="ignore", invalid="ignore"):
-            labelled = np.where(counts[:, _LABELLED] > 0, counts[:, _LABELLED], np.nan)
-            fraud_rate, sole_rate = counts[:, _FRAUDS] / labelled, counts[:, _SOLE] / labelled
-            cpp_rate = np.where(counts[:, _HOLDERS] > 0, counts[:, _CPP] / counts[:, _HOLDERS], np.nan)
-        parts.append(np.column_stack([counts, fraud_rate, sole_rate, cpp_rate]))
+            for rate in _rates(stats):
+                num, den = _RATE_INPUTS[rate]
+                rates.append(np.where(col[den] > 0, col[num] / np.where(col[den] > 0, col[den], 1.0), np.nan))
+        parts.append(np.column_stack([counts, *rates]) if rates else counts)
     return np.hstack(parts).astype(np.float32)
+
+
+def risk_columns(vector: np.ndarray, bucket: np.ndarray) -> np.ndarray:
+    """The bank's own feature columns (float32 ``[n, windows * (len(STATS) + len(RATES))]``) of rows at ``bucket``
+    under one :func:`bank_vector`, window by window in :func:`merchant_feature_names` ``("bank", ...)`` order.
+    """
+    return _columns(vector, bucket, STATS)
+
+
+def release_columns(recent: Sequence[np.ndarray], bucket: np.ndarray, cfg: MerchantRiskConfig) -> np.ndarray:
+    """The federation's feature columns of rows at ``bucket``: the mean of the ``recent`` releases (the latest
+    ``cfg.release_average``, oldest first), in :func:`release_feature_names` order; before any release, what an
+    all-zero release gives (counts 0, rates NaN), which is also what serving reads for a bucket with no row.
+
+    Why the mean: each release carries fresh noise over a window that moves by a day, so averaging N of them
+    divides the noise's variance by about N at no privacy cost (post-processing).
+    """
+    if not recent:
+        empty = np.zeros((len(cfg.release_window_days) * len(cfg.released_stats), 1))
+        return _columns(empty, np.zeros(np.asarray(bucket).shape[0], dtype=np.int64), cfg.released_stats)
+    mean = np.mean([np.asarray(r, dtype=np.float64) for r in recent[-cfg.release_average:]], axis=0)
+    return _columns(mean, bucket, cfg.released_stats)
+
+
+def merchant_feature_names(scope: str, window_days: tuple[int, ...], stats: tuple[str, ...] = STATS
+                           ) -> tuple[str, ...]:
+    """Column names of one scope's merchant features (``merchant_<scope>_<stat>_<W>d``), column order."""
+    if scope not in SCOPES:
+        raise ValueError(f"scope must be one of {SCOPES}, got {scope!r}")
+    return tuple(f"merchant_{scope}_{name}_{w}d" for w in window_days for name in (*stats, *_rates(stats)))
+
+
+def release_feature_names(cfg: MerchantRiskConfig) -> tuple[str, ...]:
+    """Column names of the federation's features: the released statistics (and rates) per release window."""
+    return merchant_feature_names("fed", cfg.release_window_days, cfg.released_stats)
+
+
+def bank_feature_names(cfg: MerchantRiskConfig) -> tuple[str, ...]:
+    """Column names of the bank's own merchant features."""
+    return merchant_feature_names("bank", cfg.window_days)
 
 
 @dataclass(frozen=True)
 class MerchantColumns:
-    """A bank's merchant features per row, in the caller's row order: own vector (``bank``) and release (``fed``)."""
+    """A bank's merchant features per row, in the caller's row order: own vector (``bank``), the federation's
+    release (``fed``) and, per name, the same columns under another release mechanism (``private``).
+    """
 
     bank: np.ndarray
     fed: np.ndarray
+    private: dict[str, np.ndarray] = field(default_factory=dict)
 
     def of(self, scope: str) -> np.ndarray:
         """The ``[n, F]`` columns of ``scope`` (``bank`` or ``fed``)."""
@@ -263,6 +349,8 @@ class MerchantColumns:
 
 #: Called with (release day, federation release) after every daily release.
 ReleaseHook = Callable[[int, np.ndarray], None]
+#: Makes a day's release from the banks' release vectors (in sorted bank order), e.g. a private release.
+Releaser = Callable[[int, list[np.ndarray]], np.ndarray]
 
 
 def daily_merchant_features(
@@ -270,32 +358,49 @@ def daily_merchant_features(
     cfg: MerchantRiskConfig,
     on_release: ReleaseHook | None = None,
     progress: bool = False,
+    releasers: Mapping[str, Releaser] | None = None,
 ) -> dict[int, MerchantColumns]:
-    """Replay the days: every bank computes its vector at the end of each day, the federation sums them, and each
-    transaction of day ``d`` gets the features of release ``d − 1`` (zeros before the first release).
+    """Replay the days: every bank computes its vectors at the end of each day, the federation sums the release
+    vectors, and each transaction of day ``d`` gets the features of release ``d − 1`` (the ``fed`` columns average
+    releases ``d − N .. d − 1``, N = ``release_average``; zeros before the first release).
 
-    ``on_release(day, release)`` sees every federation release (what an operator would be shown).
+    ``on_release(day, release)`` sees every clear federation release (what an operator would be shown);
+    each of ``releasers`` makes its own release from the same vectors (``private[name]`` columns), e.g. with noise.
     """
-    width = len(cfg.window_days) * (len(STATS) + len(RATES))
-    out = {b: MerchantColumns(np.zeros((len(a), width), np.float32), np.zeros((len(a), width), np.float32))
-           for b, a in banks.items()}
+    releasers = dict(releasers or {})
+    order = sorted(banks)
+    bank_width, fed_width = len(bank_feature_names(cfg)), len(release_feature_names(cfg))
+    out = {b: MerchantColumns(np.zeros((len(banks[b]), bank_width), np.float32),
+                              np.zeros((len(banks[b]), fed_width), np.float32),
+                              {n: np.zeros((len(banks[b]), fed_width), np.float32) for n in releasers})
+           for b in order}
     days = [a.day for a in banks.values() if len(a)]
     if not days:
         return out
+    recent: dict[str | None, deque[np.ndarray]] = {
+        n: deque(maxlen=cfg.release_average) for n in (None, *releasers)}
     first, last = min(int(d[0]) for d in days), max(int(d[-1]) for d in days)
     for release_day in tqdm(range(first - 1, last), desc="merchant releases", disable=not progress,
                             mininterval=2.0):
-        vectors = {b: bank_vector(a, release_day, cfg) for b, a in banks.items()}
-        release = federation_release(vectors.values())
+        shared = [release_vector(banks[b], release_day, cfg) for b in order]
+        recent[None].append(federation_release(shared))
         if on_release is not None:
-            on_release(release_day, release)
-        for b, activity in banks.items():
+            on_release(release_day, recent[None][-1])
+        for name, make in releasers.items():
+            recent[name].append(make(release_day, shared))
+        for b in order:
+            activity = banks[b]
             sl = activity.window(release_day + 1, release_day + 1)
             if sl.start == sl.stop:
                 continue
             rows, bucket = activity.row[sl], activity.bucket[sl]
-            out[b].bank[rows] = risk_columns(vectors[b], bucket)
-            out[b].fed[rows] = risk_columns(release, bucket)
-    logger.info("merchant_releases days=%d banks=%d window_days=%s delay_days=%d k=%d", last - first + 1,
-                len(banks), ",".join(map(str, cfg.window_days)), cfg.label_delay_days, cfg.max_merchants)
+            out[b].bank[rows] = risk_columns(bank_vector(activity, release_day, cfg), bucket)
+            out[b].fed[rows] = release_columns(list(recent[None]), bucket, cfg)
+            for name in releasers:
+                out[b].private[name][rows] = release_columns(list(recent[name]), bucket, cfg)
+    logger.info("merchant_releases days=%d banks=%d window_days=%s release_window_days=%s released=%s "
+                "delay_days=%d k=%d k_f=%d average=%d", last - first + 1, len(banks),
+                ",".join(map(str, cfg.window_days)), ",".join(map(str, cfg.release_window_days)),
+                ",".join(cfg.released_stats), cfg.label_delay_days, cfg.max_merchants, cfg.release_max_merchants,
+                cfg.release_average)
     return out

@@ -73,6 +73,7 @@ class CycleResult:
     labels_used: int = 0
     anomaly: str | None = None
     fraud: str | None = None
+    merchant_risk: str | None = None  # the release day written to the online store, or why none was
     seconds: dict[str, float] = field(default_factory=dict)
     resumed: list[str] = field(default_factory=list)
     done: bool = False
@@ -170,6 +171,22 @@ def _pin_champions(reg: ModelRegistry, cycle: str) -> None:
                           "(was following latest)")
 
 
+def _publish_merchant_risk(cfg: FedfraudConfig, data: Path, end: pd.Timestamp) -> str:
+    """The day's merchant-risk release into the online store (the job's schedule is the retrain schedule); a
+    store that was never applied is reported, not raised: the models of the cycle do not depend on it.
+    """
+    from fedfraud.feature_store.online import OnlineStateClient
+    from fedfraud.training.merchant_risk.publish import publish_release
+
+    try:
+        client = OnlineStateClient.open(cfg.features, cfg.egograph)
+    except UserError as err:
+        log.warning("retrain merchant_risk skipped: %s", err)
+        return f"skipped: {err}"
+    done = publish_release(cfg, data, client, pd.Timestamp(end).date().isoformat(), progress=False)
+    return done.date
+
+
 def run_cycle(cfg: FedfraudConfig, data: Path, registry: Path, *, bank: int | None = None,
               end: pd.Timestamp | None = None, trigger: str = "manual") -> CycleResult:
     """Run (or resume, or return) the cycle of ``data``'s window ending at ``end`` (default: its newest row).
@@ -230,6 +247,11 @@ def run_cycle(cfg: FedfraudConfig, data: Path, registry: Path, *, bank: int | No
                                            anomaly_version=result.anomaly.rsplit(":v", 1)[-1])
             result.fraud = version.tag
             result.seconds["fraud"] = round(time.perf_counter() - t0, 2)
+            _save(state_path, result)
+        if result.merchant_risk is None and cfg.fraud.merchant_risk_features:
+            t0 = time.perf_counter()
+            result.merchant_risk = _publish_merchant_risk(cfg, data, end)
+            result.seconds["merchant_risk"] = round(time.perf_counter() - t0, 2)
             _save(state_path, result)
         reg = ModelRegistry(registry)
         evidence = {"cycle": cycle, "trigger": trigger, "window": [result.window_start, result.window_end],
