@@ -166,7 +166,18 @@ def test_csv_without_labels_is_one_line_error(world, tmp_path, capsys):
     labelled = bank_features(world["data"], 0, FraudConfig(), EncoderConfig(), PrivacyConfig(), scorer)
     assert model.transitions is not None and model.transitions == labelled.transitions
     assert "mcc_transition_surprise" in model.used
-    decisions = model.predict_batch(feats.X[:25])
+    # the model reads the merchant-risk columns after the row (the releases replayed over the scored data, as
+    # `fedfraud score` does); unlabelled rows make releases with no fraud in them
+    from fedfraud.serving.fraud_stage import merchant_risk_for
+    from fedfraud.training.merchant_risk.config import MerchantNoiseConfig
+    from fedfraud.training.merchant_risk.features import dataset_columns
+
+    config = ModelRegistry(world["registry"]).get("fraud", "latest").config
+    risk = merchant_risk_for(config)
+    assert risk is not None
+    merchant = dataset_columns(ingested, EncoderConfig(), PrivacyConfig(), risk,
+                               MerchantNoiseConfig.model_validate(config["merchant_noise"]))[0]
+    decisions = model.predict_batch(np.hstack([feats.X, merchant])[:25])
     assert len(decisions) == 25 and all(0 <= d.score <= 1 and len(d.top_reasons) == 3 for d in decisions)
 
 

@@ -39,7 +39,7 @@ def test_backtest_writes_every_variant_for_every_replayed_transaction(world, cap
     code = main(["--log-level", "WARNING", "--set", "fraud.num_boost_round=20", "--set", "fraud.threshold_bins=200",
                  "eval", "backtest", "--csv", str(world["csv"]), "--format", "sparkov", "--banks", "2",
                  "--train-until", CUT, "--labels-delay-days", str(DELAY), "--scenarios", str(world["scenarios"]),
-                 "--window-days", "3,7", "--reps", "50", "--out", str(out)])
+                 "--window-days", "3,7", "--release-window-days", "7", "--reps", "50", "--out", str(out)])
     assert code == 0
     scores = pd.read_csv(out / "scores.csv", dtype={"transaction_id": str})
     assert list(scores.columns) == ["transaction_id", "variant", "fraud_score"]
@@ -55,8 +55,8 @@ def test_backtest_writes_every_variant_for_every_replayed_transaction(world, cap
         assert heading in printed
     assert (out / "report.md").read_text(encoding="utf-8") in printed
     releases = pd.read_csv(out / "merchant_releases.csv")
-    assert {"release_day", "bucket", "frauds_3d", "sole_frauds_7d"} <= set(releases.columns)
-    assert (releases["release_day"] < CUT).any() and (releases["frauds_3d"] > 0).all()
+    assert {"release_day", "bucket", "frauds_7d"} <= set(releases.columns)  # the release: frauds only
+    assert (releases["release_day"] < CUT).any() and (releases["frauds_7d"] > 0).all()
 
 
 def test_epsilon_adds_private_rows_and_a_huge_epsilon_scores_as_the_clear_row(world, capsys):

@@ -35,6 +35,7 @@ def world(tmp_path_factory, ray_session, kafka_broker, api_token):
     from fedfraud.config import load_config, update_section
     from fedfraud.feature_store.feast_store import apply_repo, materialize_repo, open_store
     from fedfraud.feature_store.offline import write_offline
+    from fedfraud.feature_store.online import OnlineStateClient
     from fedfraud.serving.broker import free_port
     from fedfraud.serving.runtime import start
     from fedfraud.serving.warm import warm_fraud_state
@@ -44,6 +45,7 @@ def world(tmp_path_factory, ray_session, kafka_broker, api_token):
     from fedfraud.training.anomaly.federated.task import RunSettings
     from fedfraud.training.anomaly.federated.trainer import run_federated
     from fedfraud.training.fraud.pipeline import train_and_publish
+    from fedfraud.training.merchant_risk.publish import publish_release
 
     tmp = tmp_path_factory.mktemp("loop")
     world_cfg = GeneratorConfig(banks=2, cardholders=160, days=30, fraud_rate=0.02, seed=21)
@@ -61,6 +63,8 @@ def world(tmp_path_factory, ray_session, kafka_broker, api_token):
                   banks=[0], progress=False)
     apply_repo(store)
     materialize_repo(store)
+    # the daily merchant-risk job, as a deployment runs it: the champion reads its merchants' rows
+    publish_release(cfg, split.history, OnlineStateClient.open(cfg.features, cfg.egograph), progress=False)
     warm_fraud_state(cfg, split.history)  # serving continues each card's fraud features from its history
     ray_session()  # Flower's simulation shut the session's Ray down
     rt = start(cfg, bootstrap_servers=kafka_broker.bootstrap_servers, apply_features=False)

@@ -191,7 +191,7 @@ def _drift_reference(model: Any, banks: dict[int, FraudFeatures], bank: int, roo
 def _scenario_metrics(test: FraudFeatures, bank: np.ndarray, scores: np.ndarray, labels_root: Path
                       ) -> dict[str, float]:
     """Test ROC-AUC of each fraud scenario's frauds against every legitimate test row (the generator's labels)."""
-    from fedfraud.bench.detection import scenario_aucs, scenario_column
+    from fedfraud.training.data.scenarios import scenario_aucs, scenario_column
 
     rows = pd.DataFrame({"bank": bank, "transaction_id": test.transaction_id.astype(str), "is_fraud": test.label,
                          "fraud_score": scores})
