@@ -45,7 +45,7 @@ import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, UTC
-from typing import Literal, Protocol
+from typing import Literal, Protocol, cast
 
 import numpy as np
 import pandas as pd
@@ -484,7 +484,9 @@ def _graph(
     (``test_fast_graph_matches_keyword_constructor`` guards this against PyG changes).
     """
     data = Data()
-    mapping = {"x": x, "edge_index": edge_index, "edge_attr": edge_attr, "merchant": merchant, "history": history}
+    mapping: dict[str, torch.Tensor | int] = {
+        "x": x, "edge_index": edge_index, "edge_attr": edge_attr, "merchant": merchant, "history": history
+    }
     if not x.shape[0]:
         mapping["num_nodes"] = 0  # not inferable from an empty x
     data._store._mapping.update(mapping)
@@ -603,7 +605,7 @@ def iter_snapshot_pairs(
     cfg: EgoGraphConfig,
     min_transactions_per_month: float | None = None,
     progress: bool = False,
-    split_of: Callable[[str], str] | None = None,
+    split_of: Callable[[str], Literal["train", "val", "test"]] | None = None,
 ) -> Iterator[SnapshotPair]:
     """Yield (G_{t-1}, G_t) for every transaction of every active cardholder, cardholder by cardholder.
 
@@ -679,8 +681,9 @@ def iter_snapshot_pairs(
                     current=current,
                     is_fraud=None if label is None else bool(label),
                     split=split,
-                    event=state.last_event,
-                    prior=state.prior,
+                    # update() returned True, so it set both (they are None only before the first update)
+                    event=cast(np.ndarray, state.last_event),
+                    prior=cast(np.ndarray, state.prior),
                     position=position[i],
                 ))
             previous = current
@@ -698,7 +701,7 @@ def build_snapshot_pairs(
     cfg: EgoGraphConfig,
     min_transactions_per_month: float | None = None,
     progress: bool = False,
-    split_of: Callable[[str], str] | None = None,
+    split_of: Callable[[str], Literal["train", "val", "test"]] | None = None,
 ) -> list[SnapshotPair]:
     """All pairs of :func:`iter_snapshot_pairs` as a list."""
     return list(iter_snapshot_pairs(frame, featurizer, cfg, min_transactions_per_month, progress, split_of))

@@ -40,6 +40,9 @@ from fedfraud.feature_store.store_config import FeatureStoreConfig
 if TYPE_CHECKING:
     from feast import FeatureStore, FeatureView
     from feast.infra.online_stores.online_store import OnlineStore
+    from feast.infra.online_stores.sqlite import SqliteOnlineStore
+    from feast.protos.feast.types.EntityKey_pb2 import EntityKey
+    from feast.protos.feast.types.Value_pb2 import Value
     from feast.repo_config import RepoConfig
 
     from fedfraud.feature_store.redis_store import MultiViewRedisOnlineStore
@@ -110,7 +113,7 @@ class _ViewIO:
             if kinds is None:
                 kinds = self._kinds[table.name] = {f.name: value_kind(f.dtype) for f in table.features}
             keys = _entity_keys([entity for entity, *_ in view_rows])
-            data = [
+            data: list[tuple[EntityKey, dict[str, Value], datetime, datetime | None]] = [
                 (key, {name: to_proto(kinds[name], v) for name, v in values.items()}, ts, created)
                 for key, (_, values, ts, created) in zip(keys, view_rows, strict=True)
             ]
@@ -167,7 +170,7 @@ class _SqliteViewIO(_ViewIO):
     rollback) ends the batch. WAL lets readers of other processes go on while a replica writes.
     """
 
-    def __init__(self, online: OnlineStore, config: RepoConfig) -> None:
+    def __init__(self, online: SqliteOnlineStore, config: RepoConfig) -> None:
         super().__init__(online, config)
         self._conn = online._get_conn(config)  # Feast's SqliteOnlineStore keeps one connection per store
         self._conn.execute("PRAGMA journal_mode=WAL")
@@ -221,12 +224,12 @@ def _view_io(config: RepoConfig) -> _ViewIO:
     return _ViewIO(online, config)
 
 
-def _entity_keys(entities: Sequence[Entity]) -> list[Any]:
+def _entity_keys(entities: Sequence[Entity]) -> list[EntityKey]:
     """Feast entity keys: ``cardholder`` for a pseudonym, ``(bank, merchant)`` for a merchant tuple."""
     from feast.protos.feast.types.EntityKey_pb2 import EntityKey
     from feast.protos.feast.types.Value_pb2 import Value
 
-    def key(e: Entity) -> Any:
+    def key(e: Entity) -> EntityKey:
         if isinstance(e, str):
             return EntityKey(join_keys=["cardholder"], entity_values=[Value(string_val=e)])
         if isinstance(e[1], str):
@@ -328,7 +331,9 @@ class OnlineStateClient:
     # ------------------------------------------------------------------ write
     def _cardholder_rows(self, states: Sequence[CardholderState]) -> list[tuple[FeatureView, ViewRows]]:
         now = datetime.now(UTC)
-        ego_rows, time_rows, act_rows = [], [], []
+        ego_rows: ViewRows = []
+        time_rows: ViewRows = []
+        act_rows: ViewRows = []
         for s in states:
             act = s.activity
             ts = _from_us(act.last_seen_us) if act.tx_count else now

@@ -150,7 +150,7 @@ class MultiViewRedisOnlineStore(RedisOnlineStore):
         client = self._get_client(store_cfg)
         with client.pipeline(transaction=False) as pipe:
             for redis_key, mapping in merged.items():
-                pipe.hset(redis_key, mapping=mapping)  # type: ignore[arg-type]
+                pipe.hset(redis_key, mapping=mapping)
                 if store_cfg.key_ttl_seconds:
                     pipe.expire(name=redis_key, time=store_cfg.key_ttl_seconds)
             pipe.execute()

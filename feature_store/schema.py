@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pandas as pd
@@ -720,9 +720,10 @@ def _clean_records(records: Sequence[Any], window: tuple[float, float], card_tok
                 or type(label) not in (type(None), bool, int) or label not in _LABELS
                 or not (geo is None or isinstance(geo, str))):
             return None
-        if card_tokens and (not is_card_token(texts[1]) or any(card_number_spans(t) for t in texts)):
+        clean_texts = cast("list[str]", texts)  # `None in texts` was ruled out above
+        if card_tokens and (not is_card_token(clean_texts[1]) or any(card_number_spans(t) for t in clean_texts)):
             return None
-        for c, value in zip(TEXT_COLUMNS, texts, strict=True):
+        for c, value in zip(TEXT_COLUMNS, clean_texts, strict=True):
             text[c].append(value)
         stamps_us.append(stamp[0])
         stamps.append(stamp[1])

@@ -236,7 +236,7 @@ class RedisProfile(OnlineProfile):
             raise UserError(f"a direct client needs redis_type: redis, not {self.redis_type}")
         options = dict(p.split("=", 1) for p in self.connection_string.split(",") if "=" in p)
         host, port = self.address()
-        tls = {"ssl_cert_reqs": "required", "ssl_check_hostname": True} if self.ssl else {}
+        tls: dict[str, Any] = {"ssl_cert_reqs": "required", "ssl_check_hostname": True} if self.ssl else {}
         return redis.Redis(host=host, port=port, db=int(options.get("db", 0)) if db is None else db,
                            password=self.require_password(), ssl=self.ssl, ssl_ca_certs=self.ssl_ca_certs, **tls)
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -27,7 +28,9 @@ from fedfraud.serving.follow import moved
 from fedfraud.serving.metrics import StageClock
 
 if TYPE_CHECKING:
+    from fedfraud.serving.anomaly_stage import GraphScorer
     from fedfraud.serving.config import ScorerConfig
+    from fedfraud.training.fraud.model import FraudModel
 
 __all__ = ["HotPath"]
 
@@ -49,9 +52,9 @@ class HotPath:
         s = cfg.serving
         self.serving = s
         self.registry = ModelRegistry(s.registry_root)
-        loader = _resolve(anomaly_loader)
-        self._load_anomaly = lambda v: loader(self.registry, v)
-        self._load_fraud = lambda v: load_fraud_model(self.registry, v)
+        loader: Callable[[ModelRegistry, str], GraphScorer] = _resolve(anomaly_loader)
+        self._load_anomaly: Callable[[str], GraphScorer] = lambda v: loader(self.registry, v)
+        self._load_fraud: Callable[[str], tuple[FraudModel, str]] = lambda v: load_fraud_model(self.registry, v)
         self.clock = StageClock()
         self.privacy = cfg.privacy
         kv = open_kv(s.fraud_state_path, Path(cfg.features.repo_dir), s.fraud_state_password_env,
