@@ -332,6 +332,10 @@ def _stage_merchant_risk(cfg: FedfraudConfig, args: DemoArgs, ctx: dict[str, Any
                           "(Skellam noise in each bank, SecAgg+ sum)"),
             "flagged_merchants": [f"bank {r.bank}: {r.merchant_id} ({r.fed_frauds:.1f} frauds, averaged)"
                                   for r in flagged.head(5).itertuples()],
+            # what a flag is worth: the noise std of one averaged value (all banks summed), against its frauds
+            "noise_std_of_averaged_value": round(
+                float(card["noise_std"]) * (args.banks / float(card["min_banks_summed"])) ** 0.5
+                / cfg.merchant_risk.release_average ** 0.5, 2),
             "breached_by_generator": sorted(breached),
             "breached_flagged": sorted(breached & set(flagged["merchant_id"])),
         },
