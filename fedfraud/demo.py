@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -67,6 +69,8 @@ class DemoReport:
 
     out: Path
     stages: list[StageResult] = field(default_factory=list)
+    #: the machine's 1-minute load average before and after each stage, by stage name
+    load_avg_1m: dict[str, tuple[float, float]] = field(default_factory=dict)
 
     @property
     def seconds(self) -> float:
@@ -76,8 +80,17 @@ class DemoReport:
         return {
             "out": str(self.out),
             "seconds": round(self.seconds, 2),
+            "cpus": os.cpu_count(),
+            "load_avg_1m": {k: [round(a, 2), round(b, 2)] for k, (a, b) in self.load_avg_1m.items()},
             "stages": [{"name": s.name, "seconds": round(s.seconds, 2), **s.summary} for s in self.stages],
         }
+
+    def extra(self) -> dict[str, Any]:
+        """The stages' raw arrays the summary does not keep (:func:`fedfraud.report.render_report`'s ``extra``)."""
+        out: dict[str, Any] = {}
+        for s in self.stages:
+            out.update(s.plots)
+        return out
 
 
 # ---------------------------------------------------------------------------- stages
@@ -212,6 +225,7 @@ def _stage_train_anomaly(cfg: FedfraudConfig, args: DemoArgs, ctx: dict[str, Any
         "test_frauds": quality["frauds"],
         "baselines_roc_auc": {k: round(v.value, 3) for k, v in quality["baselines"].items()},
         "score_cpu_ms_per_tx": round(quality["score_ms_per_tx"], 3),
+        "seconds_per_round": [round(x, 1) for x in result.seconds_per_round],
     }
     if "per_scenario" in quality:
         summary["roc_auc_by_scenario"] = {k: round(v["roc_auc"], 3) for k, v in quality["per_scenario"].items()}
@@ -219,7 +233,7 @@ def _stage_train_anomaly(cfg: FedfraudConfig, args: DemoArgs, ctx: dict[str, Any
         "train anomaly",
         result.wall_seconds,
         summary,
-        plots={"seconds per round": dict(enumerate(round(x, 1) for x in result.seconds_per_round))},
+        plots={"seconds_per_round": list(result.seconds_per_round)},
     )
 
 
@@ -234,7 +248,8 @@ def _stage_train_fraud(cfg: FedfraudConfig, args: DemoArgs, ctx: dict[str, Any])
     return StageResult(
         "train fraud",
         time.perf_counter() - t0,
-        {"model": version.tag, **{k: round(v, 4) for k, v in metrics.items() if isinstance(v, float)}},
+        {"model": version.tag, **{k: round(v, 4) if isinstance(v, float) else v for k, v in metrics.items()
+                                   if isinstance(v, float | int) and not isinstance(v, bool)}},
     )
 
 
@@ -415,7 +430,9 @@ def _stage_stream(cfg: FedfraudConfig, args: DemoArgs, ctx: dict[str, Any]) -> S
         # 4. the promotion policy on the labelled transactions both models scored
         decision = decide_promotion(ctx["registry"], outcomes, update_section(
             cfg, "retrain", min_frauds=args.policy_min_frauds).retrain, actor="demo")
-        loop["policy"] = {"action": decision.action, "reason": decision.reason}
+        loop["policy"] = {"action": decision.action, "reason": decision.reason,
+                          "evidence": _policy_evidence(decision.evidence)}
+        loop["drift_psi_threshold"] = cfg.retrain.drift_psi_threshold
         if decision.action == "promote":
             champion = decision.challenger
             _wait_for(lambda: f'tag="{champion}"' in _metrics(runtime.url, runtime.headers), 60,
@@ -434,7 +451,7 @@ def _stage_stream(cfg: FedfraudConfig, args: DemoArgs, ctx: dict[str, Any]) -> S
     first_seen: dict[str, dict[str, Any]] = {}
     for d in decisions:
         first_seen.setdefault(d["transaction_id"], d)
-    summary = _decision_quality(cfg, live, first_seen)
+    summary, stream_labels, stream_scores = _decision_quality(cfg, live, first_seen)
     latency = np.concatenate([part_a.latencies_ms, part_b.latencies_ms])
     missing = part_a.missing | part_b.missing
     seconds = time.perf_counter() - t0
@@ -448,6 +465,7 @@ def _stage_stream(cfg: FedfraudConfig, args: DemoArgs, ctx: dict[str, Any]) -> S
             "missing": len(missing),
             "dead_lettered": len(part_a.dead_letters),
             "dlq_reasons": sorted({str(d.get("reason")) for d in part_a.dead_letters}),
+            "dlq_by_reason": dict(sorted(Counter(str(d.get("reason")) for d in part_a.dead_letters).items())),
             "offered_tx_per_s": args.stream_rate,
             "achieved_tx_per_s": round((part_a.stats.sent + part_b.stats.sent)
                                        / (part_a.stats.seconds + part_b.stats.seconds), 1),
@@ -462,12 +480,16 @@ def _stage_stream(cfg: FedfraudConfig, args: DemoArgs, ctx: dict[str, Any]) -> S
             "labels_sent": part_a.stats.labels_sent + part_b.stats.labels_sent,
             **loop,
         },
-        plots={"end-to-end latency (ms)": latency.tolist()},
+        plots={"latency_ms": {"champion alone": part_a.latencies_ms, "challenger shadowing": part_b.latencies_ms},
+               "stream_labels": stream_labels, "stream_scores": stream_scores},
     )
 
 
-def _decision_quality(cfg: FedfraudConfig, live: pd.DataFrame, first: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """Precision, recall, F1 and PR-AUC of the streamed decisions against the live tail's labels."""
+def _decision_quality(cfg: FedfraudConfig, live: pd.DataFrame, first: dict[str, dict[str, Any]]
+                      ) -> tuple[dict[str, Any], np.ndarray, np.ndarray]:
+    """Precision, recall, F1, PR-AUC and the confusion counts of the streamed decisions against the live tail's
+    labels, and the labels and scores themselves (for the report's curves).
+    """
     from fedfraud.training.fraud.metrics import classification_metrics
 
     labels = live.set_index("transaction_id")["is_fraud"].astype("boolean")
@@ -477,8 +499,24 @@ def _decision_quality(cfg: FedfraudConfig, live: pd.DataFrame, first: dict[str, 
     flagged = np.array([first[t]["decision"] == "fraud" for t in decided])
     threshold = float(np.min(score[flagged])) if flagged.any() else float(np.max(score) + 1e-9)
     quality = classification_metrics(y, score, threshold, cfg.fraud.fpr_target)
-    return {"frauds_streamed": int(y.sum()), "flagged": int(flagged.sum()), "precision": round(quality.precision, 4),
-            "recall": round(quality.recall, 4), "f1": round(quality.f1, 4), "pr_auc": round(quality.pr_auc, 4)}
+    pred = score >= threshold  # as classification_metrics counts, so the matrix agrees with precision and recall
+    confusion = {"tp": int((y & pred).sum()), "fp": int((~y & pred).sum()), "fn": int((y & ~pred).sum()),
+                 "tn": int((~y & ~pred).sum())}
+    return ({"frauds_streamed": int(y.sum()), "flagged": int(flagged.sum()), "precision": round(quality.precision, 4),
+             "recall": round(quality.recall, 4), "f1": round(quality.f1, 4), "pr_auc": round(quality.pr_auc, 4),
+             "confusion": confusion}, y, score)
+
+
+def _policy_evidence(evidence: dict[str, Any]) -> dict[str, Any]:
+    """The policy's figures (point values, the difference and its 95% interval per metric), rounded for the summary."""
+    out: dict[str, Any] = {k: evidence[k] for k in ("transactions", "frauds") if k in evidence}
+    for metric in ("pr_auc", "recall_at_fpr"):
+        if isinstance(evidence.get(metric), dict):
+            f = evidence[metric]
+            out[metric] = {"champion": round(float(f["champion"]), 4), "challenger": round(float(f["challenger"]), 4),
+                           "difference": round(float(f["difference"]), 4),
+                           "difference_95ci": [round(float(x), 4) for x in f["difference_95ci"]]}
+    return out
 
 
 def _not_yet_due(frame: pd.DataFrame, delay_s: float) -> int:
@@ -538,7 +576,7 @@ STAGES: list[Stage] = [
 
 def run_demo(cfg: FedfraudConfig, args: DemoArgs, progress: Callable[[str], None] | None = None) -> DemoReport:
     """Run every stage in order and write ``summary.json`` and ``report.html`` under ``args.out``."""
-    from fedfraud.report import write_html_report
+    from fedfraud.report import render_report
 
     from fedfraud.config import update_section
     from fedfraud.feature_store.privacy import per_run_secret
@@ -561,12 +599,14 @@ def run_demo(cfg: FedfraudConfig, args: DemoArgs, progress: Callable[[str], None
         name = stage.__name__.removeprefix("_stage_")
         if progress:
             progress(f"[{len(report.stages) + 1}/{len(STAGES)}] {name} ...")
-        t0 = time.perf_counter()
+        t0, load0 = time.perf_counter(), os.getloadavg()[0]
         result = stage(cfg, args, ctx)
         log.info("demo stage=%s seconds=%.2f", result.name, time.perf_counter() - t0)
         report.stages.append(result)
-    (args.out / "summary.json").write_text(json.dumps(report.to_json(), indent=2, default=str), encoding="utf-8")
-    write_html_report(report, args.out / "report.html")
+        report.load_avg_1m[result.name] = (load0, os.getloadavg()[0])
+    summary = report.to_json()
+    (args.out / "summary.json").write_text(json.dumps(summary, indent=2, default=str), encoding="utf-8")
+    render_report(summary, args.out / "report.html", extra=report.extra())
     return report
 
 
