@@ -22,7 +22,7 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(typecheck)
-	$(PY) -m pytest -q -m "not long" tests
+	$(PY) -m pytest -q -m "not long" --durations=15 tests
 
 # mypy on the typed public API ([tool.mypy] in pyproject.toml lists the modules). mypy cannot follow setup.py's
 # folder map through the editable install's import hook, so build/mypy-path/fedfraud/ links training/, serving/
