@@ -26,22 +26,29 @@ models_app = typer.Typer(name="models", help="Registry versions and the champion
 
 KindArg = Annotated[str, typer.Argument(help="model kind: anomaly, fraud or tokenizer")]
 ReasonOption = Annotated[str, typer.Option("--reason", help="why (kept in the audit log)")]
+RegistryOption = Annotated[
+    str | None, typer.Option("--registry", help="registry folder (default: serving.registry_root)")
+]
+#: The figures `models list` shows per kind, in order, when a card has them (a card's other keys stay in --json).
+HEADLINE: tuple[str, ...] = ("test_pr_auc", "test_recall_at_fpr", "test_f1", "fraud_roc_auc_mean",
+                             "fraud_pr_auc_mean", "val_loss_mean", "rounds", "psi_doc", "vocab_size")
 
 
 @models_app.callback()
 def _models(
     ctx: typer.Context,
-    registry: Annotated[
-        str | None, typer.Option("--registry", help="registry folder (default: serving.registry_root)")
-    ] = None,
+    registry: RegistryOption = None,
 ) -> None:
     ctx.meta["registry"] = registry
 
 
-def _registry(ctx: typer.Context):  # noqa: ANN202 - ModelRegistry, imported lazily
+def _registry(ctx: typer.Context, registry: str | None = None):  # noqa: ANN202 - ModelRegistry, imported lazily
+    """The subcommand's ``--registry``, else the group's (``fedfraud models --registry DIR list``), else the
+    config's ``serving.registry_root``.
+    """
     from fedfraud.training.registry import ModelRegistry
 
-    return ModelRegistry(ctx.meta.get("registry") or config_of(ctx).serving.registry_root)
+    return ModelRegistry(registry or ctx.meta.get("registry") or config_of(ctx).serving.registry_root)
 
 
 def _kind(kind: str) -> str:
@@ -62,9 +69,12 @@ def list_models(
     ctx: typer.Context,
     kind: Annotated[str | None, typer.Argument(help="one kind (default: all)")] = None,
     audit: Annotated[bool, typer.Option("--audit", help="also print the alias audit log")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="every version as one JSON document (all metrics)")] = False,
+    registry: RegistryOption = None,
 ) -> None:
     """Versions with their aliases, creation time and headline metrics."""
-    reg = _registry(ctx)
+    reg = _registry(ctx, registry)
+    documents: dict[str, list[dict[str, object]]] = {}
     for k in [_kind(kind)] if kind else list(KINDS):
         versions = reg.versions(k)
         if not versions:
@@ -75,16 +85,22 @@ def list_models(
             by_version.setdefault(number, []).append(name)
         if "champion" not in aliases:
             by_version.setdefault(versions[-1].version, []).append("champion (newest; none promoted)")
+        documents[k] = [{"version": v.version, "created_at": v.created_at, "aliases": by_version.get(v.version, []),
+                         "metrics": v.metrics} for v in versions]
+        if as_json:
+            continue
         typer.echo(f"{k}:")
         for v in versions:
-            metrics = {m: round(x, 4) for m, x in v.metrics.items() if isinstance(x, (int, float))}
-            shown = ", ".join(f"{m}={x}" for m, x in list(metrics.items())[:4])
+            shown = ", ".join(f"{m}={round(v.metrics[m], 4)}" for m in HEADLINE
+                              if isinstance(v.metrics.get(m), (int, float)))
             tags = f"  [{', '.join(by_version[v.version])}]" if v.version in by_version else ""
             typer.echo(f"  v{v.version}  {v.created_at}  {shown}{tags}")
-        if audit:
+        if audit and not as_json:
             for entry in reg.audit(k):
                 typer.echo(f"    {entry['at']} {entry['alias']}: {entry['from']} -> {entry['to']} by {entry['actor']}"
                            f" ({entry['reason']}) {json.dumps(entry['evidence'], sort_keys=True)}")
+    if as_json:
+        typer.echo(json.dumps(documents, indent=2, sort_keys=True, default=str))
 
 
 @models_app.command("promote")
@@ -93,17 +109,18 @@ def promote(
     kind: KindArg,
     version: Annotated[str, typer.Argument(help="version to make champion: 3, v3 or challenger")],
     reason: ReasonOption,
+    registry: RegistryOption = None,
 ) -> None:
     """Make a version the champion (serving swaps it in without losing a transaction)."""
-    entry = _registry(ctx).promote(_kind(kind), version, actor=_actor(), reason=reason)
+    entry = _registry(ctx, registry).promote(_kind(kind), version, actor=_actor(), reason=reason)
     typer.echo(f"{kind} champion: v{entry['from']} -> v{entry['to']}" if entry["from"] else
                f"{kind} champion: v{entry['to']}")
 
 
 @models_app.command("rollback")
-def rollback(ctx: typer.Context, kind: KindArg, reason: ReasonOption) -> None:
+def rollback(ctx: typer.Context, kind: KindArg, reason: ReasonOption, registry: RegistryOption = None) -> None:
     """Make the previous champion champion again."""
-    entry = _registry(ctx).rollback(_kind(kind), actor=_actor(), reason=reason)
+    entry = _registry(ctx, registry).rollback(_kind(kind), actor=_actor(), reason=reason)
     typer.echo(f"{kind} champion: v{entry['from']} -> v{entry['to']} (rolled back)")
 
 

@@ -75,3 +75,16 @@ def test_cli_promote_list_rollback(tmp_path: Path, capsys: pytest.CaptureFixture
     assert "v1" in listing and "[champion]" in listing and "rollback: drift alarm" in listing
     lines = (tmp_path / "fraud" / "audit.jsonl").read_text(encoding="utf-8").splitlines()
     assert [json.loads(x)["reason"] for x in lines] == ["baseline", "retrained", "rollback: drift alarm"]
+
+
+def test_cli_registry_on_the_subcommand_and_list_as_json(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    reg = ModelRegistry(tmp_path / "reg")
+    _publish(reg, 2)
+    assert main(["models", "promote", "fraud", "2", "--reason", "r", "--registry", str(tmp_path / "reg")]) == 0
+    capsys.readouterr()
+    assert main(["models", "list", "fraud", "--json", "--registry", str(tmp_path / "reg")]) == 0
+    listing = json.loads(capsys.readouterr().out)
+    assert [v["version"] for v in listing["fraud"]] == [1, 2]
+    assert listing["fraud"][1]["aliases"] == ["champion"] and listing["fraud"][0]["aliases"] == []
+    assert main(["models", "--registry", str(tmp_path / "reg"), "list", "fraud"]) == 0  # the group's, as before
+    assert "[champion]" in capsys.readouterr().out
