@@ -15,6 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated
 
+import click
 import typer
 
 from fedfraud.cli.common import config_of
@@ -26,7 +27,8 @@ eval_app = typer.Typer(name="eval", help="Evaluations on labelled data (print ma
                        no_args_is_help=True)
 
 DataOption = Annotated[Path, typer.Option("--data", help="dataset directory (bank_<k>/...) or a Sparkov/TabFormer CSV")]
-FormatOption = Annotated[str | None, typer.Option("--format", help="CSV format: sparkov, tabformer or auto")]
+FormatOption = Annotated[str | None, typer.Option("--format", help="CSV format (default: ingest.format)",
+                                                  click_type=click.Choice(["auto", "sparkov", "tabformer"]))]
 BanksOption = Annotated[int | None, typer.Option("--banks", min=2, help="banks to split a CSV into")]
 RegistryOption = Annotated[Path, typer.Option("--registry", help="model registry holding the anomaly model")]
 AnomalyVersionOption = Annotated[str, typer.Option("--anomaly-version", help="anomaly model version (or latest)")]

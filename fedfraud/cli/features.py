@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated
 
+import click
 import typer
 
 from fedfraud.config import update_section
@@ -26,7 +27,8 @@ features_app = typer.Typer(
 )
 
 StoreOption = Annotated[
-    str | None, typer.Option("--store", help="online store profile: sqlite | redis (default: features.profile)")
+    str | None, typer.Option("--store", help="online store profile (default: features.profile)",
+                             click_type=click.Choice(["sqlite", "redis"]))
 ]
 RepoOption = Annotated[
     Path | None, typer.Option("--repo", help="working Feast repo folder (default: features.repo_dir)")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated
 
+import click
 import typer
 
 from fedfraud.cli.common import config_of, parse_shares, readable_file
@@ -19,7 +20,8 @@ def register(app: typer.Typer) -> None:
         ctx: typer.Context,
         path: Annotated[Path, typer.Argument(help="CSV file: Sparkov pipe, Kaggle fraudTrain.csv or TabFormer")],
         out: Annotated[Path, typer.Option("--out", "-o", help="dataset directory to write")] = Path("data/ingested"),
-        fmt: Annotated[str | None, typer.Option("--format", help="sparkov, tabformer or auto (by header)")] = None,
+        fmt: Annotated[str | None, typer.Option("--format", help="CSV format; auto: by header (default: ingest.format)",
+                                                click_type=click.Choice(["auto", "sparkov", "tabformer"]))] = None,
         banks: Annotated[int | None, typer.Option("--banks", help="number of banks")] = None,
         partition: Annotated[
             str | None, typer.Option("--partition", help="hash (IID by cardholder) or region (non-IID by home state)")

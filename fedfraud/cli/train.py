@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated
 
+import click
 import typer
 
 from fedfraud.cli.common import config_of, existing_dir
@@ -97,7 +98,8 @@ def fraud(
         "artifacts"
     ),
     variant: Annotated[
-        str | None, typer.Option("--variant", help="federated (histogram), federated-bagging, centralized or local")
+        str | None, typer.Option("--variant", help="federated: histogram federation (default: fraud.variant)",
+                                 click_type=click.Choice(["federated", "federated-bagging", "centralized", "local"]))
     ] = None,
     bank: Annotated[int, typer.Option("--bank", help="which bank's model to publish with --variant local")] = 0,
     no_anomaly_score: Annotated[bool, typer.Option("--no-anomaly-score", help="train without the AS feature")] = False,
