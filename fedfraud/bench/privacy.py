@@ -28,8 +28,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fedfraud.bench.detection import DETECTION_SETTINGS, bootstrap_splits, ingested, score_split, train_run
-from fedfraud.bench.intervals import Interval, TrainedRunsBench, paired_difference_rows
+from fedfraud.bench.detection import (
+    DETECTION_SETTINGS,
+    bootstrap_splits,
+    ingested,
+    score_split,
+    split_counts,
+    train_run,
+)
+from fedfraud.bench.intervals import Interval, TrainedRunsBench, bootstrap_by_group, paired_difference_rows
 from fedfraud.feature_store.config import PrivacyConfig
 
 __all__ = ["PRIVACY_EPSILONS", "PrivacyBench", "PrivacyRun", "run_privacy_bench"]
@@ -54,6 +61,7 @@ class PrivacyRun:
     wall_seconds: float
     registry: Path
     features: str = "thesis"
+    unit: str = "bank"
 
     @property
     def name(self) -> str:
@@ -82,10 +90,16 @@ class PrivacyBench(TrainedRunsBench[PrivacyRun]):
                     f"baseline ({best.split(':', 1)[1]}, {bar:.3f})"
                 )
         off = self.val.get(_name(math.inf), {}).get("roc_auc")
+        why = (
+            "The per-cardholder noise still costs more than the model adds over the baselines at this number of "
+            "cardholders"
+            if self.settings.get("unit") == "cardholder"
+            else "With 5 banks, noise sized for one bank's whole update swamps the averaged update"
+        )
         return math.inf, (
             f"no finite ε in the table keeps the validation ROC-AUC interval above the best label-free baseline "
-            f"({best.split(':', 1)[1]}, {bar:.3f}); DP off reaches {off}. With 5 banks, noise sized for one bank's "
-            "whole update swamps the averaged update, so the default stays DP off and every card says so"
+            f"({best.split(':', 1)[1]}, {bar:.3f}); DP off reaches {off}. {why}, so the default stays DP off and "
+            "every card says so"
         )
 
     def _table(self, table: dict[str, dict[str, Interval]], with_runs: bool) -> list[str]:
@@ -105,7 +119,10 @@ class PrivacyBench(TrainedRunsBench[PrivacyRun]):
                 c = run.card
                 on = c.get("dp") == "on"
                 z = f"{c['noise_multiplier']:.3f}" if on else "—"
-                std = f"{c['noise_std'][0]:.4f}" if on else "—"
+                std = "—"
+                if on:  # bank level: on the server's mean; cardholder level: on a bank's sum of clipped gradients
+                    value = c["noise_std"][0] if "noise_std" in c else c["noise_multiplier"] * c["clipping_norm"]
+                    std = f"{value:.4f}"
                 eps = f"{c['epsilon']:.3f}" if on else "∞"
                 out.append(f"| {run.name} | {z} | {std} | {eps} | {m['roc_auc']} | {m['pr_auc']} |")
             else:
@@ -125,12 +142,39 @@ class PrivacyBench(TrainedRunsBench[PrivacyRun]):
             f"km per report, and randomized response on the hour, ε_hour = {cal['hour_epsilon']:g} per report)"
         )
 
+    def _dp_sentence(self) -> str:
+        s = self.settings
+        if self.settings.get("unit") == "cardholder":
+            steps = s.get("cardholder-dp-steps")
+            return (
+                f"DP: cardholder-level DP-SGD inside every bank: each local step Poisson-samples the bank's training "
+                f"cardholders at q = {s.get('cardholder-dp-sampling-rate'):g}, a sampled cardholder's "
+                f"{s.get('cardholder-dp-pairs-per-step')} transitions form one gradient clipped to L2 ≤ "
+                f"{s.get('cardholder-dp-clipping-norm'):g}, the bank adds N(0, (z·C)²) to the sum (merchant table "
+                f"frozen, at most {s.get('cardholder-dp-pool-per-cardholder')} training transitions kept per "
+                f"cardholder); z calibrated by the RDP accountant for ε per cardholder over all {steps} steps "
+                f"({s.get('rounds')} rounds) at δ = {s.get('cardholder-dp-delta'):g}; unit of privacy: one "
+                "cardholder. The ε = ∞ row is the same budget without DP (shared training pool, merchant table "
+                "trained). The noise column is z·C on a bank's sum per step"
+            )
+        return (
+            f"DP: each bank clips its update to L2 ≤ {s.get('dp-clipping-norm')}, the server adds N(0, (z·C/5)²) to "
+            f"every coordinate of the mean; z calibrated by the RDP accountant for ε over all {s.get('rounds')} "
+            f"rounds at δ = {s.get('dp-delta'):g}; unit of privacy: one bank"
+        )
+
     def to_markdown(self) -> str:
         s, c = self.settings, self.counts
         default, why = self.choose_default()
+        unit = "cardholder-level" if s.get("unit") == "cardholder" else "client-level"
+        test = (
+            ["### Test cardholders", "", *self._table(self.test, with_runs=True), ""]
+            if self.test
+            else ["### Test cardholders", "", "Not scored (`--validation-only`).", ""]
+        )
         return "\n".join(
             [
-                f"## Utility of client-level DP (`fedfraud bench privacy`){self.label}",
+                f"## Utility of {unit} DP (`fedfraud bench privacy`){self.label}",
                 "",
                 f"Machine: {platform.processor() or platform.machine()}, Python {platform.python_version()}. Data: "
                 f"`{self.source}`, 5 banks, cardholders split 60/15/25 (train/validation/test) as in `fedfraud "
@@ -140,20 +184,14 @@ class PrivacyBench(TrainedRunsBench[PrivacyRun]):
                 f"whatever the default rule: the noise below is the mean's; all 5 banks every round), readout "
                 f"`{s.get('readout')}`, pooling `{s.get('pooling')}`, {s.get('rounds')} rounds × "
                 f"{s.get('local-epochs')} local epochs × {s.get('samples-per-epoch')} transitions, batch "
-                f"{s.get('batch-size')}; round selected on validation loss. DP: each bank clips its update to L2 ≤ "
-                f"{s.get('dp-clipping-norm')}, the server adds N(0, (z·C/5)²) to every coordinate of the mean; z "
-                f"calibrated by the RDP accountant for ε over all {s.get('rounds')} rounds at δ = "
-                f"{s.get('dp-delta'):g}; unit of privacy: one bank. Features: the thesis mechanism (pinned), except "
-                f"the `calibrated features` row{self._calibrated()}. Intervals: 95% bootstrap over cardholders, "
-                "paired resamples.",
+                f"{s.get('batch-size')}, lr {s.get('lr')}; round selected on validation loss. {self._dp_sentence()}. "
+                f"Features: the thesis mechanism (pinned), except the `calibrated features` row{self._calibrated()}. "
+                "Intervals: 95% bootstrap over cardholders, paired resamples.",
                 "",
-                "### Test cardholders",
-                "",
-                *self._table(self.test, with_runs=True),
-                "",
+                *test,
                 "### Validation cardholders (where the default is chosen)",
                 "",
-                *self._table(self.val, with_runs=False),
+                *self._table(self.val, with_runs=not self.test),
                 "",
                 "### Training time",
                 "",
@@ -179,41 +217,45 @@ def run_privacy_bench(
     data: Path | None = None,
     label: str = "",
     calibrated: PrivacyConfig | None = None,
+    unit: str = "bank",
+    validation_only: bool = False,
 ) -> PrivacyBench:
     """Train one federated model per ε (∞: DP off) under ``work``, plus, with ``calibrated``, one with DP off and
-    the calibrated feature mechanism; score validation and test cardholders.
+    the calibrated feature mechanism; score validation and (unless ``validation_only``: a tuning run, not a look
+    at test) test cardholders. ``unit``: ``bank`` (client-level DP on the updates) or ``cardholder`` (DP-SGD inside
+    every bank, :mod:`fedfraud.training.anomaly.dpsgd`).
     """
     from fedfraud.config import FedfraudConfig
-    from fedfraud.training.anomaly.federated.task import RunSettings
+    from fedfraud.training.anomaly.federated.task import RunSettings, total_dp_steps
     from fedfraud.training.registry import ModelRegistry
 
     if not epsilons or any(not e > 0 for e in epsilons):
         raise ValueError(f"every ε must be > 0 (inf: DP off); got {list(epsilons)}")
+    if unit not in ("bank", "cardholder"):
+        raise ValueError(f"unknown unit of privacy {unit!r}; valid: bank, cardholder")
     work = Path(work)
     data = Path(data) if data is not None else ingested(Path(str(csv)), work)
     # the ε ladder is measured on the mean (the noise z·C/n the report states) and the thesis's features, whatever
     # the defaults; the calibrated row changes only the features
     pinned = {"aggregation": "fedavg", "privacy-mechanism": "thesis"}
     base = {**RunSettings.defaults(), **DETECTION_SETTINGS, **pinned, **(overrides or {})}
-    bench = PrivacyBench(source=str(csv or data), settings=dict(base), label=label)
+    bench = PrivacyBench(source=str(csv or data), settings={**base, "unit": unit}, label=label)
+    if unit == "cardholder":
+        bench.settings["cardholder-dp-steps"] = total_dp_steps(RunSettings.from_flat(base))
     registries: dict[str, Path] = {}
     features: dict[str, PrivacyConfig] = {}
     plan: list[tuple[float, str, dict[str, Any]]] = [
-        (
-            eps,
-            "thesis",
-            {"dp-enabled": False} if math.isinf(eps) else {"dp-enabled": True, "dp-target-epsilon": float(eps)},
-        )
-        for eps in sorted(set(epsilons))
+        (eps, "thesis", _dp_keys(unit, eps)) for eps in sorted(set(epsilons))
     ]
     if calibrated is not None:
         bench.settings["calibrated"] = calibrated.model_dump()
         plan.append((math.inf, "calibrated", {"dp-enabled": False, **_privacy_keys(calibrated)}))
     for eps, mechanism, extra in plan:
         name = ("inf" if math.isinf(eps) else f"eps{eps:g}") + ("" if mechanism == "thesis" else f"-{mechanism}")
+        name += "-cardholder" if unit == "cardholder" and not math.isinf(eps) else ""
         registry, seconds = train_run(data, work, "federated", {**base, **extra}, name=name)
         card = dict(ModelRegistry(registry).get("anomaly", "latest").privacy.get("client_dp", {}))
-        run = PrivacyRun(float(eps), card, seconds, registry, mechanism)
+        run = PrivacyRun(float(eps), card, seconds, registry, mechanism, unit)
         bench.runs.append(run)
         registries[run.name] = registry
         if mechanism == "calibrated" and calibrated is not None:
@@ -221,10 +263,31 @@ def run_privacy_bench(
         logger.info("privacy_bench run=%s card_epsilon=%s wall=%.1f", run.name, card.get("epsilon"), seconds)
     t0 = time.perf_counter()
     ladder = FedfraudConfig().privacy.model_copy(update={"mechanism": str(base["privacy-mechanism"])})
-    rows, _ = score_split(data, registries, ladder, ("val", "test"), privacy_by_model=features)
+    splits = ("val",) if validation_only else ("val", "test")
+    rows, _ = score_split(data, registries, ladder, splits, privacy_by_model=features)
     logger.info("privacy_bench scored rows=%d seconds=%.1f", len(rows), time.perf_counter() - t0)
     detectors = [*registries, *[c for c in rows.columns if c.startswith("baseline:")]]
     off = _name(math.inf)
     pairs = tuple((r.name, off) for r in bench.runs if off in registries and r.name != off)
-    bench.test, bench.val, bench.counts = bootstrap_splits(rows, detectors, resamples, pairs)
+    if validation_only:
+        part = rows[rows["split"] == "val"]
+        bench.val = bootstrap_by_group(
+            part["is_fraud"].astype(bool).to_numpy(),
+            {d: part[d].to_numpy(dtype=float) for d in detectors},
+            part["cardholder_id"].astype(str).to_numpy(),
+            resamples=resamples,
+            pairs=pairs,
+        )
+        bench.counts = split_counts(part, detectors, prefix="val")
+    else:
+        bench.test, bench.val, bench.counts = bootstrap_splits(rows, detectors, resamples, pairs)
     return bench
+
+
+def _dp_keys(unit: str, epsilon: float) -> dict[str, Any]:
+    """The run keys of one row: DP off at ε = ∞, else DP of ``unit`` calibrated to ``epsilon``."""
+    if math.isinf(epsilon):
+        return {"dp-enabled": False, "cardholder-dp-enabled": False}
+    if unit == "cardholder":
+        return {"dp-enabled": False, "cardholder-dp-enabled": True, "cardholder-dp-target-epsilon": float(epsilon)}
+    return {"dp-enabled": True, "dp-target-epsilon": float(epsilon), "cardholder-dp-enabled": False}

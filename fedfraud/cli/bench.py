@@ -244,6 +244,23 @@ def _positive_epsilons(epsilons: tuple[float, ...]) -> None:
         raise UserError(f"--epsilon must be > 0 (inf for DP off), got {bad[0]}")
 
 
+def _anomaly_changes(cfg: object) -> dict[str, object]:
+    """The run keys of the ``anomaly`` section (``--set anomaly.cardholder_dp.sampling_rate=0.5``, ``anomaly.lr``)
+    that differ from their defaults, so that ``--set`` reaches a bench's runs.
+    """
+    from fedfraud.training.anomaly.config import AnomalyConfig
+    from fedfraud.training.anomaly.federated.task import RunSettings
+
+    flat = RunSettings.from_config(cfg, Path("."), Path(".")).to_flat()  # type: ignore[arg-type]
+    defaults = RunSettings.defaults()
+    mine = {n.replace("_", "-") for n in AnomalyConfig.model_fields}
+    return {
+        k: v
+        for k, v in flat.items()
+        if (k in mine or k.startswith("cardholder-dp-")) and defaults.get(k) != v
+    }
+
+
 @bench_app.command("privacy")
 def privacy(
     ctx: typer.Context,
@@ -268,23 +285,34 @@ def privacy(
     ldp: Annotated[
         bool, typer.Option("--ldp/--no-ldp", help="add a DP-off run with the calibrated feature mechanism")
     ] = True,
+    unit: Annotated[
+        str, typer.Option("--unit", help="unit of privacy: bank (client-level DP on the updates) or cardholder "
+                          "(DP-SGD inside each bank; knobs: --set anomaly.cardholder_dp.*)")
+    ] = "bank",
+    validation_only: Annotated[
+        bool, typer.Option("--validation-only", help="score validation cardholders only (tuning, not a test look)")
+    ] = False,
     out: OutOption = None,
 ) -> None:
-    """Client-level DP's utility cost: the anomaly model's fraud ROC-AUC / PR-AUC at ε ∈ {1, 3, 8, ∞}, 95% CIs."""
+    """DP's utility cost: the anomaly model's fraud ROC-AUC / PR-AUC at ε ∈ {1, 3, 8, ∞}, 95% CIs."""
     from fedfraud.bench.privacy import PRIVACY_EPSILONS, run_privacy_bench
 
     _one_source(csv, data)
     epsilons = tuple(epsilon or PRIVACY_EPSILONS)
     _positive_epsilons(epsilons)
+    if unit not in ("bank", "cardholder"):
+        raise UserError(f"--unit must be bank or cardholder, got {unit!r}")
     cfg = config_of(ctx)
     dp = cfg.federated.dp
     calibrated = cfg.privacy.model_copy(update={"mechanism": "calibrated"}) if ldp else None
     overrides: dict[str, object] = {"dp-delta": dp.delta, "dp-clipping-norm": clipping_norm or dp.clipping_norm}
+    overrides.update(_anomaly_changes(cfg))
     for key, value in (("rounds", rounds), ("local-epochs", local_epochs), ("samples-per-epoch", samples_per_epoch)):
         if value is not None:
             overrides[key] = value
     result = run_privacy_bench(
-        csv, work, epsilons, overrides=overrides, resamples=resamples, data=data, label=label, calibrated=calibrated
+        csv, work, epsilons, overrides=overrides, resamples=resamples, data=data, label=label, calibrated=calibrated,
+        unit=unit, validation_only=validation_only,
     )
     emit(result.to_markdown(), out)
 

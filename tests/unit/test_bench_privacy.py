@@ -75,3 +75,23 @@ def test_bootstrap_splits_gives_each_split_its_own_intervals_and_the_test_counts
     assert counts["test_transactions"] == n // 2 and counts["test_frauds"] == int(label[: n // 2].sum())
     assert test["good"]["roc_auc"].value != val["good"]["roc_auc"].value  # each split scored on its own rows
     assert any("good" in k and "noise" in k for k in test)  # the paired difference is there
+
+
+def test_cardholder_unit_table_states_the_mechanism_and_validation_only_runs_have_no_test_table():
+    bench = _bench({3.0: (0.95, 0.94, 0.96), math.inf: (0.98, 0.97, 0.99)}, baseline=0.91)
+    bench.settings.update({"unit": "cardholder", "cardholder-dp-steps": 160, "cardholder-dp-sampling-rate": 0.25,
+                           "cardholder-dp-pairs-per-step": 4, "cardholder-dp-clipping-norm": 1.0,
+                           "cardholder-dp-pool-per-cardholder": 64, "cardholder-dp-delta": 1e-4})
+    bench.runs[0] = PrivacyRun(3.0, {"dp": "on", "epsilon": 2.99, "noise_multiplier": 2.5, "clipping_norm": 0.5},
+                               60.0, None, unit="cardholder")  # type: ignore[arg-type]
+    md = bench.to_markdown()
+    assert "Utility of cardholder-level DP" in md and "over all 160 steps" in md and "δ = 0.0001" in md
+    assert "| ε=3 | 2.500 | 1.2500 | 2.990 |" in md  # noise std z·C on a bank's sum
+    bench.test = {}
+    md = bench.to_markdown()
+    assert "Not scored (`--validation-only`)" in md and "| ε=3 | 2.500 | 1.2500 | 2.990 |" in md
+
+
+def test_unknown_unit_is_one_line(tmp_path, capsys):
+    assert main(["bench", "privacy", "--data", str(tmp_path), "--unit", "person"]) == 2
+    assert "--unit must be bank or cardholder" in capsys.readouterr().err.strip().splitlines()[-1]

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-__all__ = ["HEAD_SIZES", "AnomalyConfig", "parse_heads"]
+__all__ = ["HEAD_SIZES", "AnomalyConfig", "CardholderDPConfig", "parse_heads"]
 
 #: Discretised fields of the next transaction and their number of classes.
 HEAD_SIZES: dict[str, int] = {
@@ -26,6 +26,33 @@ def parse_heads(spec: str) -> tuple[str, ...]:
     if bad or not names:
         raise ValueError(f"unknown next-event head {bad[0] if bad else spec!r}; valid: {', '.join(HEAD_SIZES)}")
     return names
+
+
+class CardholderDPConfig(BaseModel):
+    """DP-SGD inside each bank with the cardholder as the unit of privacy (issue 36; :mod:`.dpsgd`).
+
+    Every local step Poisson-samples the bank's training cardholders at ``sampling_rate``; a sampled
+    cardholder's ``pairs_per_step`` transitions form one contribution whose gradient is clipped to
+    ``clipping_norm`` in L2 as a whole; the bank adds N(0, (z·C)²) to the sum before the optimizer sees it.
+    Steps per round: ``local_epochs × ceil(samples_per_epoch / batch_size)``, public and the same in every bank.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    enabled: bool = Field(False, description="cardholder-level DP-SGD in every bank's local training")
+    target_epsilon: float = Field(
+        8.0, ge=0.0, description="> 0: calibrate the noise multiplier so all steps of all rounds spend this ε at "
+        "delta, per cardholder; 0: use noise_multiplier as given")
+    noise_multiplier: float = Field(1.0, ge=0.0, description="z: noise std / clipping_norm (if target_epsilon is 0)")
+    delta: float = Field(1e-5, gt=0.0, lt=1.0, description="δ per cardholder; keep it below 1 / cardholders")
+    clipping_norm: float = Field(1.0, gt=0.0, description="L2 bound on one cardholder's gradient in one step")
+    sampling_rate: float = Field(0.25, gt=0.0, le=1.0, description="q: Poisson rate of a cardholder per step")
+    pairs_per_step: int = Field(4, ge=1, description="transitions of a sampled cardholder in one step (random)")
+    pool_per_cardholder: int = Field(
+        64, ge=1, description="training transitions a bank keeps per cardholder (its own reservoir, replacing "
+        "max_train_pairs, so one cardholder's data never changes which of another's are kept)")
+    cardholders_per_pass: int = Field(
+        64, ge=1, description="cardholders per vectorized gradient pass (memory only; no effect on the result)")
 
 
 class AnomalyConfig(BaseModel):
@@ -106,6 +133,9 @@ class AnomalyConfig(BaseModel):
             "need an event readout (the thesis readouts have no history summary)"
         ),
     )
+    cardholder_dp: CardholderDPConfig = Field(
+        default_factory=CardholderDPConfig,
+        description="cardholder-level DP-SGD in local training (run keys cardholder-dp-*; docs/privacy.md)")
     seed: int = 7
 
     @field_validator("readout", mode="before")
@@ -125,6 +155,9 @@ class AnomalyConfig(BaseModel):
         if self.ablate in ("no-graph", "no-history") and not self.uses_events:
             raise ValueError(f"ablate={self.ablate!r} needs an event readout: readout {self.readout!r} has no "
                              "history summary to keep or remove")
+        if self.cardholder_dp.enabled and self.readout != "next-event":
+            raise ValueError(f"cardholder_dp needs readout 'next-event', not {self.readout!r}: its negatives mix "
+                             "other cardholders' data into a cardholder's loss, so clipping would not bound them")
         from fedfraud.training.anomaly.event_negatives import parse_mix
         parse_heads(self.heads)
         parse_mix(self.negatives)

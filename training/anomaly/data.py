@@ -146,6 +146,30 @@ class _Reservoir:
                 self.items[j] = item
 
 
+class _PerCardholderReservoir:
+    """At most ``cap`` items per cardholder, each cardholder's a uniform sample of its own stream.
+
+    Under cardholder-level DP the training pool must not couple cardholders: with one shared reservoir, adding a
+    cardholder changes which of the others' transitions are kept. Here a cardholder's kept transitions are drawn
+    from its own transitions only (the shared generator changes the draws, not their distribution).
+    """
+
+    def __init__(self, cap: int, rng: np.random.Generator) -> None:
+        self.cap, self.rng, self.seen = cap, rng, 0
+        self.by_holder: dict[str, _Reservoir] = {}
+
+    def offer(self, item: SnapshotPair) -> None:
+        self.seen += 1
+        holder = str(item.cardholder)
+        if holder not in self.by_holder:
+            self.by_holder[holder] = _Reservoir(self.cap, self.rng)
+        self.by_holder[holder].offer(item)
+
+    @property
+    def items(self) -> list[SnapshotPair]:
+        return [p for r in self.by_holder.values() for p in r.items]
+
+
 def check_dataset(data_dir: Path, min_transactions_per_month: float = 0.0) -> list[int]:
     """Banks of ``data_dir`` after cheap checks, so bad input fails with one line before Ray starts.
 
@@ -190,8 +214,10 @@ def _build(
 ) -> BankData:
     featurizer = PrivateFeaturizer.for_bank(encoder_cfg, privacy_cfg, bank)
     rng = np.random.default_rng([cfg.seed, bank, 0])
+    dp = cfg.cardholder_dp
+    train: _Reservoir | _PerCardholderReservoir
     train, val, test, normal = (
-        _Reservoir(cfg.max_train_pairs, rng),
+        _PerCardholderReservoir(dp.pool_per_cardholder, rng) if dp.enabled else _Reservoir(cfg.max_train_pairs, rng),
         _Reservoir(cfg.max_test_pairs, rng),
         _Reservoir(cfg.max_test_pairs, rng),
         _Reservoir(cfg.max_eval_normal, rng),
@@ -286,6 +312,8 @@ def load_bank_data(
             "seed",
         }
     )
+    if cfg.cardholder_dp.enabled:  # another training pool (per cardholder); other runs keep their cache keys
+        relevant["cardholder_pool"] = cfg.cardholder_dp.pool_per_cardholder
     secrets = PrivateFeaturizer.for_bank(encoder_cfg, privacy_cfg, bank).fingerprint  # another secret: other features
     key = _fingerprint(path, relevant, encoder_cfg.model_dump(), privacy_cfg.model_dump(), ego_cfg.model_dump(),
                        secrets)

@@ -29,6 +29,7 @@ from tqdm.auto import tqdm
 
 from fedfraud.training.anomaly.config import AnomalyConfig
 from fedfraud.training.anomaly.data import BankData, PairSet
+from fedfraud.training.anomaly.dpsgd import CardholderDP, CardholderPool, private_gradient
 from fedfraud.training.anomaly.event_negatives import EventNegativeSampler, parse_mix
 from fedfraud.training.anomaly.heads import ContrastiveHead, event_targets
 from fedfraud.training.anomaly.model import AnomalyModel, eval_mode, score_pairs
@@ -192,16 +193,25 @@ def train_model(
     progress: bool = False,
     desc: str = "train",
     poisoned: bool = False,
+    dp: CardholderDP | None = None,
 ) -> tuple[TrainStats, dict[str, object]]:
     """Train in place; returns stats and the optimizer state (the centralized trainer carries it across rounds).
 
     With ``proximal_mu > 0`` the FedProx term pulls the weights towards their
     values at entry (the global model the client received). ``poisoned``
     simulates a malicious bank's data: wrong targets (see :func:`_event_loss`;
-    the pair readout's real/perturbed labels are swapped).
+    the pair readout's real/perturbed labels are swapped). ``dp``: cardholder-level
+    DP-SGD (:mod:`fedfraud.training.anomaly.dpsgd`) with the same number of steps.
     """
     if not sources:
         raise ValueError("train_model needs at least one source")
+    if dp is not None:
+        if poisoned:
+            raise ValueError("a simulated poisoned bank is not supported under cardholder-level DP")
+        return _train_private(
+            model, sources, dp, epochs=epochs, steps=math.ceil(samples_per_epoch / batch_size), lr=lr, seed=seed,
+            proximal_mu=proximal_mu, optimizer_state=optimizer_state, progress=progress, desc=desc,
+        )
     device = next(model.parameters()).device
     rng = np.random.default_rng(seed)
     optimizer = _Optimizer(model, lr, proximal_mu)
@@ -256,6 +266,66 @@ def train_model(
         logger.debug("%s epoch=%d loss=%.4f", desc, _epoch + 1, epoch_losses[-1])
     stats = TrainStats(epoch_losses[0], epoch_losses[-1], steps, examples, time.perf_counter() - start)
     logger.debug("%s steps=%d steps_per_second=%.1f", desc, stats.steps, stats.steps / max(stats.seconds, 1e-9))
+    return stats, optimizer.state_dict()
+
+
+def _train_private(
+    model: AnomalyModel,
+    sources: Sequence[TrainSource],
+    dp: CardholderDP,
+    *,
+    epochs: int,
+    steps: int,
+    lr: float,
+    seed: Sequence[int] | int,
+    proximal_mu: float,
+    optimizer_state: Mapping[str, object] | None,
+    progress: bool,
+    desc: str,
+) -> tuple[TrainStats, dict[str, object]]:
+    """``epochs × steps`` DP-SGD steps; the merchant table stays frozen (see :mod:`.dpsgd`).
+
+    The FedProx term's gradient depends on the weights only, so it is added after the noise.
+    """
+    if model.cfg.readout != "next-event":
+        raise ValueError("cardholder-level DP needs the next-event readout")
+    rng = np.random.default_rng(seed)
+    sets = [s.pairs for s in sources]
+    pool = CardholderPool.of(sets)
+    table = model.encoder.merchant.weight
+    frozen = table.requires_grad
+    table.requires_grad_(False)
+    optimizer = _Optimizer(model, lr, proximal_mu)
+    if optimizer_state:
+        optimizer.load_state_dict(optimizer_state)
+    no_rows = torch.zeros(0, dtype=torch.long, device=table.device)
+    model.train()
+    start = time.perf_counter()
+    epoch_losses: list[float] = []
+    done = examples = 0
+    try:
+        for epoch in tqdm(range(epochs), disable=not progress, desc=desc, leave=False):
+            losses = []
+            for _ in range(steps):
+                step = private_gradient(model, sets, pool, dp, rng)
+                optimizer.zero_grad()
+                for name, p in model.named_parameters():
+                    if p.requires_grad:
+                        p.grad = step.gradient[name]
+                prox = optimizer.proximal(no_rows)
+                if prox.requires_grad:
+                    prox.backward()
+                optimizer.step()
+                done += 1
+                examples += step.cardholders
+                if math.isfinite(step.loss):
+                    losses.append(step.loss)
+            epoch_losses.append(float(np.mean(losses)) if losses else math.nan)
+            logger.debug("%s dp epoch=%d loss=%.4f", desc, epoch + 1, epoch_losses[-1])
+    finally:
+        table.requires_grad_(frozen)
+    finite = [x for x in epoch_losses if math.isfinite(x)] or [math.nan]
+    stats = TrainStats(finite[0], finite[-1], done, examples, time.perf_counter() - start)
     return stats, optimizer.state_dict()
 
 

@@ -232,7 +232,14 @@ def privacy_report(
     banks = {int(b): (vars(p) if isinstance(p, BankPrivacy) else dict(p)) for b, p in per_bank.items()}
     mus = [float(p["mu_gdp"]) for p in banks.values()]
     dp = dict(client_dp)
-    if dp.get("dp") == "on":
+    if dp.get("dp") == "on" and str(dp.get("unit_of_privacy", "")).startswith("one cardholder"):
+        guarantee = (
+            f"({dp['epsilon']:.3g}, {dp['delta']:g})-DP per cardholder (add/remove all of one training "
+            f"cardholder's transactions) over all {dp['steps']} local DP-SGD steps of {dp['rounds']} rounds, for "
+            "every update a bank sends and every released model (DP-SGD noise added inside each bank; see "
+            "client_dp for what is not covered)"
+        )
+    elif dp.get("dp") == "on":
         guarantee = (
             f"({dp['epsilon']:.3g}, {dp['delta']:g})-DP for one bank's whole contribution over all {dp['rounds']} "
             "rounds, on the released models (client-level DP, see client_dp); the server itself sees clipped "
@@ -263,9 +270,9 @@ def privacy_report(
         "mu_gdp_per_bank": {str(b): p["mu_gdp"] for b, p in sorted(banks.items())},
         "mu_gdp_max": max(mus) if mus else math.inf,
         "per_bank": {str(b): p for b, p in sorted(banks.items())},
-        "leaves_a_bank": "model parameters after local training (each bank's update clipped to L2 <= clipping_norm "
-                         "when client_dp is on) and scalar metrics (losses, counts, the heuristic above); no "
-                         "features, graphs, ids or coordinates",
+        "leaves_a_bank": "model parameters after local training (trained with cardholder-level DP-SGD, or the "
+                         "bank's update clipped to L2 <= clipping_norm, when client_dp says so) and scalar metrics "
+                         "(losses, counts, the heuristic above); no features, graphs, ids or coordinates",
     }
 
 

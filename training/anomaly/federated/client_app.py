@@ -5,7 +5,9 @@ inside this process; a deployed SuperNode names that bank's folder in its node
 config (``data-dir``, :func:`fedfraud.training.anomaly.federated.task.on_node`). What leaves it:
 the model's ``state_dict`` tensors (ArrayRecord) and scalar metrics (MetricRecord) — losses, test metrics,
 counts and the bank's μ-GDP. No features, graphs, ids, coordinates or
-timestamps. Under client-level DP the train reply passes through Flower's
+timestamps. Under cardholder-level DP (``cardholder-dp-enabled``) the weights were trained with DP-SGD inside
+the bank (:mod:`fedfraud.training.anomaly.dpsgd`), and the training loss is sent as NaN. Under client-level DP the
+train reply passes through Flower's
 ``fixedclipping_mod`` on its way out: the update (new − received weights)
 is clipped to the clipping norm in L2 before it leaves the bank.
 
@@ -16,6 +18,7 @@ only) make one bank malicious: :func:`attack_mod`.
 from __future__ import annotations
 
 import logging
+import math
 import os
 
 import numpy as np
@@ -120,13 +123,15 @@ def _train(msg: Message, context: Context) -> Message:
     round_ = int(config.get("global-round", config.get("server-round", 1)))  # type: ignore[arg-type]
     stats = local_train(model, bank, settings, round_, mu, poisoned=poisoned)
     p = bank.privacy
+    # under cardholder-level DP the training loss (a clear function of the training cardholders) stays in the bank
+    private = settings.anomaly.cardholder_dp.enabled
     metrics = MetricRecord(
         {
             "num-examples": len(bank.train),
             EQUAL_WEIGHT_KEY: 1,
             "partition-id": partition,
-            "train-loss": stats.loss_last,
-            "train-loss-first": stats.loss_first,
+            "train-loss": math.nan if private else stats.loss_last,
+            "train-loss-first": math.nan if private else stats.loss_first,
             "train-steps": stats.steps,
             "train-seconds": stats.seconds,
             "cardholders": p.cardholders,

@@ -32,7 +32,14 @@ from fedfraud.training.federated.strategy import (
     dp_sensitivity_factor,
 )
 from fedfraud.training.federated.grid import wait_for_nodes
-from fedfraud.training.anomaly.federated.task import MODEL_KEYS, RunSettings, build_model
+from fedfraud.training.anomaly.dpsgd import cardholder_dp_card
+from fedfraud.training.anomaly.federated.task import (
+    MODEL_KEYS,
+    RunSettings,
+    build_model,
+    cardholder_dp,
+    total_dp_steps,
+)
 from fedfraud.training.registry import ModelRegistry
 
 __all__ = ["RESULT_FILE", "app", "build_server_app", "run_federation"]
@@ -86,6 +93,21 @@ def _strategy(
         dp.delta,
     )
     return BankLevelDP(inner, z * factor, dp.clipping_norm, per_round), inner
+
+
+def _client_dp(settings: RunSettings, checkpoint: Checkpoint, banks: int) -> dict[str, Any]:
+    """The card's ``client_dp``: cardholder-level DP-SGD when on (bank-level DP, if also on, nested under
+    ``bank_level``), else the bank-level accountant's card (or ``dp: off``).
+    """
+    bank_level = dp_card(checkpoint.dp_ledger, settings.federated.dp.delta, banks)
+    plan = cardholder_dp(settings)
+    if plan is None:
+        return bank_level
+    card = cardholder_dp_card(plan.cfg, plan.noise_multiplier, total_dp_steps(settings), settings.federated.rounds)
+    card["banks"] = banks
+    if settings.federated.dp.enabled:
+        card["bank_level"] = bank_level
+    return card
 
 
 def run_federation(grid: Grid, settings: RunSettings, observer: ReplyObserver | None = None) -> dict[str, Any]:
@@ -142,7 +164,7 @@ def run_federation(grid: Grid, settings: RunSettings, observer: ReplyObserver | 
                     "strategy": f"FedProx ({settings.federated.aggregation})"},
             history=checkpoint.history,
             privacy=checkpoint.privacy,
-            client_dp=dp_card(checkpoint.dp_ledger, settings.federated.dp.delta, banks),
+            client_dp=_client_dp(settings, checkpoint, banks),
             feature_ldp=feature_ldp_card(settings.privacy),
         )
         result["version"] = version.tag

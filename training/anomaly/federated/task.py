@@ -27,6 +27,7 @@ from fedfraud.errors import ConfigError
 from fedfraud.feature_store.config import EgoGraphConfig, EncoderConfig, PrivacyConfig
 from fedfraud.training.anomaly.config import AnomalyConfig
 from fedfraud.training.anomaly.data import BankData, load_bank_data
+from fedfraud.training.anomaly.dpsgd import CardholderDP, plan_noise, steps_per_round
 from fedfraud.training.anomaly.engine import (
     TrainStats,
     evaluate_fraud,
@@ -48,10 +49,12 @@ __all__ = [
     "RunSettings",
     "bank_data",
     "build_model",
+    "cardholder_dp",
     "local_test",
     "local_train",
     "lr_factor",
     "on_node",
+    "total_dp_steps",
 ]
 
 logger = logging.getLogger(__name__)
@@ -321,8 +324,23 @@ def local_train(
         proximal_mu=proximal_mu,
         aux_weight=cfg.aux_weight,
         poisoned=poisoned,
+        dp=cardholder_dp(settings),
     )
     return stats
+
+
+def total_dp_steps(settings: RunSettings) -> int:
+    """Local DP-SGD steps per bank over the whole run (the accountant's count, from public settings only)."""
+    cfg = settings.anomaly
+    return settings.federated.rounds * steps_per_round(cfg.local_epochs, cfg.samples_per_epoch, cfg.batch_size)
+
+
+def cardholder_dp(settings: RunSettings) -> CardholderDP | None:
+    """The bank's DP-SGD plan (noise calibrated for every step of every round), or None when it is off."""
+    dp = settings.anomaly.cardholder_dp
+    if not dp.enabled:
+        return None
+    return CardholderDP(dp, plan_noise(dp, total_dp_steps(settings)))
 
 
 def local_test(model: AnomalyModel, bank: BankData, with_fraud: bool) -> dict[str, float]:

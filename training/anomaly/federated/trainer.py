@@ -20,7 +20,7 @@ from fedfraud.training.anomaly.run import Checkpoint, checkpoint_dir
 from fedfraud.training.federated.accountant import plan_noise
 from fedfraud.training.anomaly.federated.server_app import build_server_app
 from fedfraud.training.federated.strategy import ReplyObserver
-from fedfraud.training.anomaly.federated.task import MODEL_KEYS, RunSettings
+from fedfraud.training.anomaly.federated.task import MODEL_KEYS, RunSettings, cardholder_dp, total_dp_steps
 
 __all__ = ["RunResult", "backend_config", "prepare", "run_federated"]
 
@@ -67,6 +67,19 @@ def prepare(settings: RunSettings, mode: str) -> list[int]:
                 plan_noise(dp, settings.federated.rounds - done, spent)
         except ValueError as exc:
             raise UserError(f"client-level DP: {exc}") from None
+    if settings.anomaly.cardholder_dp.enabled:
+        if mode != "federated":
+            raise UserError("cardholder-level DP (cardholder-dp-enabled) is built for the federated run only")
+        try:
+            plan = cardholder_dp(settings)
+        except ValueError as exc:
+            raise UserError(f"cardholder-level DP: {exc}") from None
+        if plan is not None:
+            logger.info(
+                "cardholder_dp noise_multiplier=%.4f clipping_norm=%g sampling_rate=%g steps=%d target_epsilon=%g "
+                "delta=%g", plan.noise_multiplier, plan.cfg.clipping_norm, plan.cfg.sampling_rate,
+                total_dp_steps(settings), plan.cfg.target_epsilon, plan.cfg.delta,
+            )
     return banks
 
 
