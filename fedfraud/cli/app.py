@@ -107,6 +107,9 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # click usage errors when standalone_mode=False
         import click
 
+        if isinstance(exc, click.BadParameter):  # a bad option value: one line, the valid choices in it
+            print(f"error: {exc.format_message()}", file=sys.stderr)
+            return 2
         if isinstance(exc, click.ClickException):
             exc.show()
             return exc.exit_code

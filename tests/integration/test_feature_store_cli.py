@@ -31,4 +31,4 @@ def test_apply_materialize_get(tmp_path: Path, capsys: pytest.CaptureFixture[str
 def test_unknown_store_is_one_line_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["features", "apply", "--repo", str(tmp_path / "r"), "--store", "cassandra"]) == 2
     err = capsys.readouterr().err.strip()
-    assert err == "error: unknown feature store profile 'cassandra'; valid: redis, sqlite"
+    assert err == "error: Invalid value for '--store': 'cassandra' is not one of 'sqlite', 'redis'."
