@@ -12,6 +12,7 @@ without a row reads as an all-zero one, as training does, so the three cannot di
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -53,7 +54,9 @@ def merchant_names(risk: MerchantRiskConfig) -> tuple[str, ...]:
     return (*bank_feature_names(risk), *release_feature_names(risk))
 
 
+@functools.lru_cache(maxsize=8)
 def _empty(risk: MerchantRiskConfig) -> tuple[np.ndarray, np.ndarray]:
+    """The columns of a bucket with no row (computed once per settings: serving asks for them every micro-batch)."""
     zero = np.zeros(1, dtype=np.int64)
     own = risk_columns(np.zeros((len(risk.window_days) * 6, 1), dtype=np.int64), zero)[0]
     return own, release_columns([], zero, risk)[0]
