@@ -541,6 +541,20 @@ def anomaly_thesis(
     emit(result.to_markdown(), out)
 
 
+@bench_app.command("console")
+def console(
+    ctx: typer.Context,
+    decisions: Annotated[int, typer.Option("--decisions", min=100, help="decisions in the topic")] = 20_000,
+    requests: Annotated[int, typer.Option("--requests", min=5, help="timed requests per row")] = 60,
+    out: OutOption = None,
+) -> None:
+    """Analyst console: queue first-page and case-view p50/p95 over HTTP, beside a raw Kafka read of one page."""
+    from fedfraud.bench.console import run_console_bench
+
+    emit(run_console_bench(config_of(ctx, needs_secret=True), decisions=decisions, requests=requests).to_markdown(),
+         out)
+
+
 def register(app: typer.Typer) -> None:
     """Attach the ``bench`` group to the root CLI."""
     app.add_typer(bench_app, name="bench")

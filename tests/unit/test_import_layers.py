@@ -24,6 +24,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("fedfraud.cli",),
     ("fedfraud.demo",),
     ("fedfraud.bench", "fedfraud.report", "fedfraud.doctor"),
+    ("fedfraud.console",),  # the analyst's console (issue 40): its bench sits above it
     ("fedfraud.config",),
     ("fedfraud.serving",),
     ("fedfraud.training",),
