@@ -88,6 +88,23 @@ def test_next_event_targets_are_in_range():
     assert (targets["hour"][1:] // 1 <= 13).all() and targets["new-merchant"][0] == 1
 
 
+def test_relative_amount_bin_reads_the_cardholders_own_past_only():
+    """``amount-rel`` is log-amount minus the mean of the cardholder's *earlier* log-amounts (issue 34, S3).
+
+    The same ×5 jump lands in the same bin for a small spender and a big one, while the absolute bins differ; a
+    first transaction has no past and takes the middle bin.
+    """
+    small, big = (_replay([(a * scale, "grocery_pos", T0 + d * DAY + 12 * 3600, 40.0, -74.0, d == 0)
+                           for d, a in enumerate([10.0] * 20 + [50.0])]) for scale in (1.0, 30.0))
+    t_small, t_big = event_targets(small[0], small[1]), event_targets(big[0], big[1])
+    middle = HEAD_SIZES["amount-rel"] // 2
+    assert t_small["amount-rel"][0] == t_big["amount-rel"][0] == middle
+    assert (t_small["amount-rel"][1:20] == middle).all()
+    jump_small, jump_big = t_small["amount-rel"][20], t_big["amount-rel"][20]
+    assert jump_small >= middle + 6 and abs(int(jump_small) - int(jump_big)) <= 1
+    assert t_big["amount"][20] - t_small["amount"][20] >= 10  # the absolute head sees the scale, not the jump
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_each_negative_family_changes_the_event(family):
     priors, events, _ = _replay(_routine())

@@ -4,11 +4,12 @@ Two heads, both fed with q_{t-1} (the GNN embedding of the ego graph *before*
 the transaction, which carries the cardholder's event history):
 
 * :class:`NextEventHead` (``readout: next-event``, the default): a factorised
-  categorical model of the next transaction — category, amount bin, hour of
-  day, time-gap bin, distance-from-home bin, new merchant — trained with
-  cross-entropy on real transactions only. The anomaly score is monotone in
-  the negative log-likelihood of what actually happened: "this cardholder's
-  next transaction did not look like this". No negatives, no labels.
+  categorical model of the next transaction — category, amount bin, amount
+  against the cardholder's own mean (``amount-rel``), hour of day, time-gap
+  bin, distance-from-home bin, new merchant — trained with cross-entropy on
+  real transactions only. The anomaly score is monotone in the negative
+  log-likelihood of what actually happened: "this cardholder's next
+  transaction did not look like this". No negatives, no labels.
 * :class:`ContrastiveHead` (``readout: contrastive``): CoLA/ANEMONE-style
   discriminator of (history, event) pairs; positives are the cardholder's own
   next transaction, negatives come from
@@ -54,12 +55,16 @@ def event_targets(prior: np.ndarray, event: np.ndarray) -> dict[str, np.ndarray]
         0.0,
     )
 
+    log_amount = np.log1p(np.maximum(event[:, Ev.AMOUNT], 0.0))
+    relative = np.where(prior[:, Hist.N] > 0, log_amount - prior[:, Hist.LA_MEAN], 0.0)
+
     def binned(values: np.ndarray, per_unit: float, head: str) -> np.ndarray:
         return np.clip(np.floor(values * per_unit), 0, HEAD_SIZES[head] - 1).astype(np.int64)
 
     return {
         "category": event[:, Ev.CATEGORY].astype(np.int64),
-        "amount": binned(np.log1p(np.maximum(event[:, Ev.AMOUNT], 0.0)), 5.0, "amount"),
+        "amount": binned(log_amount, 5.0, "amount"),
+        "amount-rel": binned(relative + HEAD_SIZES["amount-rel"] / 10.0, 5.0, "amount-rel"),
         "hour": ((ts % 86_400.0) // 3600.0).astype(np.int64),
         "gap": binned(np.log1p(gap), 2.5, "gap"),
         "distance": binned(np.log1p(km), 3.0, "distance"),
