@@ -25,7 +25,7 @@ import pandas as pd
 
 from fedfraud.config import FedfraudConfig
 
-__all__ = ["DemoArgs", "DemoReport", "StageResult", "run_demo"]
+__all__ = ["DemoArgs", "DemoReport", "StageResult", "console_commands", "run_demo"]
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +71,8 @@ class DemoReport:
     stages: list[StageResult] = field(default_factory=list)
     #: the machine's 1-minute load average before and after each stage, by stage name
     load_avg_1m: dict[str, tuple[float, float]] = field(default_factory=dict)
+    #: how to open the analyst's console on the demo's models (:func:`console_commands`)
+    console: list[str] = field(default_factory=list)
 
     @property
     def seconds(self) -> float:
@@ -594,6 +596,8 @@ def run_demo(cfg: FedfraudConfig, args: DemoArgs, progress: Callable[[str], None
         progress(f"API token (/score, /metrics, /tokenizer/*): in {auth.token_file}; send it as "
                  f"'Authorization: Bearer <token>'")
     report = DemoReport(out=args.out)
+    report.console = console_commands(args.out, cfg.serving.bank_id, secret_file,
+                                      Path(auth.token_file) if auth.token_file else None)
     ctx: dict[str, Any] = {"registry": registry}
     for stage in STAGES:
         name = stage.__name__.removeprefix("_stage_")
@@ -608,6 +612,33 @@ def run_demo(cfg: FedfraudConfig, args: DemoArgs, progress: Callable[[str], None
     (args.out / "summary.json").write_text(json.dumps(summary, indent=2, default=str), encoding="utf-8")
     render_report(summary, args.out / "report.html", extra=report.extra())
     return report
+
+
+def console_commands(out: Path, bank: int, secret_file: Path | None, token_file: Path | None) -> list[str]:
+    """How to open ``fedfraud console`` on the demo's models, for the terminal after the run.
+
+    Why commands and not a URL: the stream stage's embedded broker keeps its topics in memory and stops with the
+    stage, so no console can read the demo's decisions once it returns, and ``make demo`` leaves nothing running.
+    The lines serve the demo's registry and feature repo on a fresh broker, stream the bank's transactions into
+    it and start the console beside it. ``secret_file`` / ``token_file``: this run's random secret and API token
+    (None when the caller had set their own, which the commands then read as the demo did).
+    """
+    from shlex import quote
+
+    env = [f'{name}="$(cat {quote(str(path))})"' for name, path in
+           (("FEDFRAUD_SIMULATION_SECRET", secret_file), ("FEDFRAUD_API_TOKEN", token_file)) if path is not None]
+    registry, repo = quote(str(out / "registry")), quote(str(out / "feature_repo"))
+    lines = ["console: the demo's broker stopped with its stream (embedded, memory only); to review its models' "
+             "declines in the analyst's console, run in three terminals:"]
+    if env:
+        lines.append(f"  export {' '.join(env)}   # in each terminal")
+    lines += [f"  fedfraud --set features.repo_dir={repo} serve --registry {registry}   # prints \"embedded Tansu "
+              "broker at HOST:PORT\"",
+              f"  fedfraud stream --source {quote(str(out / 'data'))} --bank {bank} --rate 100 "
+              "--bootstrap-servers HOST:PORT",
+              f"  fedfraud console --bootstrap-servers HOST:PORT --registry {registry} --repo {repo}",
+              "  then open http://127.0.0.1:8600/ and log in with the API token (docs/console.md)"]
+    return lines
 
 
 def summary_lines(report: DemoReport) -> list[str]:

@@ -51,3 +51,5 @@ def register(app: typer.Typer) -> None:
         for line in summary_lines(report):
             typer.echo(line)
         typer.echo(f"\ntotal {report.seconds:.1f}s; report: {out / 'report.html'}; summary: {out / 'summary.json'}")
+        for line in report.console:
+            typer.echo(line)

@@ -15,12 +15,13 @@ from __future__ import annotations
 import base64
 import io
 import logging
+import math
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from fedfraud.console.index import DecisionRow, LabelRow, OffsetReader, TopicIndex, TxRow, rounded
+from fedfraud.console.index import DecisionRow, LabelRow, OffsetReader, TopicIndex, TxRow, masked, rounded
 
 if TYPE_CHECKING:
     from fedfraud.feature_store.egograph import EgoGraphState
@@ -28,7 +29,7 @@ if TYPE_CHECKING:
     from fedfraud.feature_store.privacy import PrivateFeaturizer
     from fedfraud.training.registry import ModelRegistry
 
-__all__ = ["Case", "CaseBuilder", "EgoSummary", "ego_graph_svg", "scores_svg"]
+__all__ = ["Case", "CaseBuilder", "EgoSummary", "Reason", "ego_graph_svg", "reasons_view", "scores_svg"]
 
 log = logging.getLogger(__name__)
 
@@ -49,12 +50,44 @@ class EgoSummary:
     note: str = ""
 
 
+@dataclass(frozen=True)
+class Reason:
+    """One of a decision's top reasons as the case shows it: text masked, numbers finite or None."""
+
+    feature: str
+    value: float | str | None
+    contribution: float | None
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
+def reasons_view(record: Any) -> list[Reason]:
+    """The decision record's ``top_reasons`` (at most 8) with every text field masked: the record is read back
+    whole from the topic, so a card number a producer put in a feature name or value must not reach the page.
+    """
+    raw = record.get("top_reasons") if isinstance(record, dict) else None
+    if not isinstance(raw, list):
+        return []
+    out = []
+    for r in raw[:8]:
+        if not isinstance(r, dict):
+            continue
+        value = r.get("value")
+        shown: float | str | None = _number(value) if not isinstance(value, str) else masked(value, 64)
+        out.append(Reason(masked(r.get("feature"), 64), shown, _number(r.get("contribution"))))
+    return out
+
+
 @dataclass
 class Case:
     """Everything the case page shows, already reduced to what may be shown (token, rounded coordinates)."""
 
     decision: DecisionRow
-    record: dict[str, Any] | None
+    reasons: list[Reason]
     transaction: dict[str, Any] | None
     label: LabelRow | None
     timeline: list[tuple[TxRow, DecisionRow | None, LabelRow | None]]
@@ -215,7 +248,7 @@ class CaseBuilder:
         ego, risk, risk_day = self._store_parts(row, tx)
         timings["store_and_graph"] = (time.perf_counter() - mark) * 1000
         timings["total"] = (time.perf_counter() - start) * 1000
-        return Case(decision=row, record=record if isinstance(record, dict) else None,
+        return Case(decision=row, reasons=reasons_view(record),
                     transaction=_transaction_view(tx_value), label=self.index.label(transaction_id),
                     timeline=timeline, scores_svg=chart, ego=ego, merchant_risk=risk, merchant_risk_day=risk_day,
                     timings_ms={k: round(v, 1) for k, v in timings.items()})

@@ -31,11 +31,14 @@ from fedfraud.serving.config import KafkaSecurity, TopicNames
 from fedfraud.serving.dead_letters import mask_text
 from fedfraud.serving.kafka import parse_json, wait_for_partitions
 
-__all__ = ["DecisionRow", "LabelRow", "OffsetReader", "QueueFilter", "QueuePage", "TopicIndex", "TxRow"]
+__all__ = ["DecisionRow", "LabelRow", "OffsetReader", "QueueFilter", "QueuePage", "TopicIndex", "TxRow", "masked"]
 
 log = logging.getLogger(__name__)
 
 _MAX_TEXT = 256
+#: Characters read past a cut before masking: the longest card number the masker reads fits in it (19 digits
+#: written as ``\uXXXX`` escapes with 3-character separators between them: 168 characters).
+_MASK_MARGIN = 200
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,17 +129,27 @@ def _finite(value: Any) -> float | None:
     return x if math.isfinite(x) else None
 
 
-def _text(value: Any, limit: int = _MAX_TEXT) -> str:
-    """Display text of a field: a string cut to ``limit``, with card-number-looking runs masked (defence in
-    depth: the topics must not carry one, but the console never shows one whatever arrives).
+def masked(value: Any, limit: int = _MAX_TEXT) -> str:
+    """Display text of a field: a string with card-number-looking runs masked, then cut to ``limit`` (defence
+    in depth: the topics must not carry one, but the console never shows one whatever arrives).
+
+    Masked before the cut, on a bounded prefix: cut first, a card number straddling the limit would keep up to
+    12 of its digits unmasked (too few for the 13-digit minimum of a card number).
     """
-    return sys.intern(mask_text(str(value)[:limit])) if value is not None else ""
+    if value is None:
+        return ""
+    return mask_text(str(value)[: limit + _MASK_MARGIN])[:limit]
+
+
+def _text(value: Any, limit: int = _MAX_TEXT) -> str:
+    """:func:`masked`, interned (the index holds many copies of the same reason and model names)."""
+    return sys.intern(masked(value, limit)) if value is not None else ""
 
 
 def _token(value: Any) -> str:
     """A card token as is; anything else masked (a PAN never reaches the screen, nor the index)."""
     text = str(value or "")[:_MAX_TEXT]
-    return text if is_card_token(text) else mask_text(text)
+    return text if is_card_token(text) else masked(value or "")
 
 
 def decision_row(partition: int, offset: int, value: Any, default_bank: int) -> DecisionRow | None:

@@ -99,7 +99,8 @@ class ConsoleServer:
     def __post_init__(self) -> None:
         import uvicorn
 
-        config = uvicorn.Config(create_app(self.console), host=self.host, port=self.port, log_level="warning",
+        self.app = create_app(self.console)
+        config = uvicorn.Config(self.app, host=self.host, port=self.port, log_level="warning",
                                 access_log=False, lifespan="off", ws="none")
         self._server = uvicorn.Server(config)
         self._thread: threading.Thread | None = None

@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 import logging
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,7 +32,7 @@ from fastapi.templating import Jinja2Templates
 from jinja2 import Environment, PackageLoader, StrictUndefined
 
 from fedfraud.console.cases import CaseBuilder
-from fedfraud.console.index import QueueFilter, TopicIndex
+from fedfraud.console.index import QueueFilter, TopicIndex, masked
 from fedfraud.console.labels import LabelWriter, valid_analyst
 from fedfraud.errors import UserError
 from fedfraud.serving.auth import BearerAuth
@@ -46,6 +48,17 @@ _MAX_FORM_BYTES = 8192
 _MAX_ID = 256
 _PAGE_SIZES = (25, 50, 100, 200)
 _KINDS = ("anomaly", "fraud")
+_DIGITS = re.compile(r"[0-9]{1,9}")
+#: Sent with every answer. The pages load only their own script, style sheet and data: images (the drawings), post
+#: only to themselves and may not be framed (clickjacking on the label buttons); htmx's eval, inline indicator
+#: style and script-tag execution are switched off in base.html, so the policy needs no 'unsafe-*'.
+SECURITY_HEADERS = {
+    "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+                               "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
+    "X-Frame-Options": "DENY",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+}
 
 
 @dataclass
@@ -91,6 +104,8 @@ def _when(us: int) -> str:
 def _float(name: str, raw: str | None) -> float | None:
     if raw is None or raw.strip() == "":
         return None
+    if len(raw) > 32:
+        raise HTTPException(422, f"{name} must be a number between 0 and 1")
     try:
         value = float(raw)
     except ValueError:
@@ -103,7 +118,9 @@ def _float(name: str, raw: str | None) -> float | None:
 def _int(name: str, raw: str | None, lo: int, hi: int, default: int | None) -> int | None:
     if raw is None or raw.strip() == "":
         return default
-    if not raw.strip().isdigit() or not lo <= int(raw) <= hi:
+    # ASCII digits, a bounded count: str.isdigit() admits "²" (int() then raises) and int() refuses more than
+    # 4300 digits; either was a 500
+    if _DIGITS.fullmatch(raw.strip()) is None or not lo <= int(raw) <= hi:
         raise HTTPException(422, f"{name} must be a whole number from {lo} to {hi}")
     return int(raw)
 
@@ -145,7 +162,7 @@ def _transaction_id(raw: str) -> str:
 async def _form(request: Request) -> dict[str, str]:
     """A small urlencoded form (what a browser and htmx post), read with a cap: 413 past it."""
     declared = request.headers.get("content-length")
-    if declared is not None and (not declared.isdigit() or int(declared) > _MAX_FORM_BYTES):
+    if declared is not None and (_DIGITS.fullmatch(declared) is None or int(declared) > _MAX_FORM_BYTES):
         raise HTTPException(413, "form too large")
     body = b""
     async for chunk in request.stream():
@@ -245,6 +262,17 @@ def create_app(console: Console) -> FastAPI:
             return await _http_error(request, exc)
         return await call_next(request)
 
+    @app.middleware("http")
+    async def _headers(request: Request, call_next: Any) -> Response:
+        """Outermost (added last): the security headers on every answer, 401s and errors included; pages that
+        show cases are not cached (``no-store``), the vendored static files are.
+        """
+        response: Response = await call_next(request)
+        response.headers.update(SECURITY_HEADERS)
+        if not request.url.path.startswith("/static/"):
+            response.headers["Cache-Control"] = "no-store"
+        return response
+
     @app.get("/")
     async def queue(request: Request) -> Response:
         flt, number, size, kept = _queue_params(request)
@@ -273,7 +301,9 @@ def create_app(console: Console) -> FastAPI:
         form = await _form(request)
         if analyst is None:
             raise HTTPException(400, "no analyst name: log in with one, or send X-Analyst")
-        if how == "cookie" and not hmac.compare_digest(form.get("csrf", ""), csrf_token(console.token, analyst)):
+        # bytes: compare_digest raises TypeError on a str with non-ASCII characters (a 500)
+        sent = form.get("csrf", "").encode("utf-8", "replace")
+        if how == "cookie" and not hmac.compare_digest(sent, csrf_token(console.token, analyst).encode()):
             raise HTTPException(403, "the form's CSRF field is missing or wrong; reload the page")
         verdict = form.get("label", "")
         if verdict not in ("fraud", "genuine"):
@@ -300,7 +330,9 @@ def create_app(console: Console) -> FastAPI:
 
 
 def _registry_view(root: Path | None) -> list[dict[str, Any]]:
-    """Per kind: versions with aliases and headline metrics, and the audit log newest first (read-only)."""
+    """Per kind: versions with aliases and headline metrics, and the audit log newest first (read-only), its
+    text masked like the topics' (an operator may paste a card number into a promotion's reason).
+    """
     if root is None or not root.is_dir():
         return []
     from fedfraud.training.registry import ModelRegistry
@@ -321,6 +353,11 @@ def _registry_view(root: Path | None) -> list[dict[str, Any]]:
             metrics = {k: m for k, m in v.metrics.items() if isinstance(m, int | float) and not isinstance(m, bool)}
             rows.append({"version": v.version, "created_at": v.created_at, "aliases": tags,
                          "metrics": dict(list(metrics.items())[:6])})
+        audit = [{"at": masked(e.get("at"), 64), "alias": masked(e.get("alias"), 64), "from": masked(e.get("from"), 64),
+                  "to": masked(e.get("to"), 64), "actor": masked(e.get("actor"), 128),
+                  "reason": masked(e.get("reason"), 1000),
+                  "evidence": masked(json.dumps(e.get("evidence"), indent=1, sort_keys=True, default=str), 20_000)}
+                 for e in list(reversed(reg.audit(kind)))[:200] if isinstance(e, dict)]
         out.append({"kind": kind, "champion": champion, "challenger": aliases.get("challenger"),
-                    "versions": rows, "audit": list(reversed(reg.audit(kind)))[:200]})
+                    "versions": rows, "audit": audit})
     return out

@@ -1,103 +1,46 @@
 """The analyst's console against real parts: the session's embedded broker (topics of its own), a Feast repo
 applied and materialized on SQLite, the model registry, and the console over HTTP (uvicorn on a free port).
 
-The decisions are records in the scorer's layout with seeded scores (``fedfraud.bench.console.decision_records``):
-running the scorer would need a trained model and Ray Serve, and the console reads nothing else of it.
+The set-up (``tests/integration/console_setup.py``, shared with the headless-Chromium test) produces decisions in the
+scorer's layout with seeded scores (``fedfraud.bench.console.decision_records``): running the scorer would need a
+trained model and Ray Serve, and the console reads nothing else of it.
 """
 
 from __future__ import annotations
 
-import json
 import re
 import time
-from pathlib import Path
 from urllib.parse import quote
 
 import httpx
 import pytest
 
-from fedfraud.credentials import new_token
+from tests.integration.console_setup import (
+    HOSTILE_REASON,
+    PAN,
+    PAN_PREFIX,
+    PAN_SPACED,
+    assert_label_on_topic_audited_and_joined,
+    build_console_bank,
+    newest_decline,
+    served_console,
+)
+from tests.integration.console_setup import client as _client
+from tests.integration.console_setup import queue_rows as _rows
 
 pytestmark = pytest.mark.integration
-
-HOSTILE_MERCHANT = '<script>alert("x")</script><img src=x onerror=alert(1)> Shop'
-HOSTILE_REASON = '"><script>alert(2)</script>'
-EXACT_LAT, EXACT_LON = 40.712776, -74.005974
-PAN = "4111111111111111"
 
 
 @pytest.fixture(scope="module")
 def bank(tmp_path_factory: pytest.TempPathFactory):
-    from fedfraud.bench.console import build_bank
-    from fedfraud.config import FedfraudConfig
-
-    cfg = FedfraudConfig()
-    work = tmp_path_factory.mktemp("console-bank")
-    frame, repo = build_bank(work, cfg, cardholders=40, days=14, seed=3)
-    return cfg, frame, repo, work
+    return build_console_bank(tmp_path_factory.mktemp("console-bank"))
 
 
 @pytest.fixture(scope="module")
 def console(bank, kafka_broker):
     """Topics of this module on the session's broker, filled; a registry with a promotion; the console served."""
-    from fedfraud.bench.console import fill_topics
-    from fedfraud.console.runtime import ConsoleServer, close_console, open_console
-    from fedfraud.net import free_port
-    from fedfraud.serving.config import TopicNames
-    from fedfraud.serving.kafka import confirm_sent, json_bytes, make_producer
-    from fedfraud.training.registry import ModelRegistry
-
-    cfg, frame, repo, work = bank
-    run = f"console{time.monotonic_ns()}"
-    topics = TopicNames(**{name: f"{run}-{value}" for name, value in TopicNames().model_dump().items()})
-    kafka_broker.ensure_topics((t, 4) for t in topics.all())
-    cfg = cfg.model_copy(update={"serving": cfg.serving.model_copy(update={"topics": topics})})
-    decisions = fill_topics(kafka_broker.bootstrap_servers, frame, cfg, topics, seed=5)
-
-    # one hostile transaction: a merchant name with HTML, a card number and exact coordinates, a reason with HTML
-    card = decisions[0]["cardholder"]
-    hostile_tx = {"transaction_id": f"{run}-hostile", "cardholder_id": card, "merchant_id": f"{HOSTILE_MERCHANT} {PAN}",
-                  "timestamp": "2026-01-20T10:00:00+00:00", "amount": 12.5, "lat": EXACT_LAT, "lon": EXACT_LON,
-                  "mcc": "misc_net", "is_fraud": None}
-    hostile_decision = {**decisions[0], "transaction_id": hostile_tx["transaction_id"], "score": 0.97,
-                        "decision": "fraud", "decided_us": decisions[-1]["decided_us"] + 10,
-                        "top_reasons": [{"feature": HOSTILE_REASON, "value": 1.0, "contribution": 0.5}]}
-    producer = make_producer(kafka_broker.bootstrap_servers, cfg.serving.producer)
-    confirm_sent(producer, [producer.send(topics.transactions, key=card.encode(), value=json_bytes(hostile_tx)),
-                            producer.send(topics.decisions, key=card.encode(), value=json_bytes(hostile_decision))])
-    producer.close()
-
-    registry = ModelRegistry(work / f"registry-{run}")
-    for _ in range(2):
-        with registry.publish("fraud", config={}, metrics={"test_pr_auc": 0.9}):
-            pass
-    registry.promote("fraud", 1, actor="cli:test", reason="<b>backtest</b> 2026-11")
-
-    token = new_token()
-    audit = work / f"audit-{run}.jsonl"
-    parts = open_console(cfg, kafka_broker.bootstrap_servers, audit, registry.root, repo, wait_s=60, token=token)
-    server = ConsoleServer(parts, port=free_port()).start()
-    try:
-        yield {"url": server.url, "token": token, "decisions": decisions + [hostile_decision], "topics": topics,
-               "hostile": hostile_tx, "audit": audit, "bootstrap": kafka_broker.bootstrap_servers, "frame": frame,
-               "cfg": cfg}
-    finally:
-        server.stop()
-        close_console(parts)
-
-
-def _client(console, token: str | None = "valid", analyst: str | None = "alice") -> httpx.Client:
-    headers = {}
-    if token is not None:
-        headers["Authorization"] = f"Bearer {console['token'] if token == 'valid' else token}"
-    if analyst:
-        headers["X-Analyst"] = analyst
-    return httpx.Client(base_url=console["url"], headers=headers, timeout=30)
-
-
-def _rows(html: str) -> list[str]:
-    """The transaction ids of a queue page, in order."""
-    return re.findall(r'<a href="/case/[^"]+">([^<]+)</a>', html)
+    with served_console(bank, kafka_broker) as served:
+        yield served
 
 
 def test_queue_pages_newest_first_without_reading_everything_and_filters(console):
@@ -148,6 +91,23 @@ def test_case_view_shows_token_graph_timeline_and_no_card_number_or_exact_place(
         assert pan not in html
 
 
+def test_card_number_in_a_reason_is_masked_in_case_and_queue(console):
+    """The case's top reasons come from the decision record read back whole: a card number in a reason's feature
+    or value was shown as is there, and the queue's 64-character cut kept 8 of its digits (masked after the cut).
+    """
+    hostile = console["hostile"]
+    with _client(console) as c:
+        case = c.get(f"/case/{quote(hostile['transaction_id'])}").text
+        queue = c.get("/", params={"decision": "any", "size": 200}).text
+        cut = c.get("/", params={"reason": "x" * 56 + "*" * 8}).text
+    for html in (case, queue):
+        for leak in (PAN, PAN_SPACED, PAN_PREFIX, "4111 1111"):
+            assert leak not in html
+    assert "merchant **** **** **** 1111" in case and '<td class="num">************1111</td>' in case
+    assert "x" * 56 + "********" in queue
+    assert "1 matching" in cut  # the masked reason is what the filter offers and matches
+
+
 def test_xss_merchant_name_and_reason_render_as_text(console):
     hostile = console["hostile"]
     with _client(console) as c:
@@ -162,13 +122,7 @@ def test_xss_merchant_name_and_reason_render_as_text(console):
 
 
 def test_fraud_click_from_a_browser_session_produces_a_label_the_joiner_stores(console, tmp_path):
-    from fedfraud.feature_store.outcomes import OutcomeStore
-    from fedfraud.serving.labels import LabelJoiner, parse_label
-    from fedfraud.serving.replay import collect
-
-    declined = next(d for d in reversed(console["decisions"]) if d["decision"] == "fraud"
-                    and d["transaction_id"] != console["hostile"]["transaction_id"])
-    tx = declined["transaction_id"]
+    tx = newest_decline(console)
     with httpx.Client(base_url=console["url"], timeout=30) as browser:
         assert browser.get("/").status_code == 401
         login = browser.post("/login", data={"analyst": "alice", "token": console["token"]})
@@ -179,30 +133,15 @@ def test_fraud_click_from_a_browser_session_produces_a_label_the_joiner_stores(c
         assert case.status_code == 200
         csrf = re.search(r'name="csrf" value="([0-9a-f]+)"', case.text).group(1)
         assert browser.post(f"/label/{quote(tx)}", data={"label": "fraud"}).status_code == 403  # no CSRF field
+        # a non-ASCII CSRF field was a 500 (hmac.compare_digest refuses such a str)
+        assert browser.post(f"/label/{quote(tx)}", data={"label": "fraud", "csrf": "é" * 64}).status_code == 403
+        assert browser.post(f"/label/{quote(tx)}", data={"label": "fraud", "csrf": "0" * 64}).status_code == 403
         done = browser.post(f"/label/{quote(tx)}", data={"label": "fraud", "csrf": csrf},
                             headers={"HX-Request": "true"})  # click 3: "Fraud"
         assert done.status_code == 200, done.text
         assert "acknowledged by the broker" in done.text and "analyst:alice" in done.text
 
-    topics = console["topics"]
-    labels = collect(console["bootstrap"], topics.labels, [tx], timeout_s=20)
-    assert len(labels) == 1
-    row, reason, _ = parse_label(json.dumps(labels[0]).encode())
-    assert reason == "" and row["is_fraud"] == 1 and row["source"] == "analyst:alice"
-
-    audit = [json.loads(line) for line in Path(console["audit"]).read_text().splitlines()]
-    assert [(a["transaction_id"], a["label"], a["actor"], a["result"]) for a in audit if a["transaction_id"] == tx] \
-        == [(tx, "fraud", "analyst:alice", "acknowledged")]
-
-    with OutcomeStore(tmp_path / "outcomes.sqlite") as store:  # the bank's joiner: the path chargebacks take
-        joiner = LabelJoiner(console["bootstrap"], store, topics)
-        try:
-            joiner.run(idle_s=1.0)
-        finally:
-            joiner.close()
-        stored = store.labels()
-    mine = stored[stored["transaction_id"] == tx]
-    assert mine[["is_fraud", "source"]].values.tolist() == [[True, "analyst:alice"]]
+    assert_label_on_topic_audited_and_joined(console, tx, "alice", tmp_path / "outcomes.sqlite")
 
     deadline = time.monotonic() + 10  # the console's own reader sees the label too
     while time.monotonic() < deadline:
@@ -212,6 +151,76 @@ def test_fraud_click_from_a_browser_session_produces_a_label_the_joiner_stores(c
         time.sleep(0.2)
     else:
         pytest.fail("the case never showed the label it produced")
+
+
+def test_every_route_but_login_healthz_and_static_answers_401_without_a_token(console):
+    """Walks the running app's own route table, so a route added later is covered too."""
+    from starlette.routing import Mount, Route
+
+    known = quote(console["decisions"][0]["transaction_id"])
+    public = {"/login", "/healthz"}
+    tried = []
+    with _client(console, token=None) as c:
+        for route in console["app"].routes:
+            if isinstance(route, Mount):
+                assert route.path == "/static"
+                continue
+            assert isinstance(route, Route)
+            path = re.sub(r"\{[^}]+\}", known, route.path)
+            for method in sorted(route.methods or ()):
+                if method == "HEAD":
+                    continue
+                r = c.request(method, path, data={"label": "fraud"} if method == "POST" else None)
+                tried.append((method, route.path, r.status_code))
+                if route.path in public:
+                    assert r.status_code != 401, (method, route.path)
+                else:
+                    assert r.status_code == 401, (method, route.path, r.status_code)
+                    assert console["decisions"][0]["transaction_id"] not in r.text
+    assert {p for _, p, _ in tried} >= {"/", "/queue", "/case/{transaction_id:path}", "/label/{transaction_id:path}",
+                                        "/models", "/logout"}
+
+
+def test_static_path_traversal_finds_nothing(console):
+    """Raw request lines (http.client sends the path as is; httpx would resolve the dots), without a token: the
+    static mount is the one place that skips authentication."""
+    import http.client
+    from urllib.parse import urlsplit
+
+    where = urlsplit(console["url"])
+    paths = ["/static/../web.py", "/static/%2e%2e/web.py", "/static/..%2fweb.py", "/static/%2e%2e%2fweb.py",
+             "/static/../../../../../../etc/passwd", "/static//etc/passwd", "/static/%2fetc%2fpasswd",
+             "/static/..%5cweb.py", "/static/../templates/base.html", "/static/%2e%2e/templates/base.html",
+             "/static/../models", "/static/..;/models"]
+    for path in paths:
+        conn = http.client.HTTPConnection(where.hostname, where.port, timeout=10)
+        try:
+            conn.request("GET", path)
+            answer = conn.getresponse()
+            body = answer.read().decode("utf-8", "replace")
+        finally:
+            conn.close()
+        assert answer.status == 404, (path, answer.status)
+        assert "import" not in body and "root:" not in body and "{%" not in body and "Decisions" not in body, path
+
+
+def test_security_headers_on_every_answer(console):
+    """A CSP with no 'unsafe-*' (htmx's eval off), no framing (clickjacking on the label buttons), nosniff, no
+    referrer, and no caching of pages that show cases."""
+    from fedfraud.console.web import SECURITY_HEADERS
+
+    known = quote(console["decisions"][0]["transaction_id"])
+    with _client(console) as c, _client(console, token=None) as anonymous:
+        answers = {"queue": c.get("/"), "case": c.get(f"/case/{known}"), "models": c.get("/models"),
+                   "422": c.get("/?page=0"), "404": c.get("/case/nope"), "401": anonymous.get("/"),
+                   "login": anonymous.get("/login"), "static": anonymous.get("/static/htmx.min.js")}
+    for name, r in answers.items():
+        for header, value in SECURITY_HEADERS.items():
+            assert r.headers.get(header) == value, (name, header)
+        assert "unsafe" not in r.headers["content-security-policy"]
+        assert "frame-ancestors 'none'" in r.headers["content-security-policy"]
+        if name != "static":
+            assert r.headers["cache-control"] == "no-store", name
 
 
 def test_without_a_token_401_with_a_wrong_one_403(console):
@@ -233,7 +242,10 @@ def test_bad_input_gets_4xx_never_500(console):
     known = console["decisions"][0]["transaction_id"]
     gets = ["/?page=0", "/?page=-1", "/?page=abc", "/?page=99999999999", "/?min_score=nan", "/?min_score=2",
             "/?max_score=-0.1", "/?size=7", "/?decision=maybe", "/?bank=-1", "/?reason=" + "r" * 100,
-            "/?reason=%00", "/case/" + "x" * 300, "/case/no-such-transaction", "/case/%00", "/case/"]
+            "/?reason=%00", "/case/" + "x" * 300, "/case/no-such-transaction", "/case/%00", "/case/",
+            # str.isdigit() digits int() refuses, and more digits than int() parses: both were 500s
+            "/?page=%C2%B2", "/?size=%C2%B2", "/?bank=%E2%81%B9", "/queue?page=%C2%B3", "/?page=" + "9" * 5000,
+            "/?bank=" + "1" * 4400, "/?page=%D9%A1", "/?min_score=0." + "1" * 100, "/case/%ED%A0%80", "/case/%FF"]
     with _client(console) as c:
         for path in gets:
             r = c.get(path)
@@ -258,4 +270,7 @@ def test_models_page_shows_champion_and_the_escaped_promotion_history(console):
     assert page.status_code == 200
     assert "fraud: champion v1" in page.text and "v2" in page.text
     assert "&lt;b&gt;backtest&lt;/b&gt; 2026-11" in page.text and "cli:test" in page.text
+    # a card number in a promotion's reason or evidence is masked like the topics' text
+    assert PAN not in page.text and PAN_SPACED not in page.text
+    assert "card ************1111 in the note" in page.text and "card **** **** **** 1111" in page.text
     assert 'method="post"' not in page.text.split("<main>")[1]  # read-only: promote and roll back stay in the CLI
