@@ -25,9 +25,13 @@ import pandas as pd
 
 from fedfraud.config import FedfraudConfig
 
-__all__ = ["DemoArgs", "DemoReport", "StageResult", "console_commands", "run_demo"]
+__all__ = ["DemoArgs", "DemoReport", "LiveConsole", "StageResult", "console_commands", "open_live_console",
+           "run_demo"]
 
 log = logging.getLogger(__name__)
+
+#: the port the demo's console asks for first (``fedfraud console``'s default too)
+CONSOLE_PORT = 8600
 
 
 @dataclass(frozen=True)
@@ -45,12 +49,22 @@ class DemoArgs:
     retrain_cron: str = "* * * * *"  # the demo's schedule: the next minute (production: retrain.schedule)
     label_delay_days: float = 1.0
     policy_min_frauds: int = 5
+    #: serve the analyst's console on the stream stage's broker while the stream runs (:func:`open_live_console`)
+    console: bool = True
+    #: its port on 127.0.0.1; taken (or 0): a free one
+    console_port: int = CONSOLE_PORT
+    #: keep the console and the embedded broker up after the demo until Ctrl-C (``fedfraud demo --hold-console``)
+    hold_console: bool = False
 
     def __post_init__(self) -> None:
         if self.cardholders < 10 or self.days < 3 or self.banks < 2:
             raise ValueError("demo needs at least 10 cardholders, 3 days and 2 banks")
         if not 0 < self.holdout_days < self.days:
             raise ValueError("--holdout-days must be positive and shorter than --days")
+        if not 0 <= self.console_port <= 65535:
+            raise ValueError("--console-port must be between 0 and 65535")
+        if self.hold_console and not self.console:
+            raise ValueError("--hold-console needs the console (drop --no-console)")
 
 
 @dataclass
@@ -73,6 +87,8 @@ class DemoReport:
     load_avg_1m: dict[str, tuple[float, float]] = field(default_factory=dict)
     #: how to open the analyst's console on the demo's models (:func:`console_commands`)
     console: list[str] = field(default_factory=list)
+    #: the console still serving the demo's broker after the run (``hold_console``); the caller holds and closes it
+    live: LiveConsole | None = None
 
     @property
     def seconds(self) -> float:
@@ -396,6 +412,12 @@ def _stage_stream(cfg: FedfraudConfig, args: DemoArgs, ctx: dict[str, Any]) -> S
     joining = threading.Thread(target=joiner.run, args=(stop,), name="label-joiner", daemon=True)
     joining.start()
     scheduler = RetrainScheduler(cfg, records, ctx["registry"], outcomes, policy=False)
+    live_console = None
+    if args.console:  # before the first transaction, so that the queue fills while the stream runs
+        live_console = open_live_console(cfg, runtime.bootstrap_servers, args.out, args.console_port,
+                                         progress=ctx.get("progress"))
+        if live_console is not None:
+            ctx["console_url"] = live_console.url
     loop: dict[str, Any] = {}
     try:
         # 1. the champion serves; labels flow back a (replayed) day late
@@ -444,6 +466,12 @@ def _stage_stream(cfg: FedfraudConfig, args: DemoArgs, ctx: dict[str, Any]) -> S
         joining.join(timeout=30)
         joiner.close()
         scheduler.shutdown(wait=False)
+        if live_console is not None:
+            if args.hold_console:  # the broker outlives the scorer: run_demo's caller stops both on Ctrl-C
+                live_console.broker, runtime.broker = runtime.broker, None
+                ctx["live_console"] = live_console
+            else:
+                live_console.close()  # before its broker stops, so that its readers close cleanly
         runtime.stop()
         ray.shutdown()
     loop["labels_joined"] = store.count("labels")
@@ -598,20 +626,126 @@ def run_demo(cfg: FedfraudConfig, args: DemoArgs, progress: Callable[[str], None
     report = DemoReport(out=args.out)
     report.console = console_commands(args.out, cfg.serving.bank_id, secret_file,
                                       Path(auth.token_file) if auth.token_file else None)
-    ctx: dict[str, Any] = {"registry": registry}
-    for stage in STAGES:
-        name = stage.__name__.removeprefix("_stage_")
-        if progress:
-            progress(f"[{len(report.stages) + 1}/{len(STAGES)}] {name} ...")
-        t0, load0 = time.perf_counter(), os.getloadavg()[0]
-        result = stage(cfg, args, ctx)
-        log.info("demo stage=%s seconds=%.2f", result.name, time.perf_counter() - t0)
-        report.stages.append(result)
-        report.load_avg_1m[result.name] = (load0, os.getloadavg()[0])
-    summary = report.to_json()
-    (args.out / "summary.json").write_text(json.dumps(summary, indent=2, default=str), encoding="utf-8")
-    render_report(summary, args.out / "report.html", extra=report.extra())
+    ctx: dict[str, Any] = {"registry": registry, "progress": progress}
+    try:
+        for stage in STAGES:
+            name = stage.__name__.removeprefix("_stage_")
+            if progress:
+                progress(f"[{len(report.stages) + 1}/{len(STAGES)}] {name} ...")
+            t0, load0 = time.perf_counter(), os.getloadavg()[0]
+            result = stage(cfg, args, ctx)
+            log.info("demo stage=%s seconds=%.2f", result.name, time.perf_counter() - t0)
+            report.stages.append(result)
+            report.load_avg_1m[result.name] = (load0, os.getloadavg()[0])
+        summary = report.to_json()
+        (args.out / "summary.json").write_text(json.dumps(summary, indent=2, default=str), encoding="utf-8")
+        render_report(summary, args.out / "report.html", extra=report.extra())
+    except BaseException:
+        held = ctx.get("live_console")
+        if held is not None:  # a held console is the caller's only once the run returns
+            held.close()
+        raise
+    report.live = ctx.get("live_console")
+    if report.live is not None:
+        report.console = [f"console: still serving this demo's stream at {report.live.url} (its broker is kept "
+                          "up; the scorer has stopped); Ctrl-C stops both"]
+    elif ctx.get("console_url"):
+        report.console.insert(0, f"console: {ctx['console_url']} showed this demo's stream while it ran and stopped "
+                                 "with it (fedfraud demo --hold-console keeps it up)")
     return report
+
+
+@dataclass
+class LiveConsole:
+    """The analyst's console serving the demo's own broker and registry, in the demo's process.
+
+    Why in-process: the stream stage's embedded broker keeps its topics in memory, so only a console started
+    beside it while it runs can show that stream (issue 40: "the console shows the demo's stream live").
+    ``broker`` is set only when the console is held after the run (``--hold-console``): it then owns the
+    embedded broker and stops it in :meth:`close`.
+    """
+
+    server: Any  # fedfraud.console.runtime.ConsoleServer
+    parts: Any  # fedfraud.console.web.Console
+    broker: Any = None  # fedfraud.serving.broker.EmbeddedBroker, once handed over by the stream stage
+    _closed: bool = field(default=False, repr=False)
+
+    @property
+    def url(self) -> str:
+        return f"{self.server.url}/"
+
+    def hold(self, stop: threading.Event | None = None) -> None:
+        """Serve until Ctrl-C (or until ``stop`` is set), then :meth:`close`."""
+        stop = stop if stop is not None else threading.Event()
+        try:
+            while not stop.wait(0.5):
+                pass
+        except KeyboardInterrupt:
+            log.info("console: Ctrl-C, stopping")
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Stop the HTTP server, the console's Kafka readers and writer, then the broker it was handed."""
+        if self._closed:
+            return
+        self._closed = True
+        from fedfraud.console.runtime import close_console
+
+        self.server.stop()
+        close_console(self.parts)
+        if self.broker is not None:
+            self.broker.stop()
+        log.info("console at %s stopped", self.url)
+
+
+def _console_port(wanted: int) -> int:
+    """``wanted`` when it can be bound on loopback now, else a free port (0: a free port)."""
+    import socket
+
+    from fedfraud.net import LOOPBACK, free_port
+
+    if wanted:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            try:
+                probe.bind((LOOPBACK, wanted))
+                return wanted
+            except OSError:
+                log.info("console: port %d is taken; using a free one", wanted)
+    return free_port()
+
+
+def open_live_console(cfg: FedfraudConfig, bootstrap_servers: str, out: Path, port: int = CONSOLE_PORT,
+                      progress: Callable[[str], None] | None = None, wait_s: float = 5.0) -> LiveConsole | None:
+    """Start ``fedfraud console`` in this process on ``bootstrap_servers`` (the stream stage's broker), the run's
+    registry and feature repo (``cfg``'s), on 127.0.0.1 with the run's API token, and print its URL.
+
+    The console is an extra of the demo: when it cannot start (a port, a broker or a store error) the demo goes
+    on without it, after one line saying why, rather than losing a ten-minute run. ``wait_s``: how long the
+    index may take to catch up with what the topics hold (nothing yet, at the stream stage's start).
+    """
+    from fedfraud.console.runtime import ConsoleServer, close_console, open_console
+    from fedfraud.net import LOOPBACK
+
+    say = progress or (lambda line: log.info("%s", line))
+    try:
+        parts = open_console(cfg, bootstrap_servers, out / "console" / "audit.jsonl", wait_s=wait_s)
+    except Exception as exc:  # noqa: BLE001 - the demo's stream matters more than its console
+        log.debug("console did not start", exc_info=True)
+        say(f"console: not started ({exc.__class__.__name__}: {exc}); the demo goes on without it")
+        return None
+    try:
+        server = ConsoleServer(parts, host=LOOPBACK, port=_console_port(port)).start()
+    except Exception as exc:  # noqa: BLE001 - as above; its Kafka clients are closed first
+        close_console(parts)
+        log.debug("console did not listen", exc_info=True)
+        say(f"console: not started ({exc.__class__.__name__}: {exc}); the demo goes on without it")
+        return None
+    live = LiveConsole(server, parts)
+    token_file = cfg.serving.auth.token_file
+    token = f"the API token in {token_file}" if token_file else "the API token ($FEDFRAUD_API_TOKEN)"
+    say(f"console: {live.url} shows this demo's stream live; log in with {token}")
+    return live
 
 
 def console_commands(out: Path, bank: int, secret_file: Path | None, token_file: Path | None) -> list[str]:

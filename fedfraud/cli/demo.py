@@ -27,6 +27,12 @@ def register(app: typer.Typer) -> None:
         holdout_days: Annotated[float, typer.Option(help="last days streamed live instead of trained on")] = 7.0,
         rounds: Annotated[int, typer.Option(help="federated rounds of the anomaly model")] = 8,
         rate: Annotated[float, typer.Option(help="offered stream load in tx/s (0: as fast as possible)")] = 250.0,
+        console: Annotated[bool, typer.Option(
+            "--console/--no-console", help="serve the analyst's console on the demo's stream while it runs")] = True,
+        console_port: Annotated[int, typer.Option(
+            help="the console's port on 127.0.0.1 (taken, or 0: a free one)")] = 8600,
+        hold_console: Annotated[bool, typer.Option(
+            "--hold-console", help="keep the console and the demo's broker up after the run, until Ctrl-C")] = False,
     ) -> None:
         """Generate → ingest → hold out → private features → train anomaly (Flower) → train fraud →
         Feast → serve (Ray Serve + Kafka) → stream the held-out tail → summary and HTML report.
@@ -43,13 +49,23 @@ def register(app: typer.Typer) -> None:
                 holdout_days=holdout_days,
                 rounds=rounds,
                 stream_rate=rate,
+                console=console,
+                console_port=console_port,
+                hold_console=hold_console,
             )
         except ValueError as exc:
             raise UserError(str(exc)) from None
         report = run_demo(config_of(ctx), args, progress=typer.echo)
-        typer.echo("")
-        for line in summary_lines(report):
-            typer.echo(line)
-        typer.echo(f"\ntotal {report.seconds:.1f}s; report: {out / 'report.html'}; summary: {out / 'summary.json'}")
-        for line in report.console:
-            typer.echo(line)
+        try:
+            typer.echo("")
+            for line in summary_lines(report):
+                typer.echo(line)
+            typer.echo(f"\ntotal {report.seconds:.1f}s; report: {out / 'report.html'}; summary: {out / 'summary.json'}")
+            for line in report.console:
+                typer.echo(line)
+        except BaseException:
+            if report.live is not None:
+                report.live.close()
+            raise
+        if report.live is not None:
+            report.live.hold()  # --hold-console: until Ctrl-C; then the console and the broker stop
