@@ -62,7 +62,10 @@ if TYPE_CHECKING:
     from fedfraud.feature_store.online import OnlineStateClient
     from fedfraud.training.registry import ModelRegistry
 
-__all__ = ["AnomalyStage", "AnomalyWork", "GraphScorer", "load_anomaly_scorer"]
+__all__ = ["OFF_TAG", "AnomalyStage", "AnomalyWork", "GraphScorer", "load_anomaly_scorer"]
+
+#: The anomaly model tag of decisions made with the stage switched off (``serving.anomaly_stage: false``).
+OFF_TAG = "off"
 
 
 class GraphScorer(Protocol):
@@ -326,6 +329,34 @@ class AnomalyStage:
                 shadow[scored.redelivered] = np.nan
                 scored.shadow_anomaly_score, scored.shadow_anomaly_model = shadow, work.shadow.tag
         return work, scored
+
+    def skip(self, frame: pd.DataFrame, produced_us: np.ndarray, source: str = "kafka") -> ScoredBatch:
+        """The stage switched off (``serving.anomaly_stage: false``): the private inputs the fraud stage reads, with
+        a NaN anomaly score on every row; no online-store read or push, no ego graph, no model call.
+
+        Why it exists: ``fedfraud bench serving --peers`` measures the hot path without its graph and GNN on the
+        same machinery (Serve replica, consumer loop, KV store, fraud stage). The fraud stage reads its own KV rows
+        (``fraud_blobs`` left empty), one round trip as when the stage is on.
+        """
+        with self.clock.section("anomaly.prepare"):
+            batch = prepare_batch(frame, self.featurizer)
+        n = len(batch)
+        return ScoredBatch(
+            source=source,
+            transaction_id=frame["transaction_id"].astype(str).tolist(),
+            cardholder=batch.cardholder,
+            ts_us=batch.ts_us,
+            amount=batch.amount,
+            mcc=batch.mcc,
+            merchant=batch.features.merchant,
+            location=batch.features.location,
+            time=batch.features.time,
+            anomaly_score=np.full(n, np.nan, dtype=np.float64),
+            redelivered=np.zeros(n, dtype=bool),
+            produced_us=np.asarray(produced_us, dtype=np.int64),
+            anomaly_model=OFF_TAG,
+            scored_us=now_us(),
+        )
 
     def _shadow_scores(self, work: AnomalyWork) -> np.ndarray:
         assert work.shadow is not None

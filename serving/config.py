@@ -254,6 +254,10 @@ class ServingConfig(_Section):
     fraud_state_ca_file: str | None = Field(
         None, description="CA bundle that signed the fraud_state_path Redis's certificate (rediss:// only)")
     decision_ring: int = Field(16, ge=1, description="recent decisions kept per cardholder to re-emit on redelivery")
+    anomaly_stage: bool = Field(
+        True, description="False: skip the anomaly stage (no online-store read or push, no ego graph, no GNN) and "
+        "decide with the anomaly score absent (NaN, XGBoost's missing value, as for a cardholder's first "
+        "transaction); the GNN-off peer of `fedfraud bench serving --peers`, not a production mode")
     reasons_for: Literal["fraud", "all"] = Field(
         "fraud", description="decisions that carry top_reasons: 'fraud' (the declines; a legit decision gets []) or "
         "'all'. Exact TreeSHAP of the 200-tree model costs ~0.2 ms per row, more than the rest of the fraud stage")

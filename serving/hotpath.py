@@ -77,6 +77,14 @@ class HotPath:
                                 getattr(fraud_cfg, "top_reasons", 3), producer, s.topics.decisions,
                                 s.topics.anomaly_scores, self.clock, s.reasons_for, risk)
         self.fraud.shadow_topic = s.topics.shadow_scores if producer is not None else None
+        self.anomaly_on = s.anomaly_stage
+        if not self.anomaly_on:  # the GNN-off peer of the serving bench: no anomaly-scores records to send
+            if risk is not None:
+                raise ValueError("serving.anomaly_stage=false reads no online store, so it cannot serve a fraud "
+                                 f"model with merchant-risk columns ({tag})")
+            self.fraud.scores_topic = None
+            log.warning("anomaly stage switched off (serving.anomaly_stage=false): no graph, no GNN, NaN anomaly "
+                        "score")
         self.retrain = cfg.retrain
         self.fraud.drift = self._drift_monitor(tag)
         self._shadow_tags: tuple[str, str] | None = None
@@ -94,12 +102,24 @@ class HotPath:
         commits (:class:`fedfraud.serving.acks.AckWindow`).
         """
         with self._lock:
+            if not self.anomaly_on:
+                return self._score_without_anomaly(frame, produced_us, content, source, sends)
             work, scored = self.anomaly.score(frame, produced_us, source)
             scored.content = list(content or [])
             decided = self.fraud.decide(scored)
             # the batch's state, written once: both stages' KV rows in one round trip, then the online-store push
             self.anomaly.write(work, also=[("fraud", decided.writes)])
             return self.fraud.emit(scored, decided, sends)
+
+    def _score_without_anomaly(self, frame: Any, produced_us: np.ndarray, content: list[str] | None, source: str,
+                               sends: list[Any] | None) -> list[dict[str, Any]]:
+        """:meth:`score` with the anomaly stage off: fraud stage on a NaN anomaly score, its KV rows written once."""
+        scored = self.anomaly.skip(frame, produced_us, source)
+        scored.content = list(content or [])
+        decided = self.fraud.decide(scored)
+        with self.clock.section("state.kv_write"):
+            self.anomaly.kv.put_tables([("fraud", decided.writes)])
+        return self.fraud.emit(scored, decided, sends)
 
     def _check_features(self, kind: str, tag: str) -> None:
         """The model's card must name this replica's feature mechanism (L′/T′ differ between them)."""
@@ -115,7 +135,9 @@ class HotPath:
 
     def models(self) -> dict[str, str]:
         """The tags in use: the champion pair, and the challenger pair while one shadows."""
-        out = {"anomaly": self.anomaly.model.tag, "fraud": self.fraud.model_tag}
+        from fedfraud.serving.anomaly_stage import OFF_TAG
+
+        out = {"anomaly": self.anomaly.model.tag if self.anomaly_on else OFF_TAG, "fraud": self.fraud.model_tag}
         if self._shadow_tags is not None:
             out["challenger_anomaly"], out["challenger_fraud"] = self._shadow_tags
         return out

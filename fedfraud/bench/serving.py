@@ -25,6 +25,12 @@ The per-stage table is the replicas' :class:`fedfraud.serving.metrics.StageClock
 the backlog: CPU ms per transaction of each section (thread CPU time, so other
 processes on a busy machine do not inflate it) and wall ms per micro-batch.
 
+With ``--peers`` (:func:`run_peer_bench`, issue 42) the bench instead measures the hot path against what a user would
+run instead, in the same run: the plain peer (:mod:`fedfraud.bench.peer`: consumer → XGBoost on the same features →
+producer), the hot path with its anomaly stage off (``serving.anomaly_stage: false``) and the full hot path,
+alternated A B C per round so the machine's drift hits all three alike; every figure is also given as a ratio to the
+peer's.
+
 Online store: the config's ``features.profile``. With ``redis`` the bench uses
 its own database (:data:`BENCH_REDIS_DB`, flushed at start because replayed
 transactions would otherwise be recognised as redeliveries of the last run)
@@ -37,14 +43,15 @@ import logging
 import os
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-__all__ = ["BENCH_REDIS_DB", "COLUMNS", "ServingBenchResult", "load_block", "publish_bench_models",
-           "run_serving_bench"]
+__all__ = ["BENCH_REDIS_DB", "COLUMNS", "PEER_VARIANTS", "PeersResult", "ServingBenchResult", "load_block",
+           "publish_bench_models", "run_peer_bench", "run_serving_bench"]
 
 log = logging.getLogger(__name__)
 #: Redis database the bench owns (flushed at start); other work uses db 0.
@@ -409,3 +416,262 @@ def _bench_redis(serving: Any, features: Any) -> tuple[Any, Any]:
                                          "fraud_state_password_env": redis_cfg.password_env,
                                          "fraud_state_ca_file": redis_cfg.ssl_ca_certs})
     return serving, features
+
+
+# ---------------------------------------------------------------------------------------------- peers (issue 42)
+#: The variants of ``--peers``, alternated in this order every round; the first is the reference of every ratio.
+PEER_VARIANTS = ("plain peer: consumer → XGBoost → producer", "hot path, GNN stage off", "full hot path")
+
+
+@dataclass
+class PeersResult:
+    """Per (round, variant) block: sustained tx/s, CPU per transaction, and p50/p99 and cores at each load."""
+
+    blocks: list[dict[str, Any]] = field(default_factory=list)
+    load_avg: tuple[float, float] = (0.0, 0.0)
+    cpus: int = 0
+    store: str = "sqlite"
+    backlog: int = 0
+    seconds: float = 0.0
+    partitions: int = 1
+
+    def _median(self, variant: str, key: str, load: float | None = None) -> float:
+        mine = [b for b in self.blocks if b["variant"] == variant]
+        values = [b[key] if load is None else b["loads"].get(load, {}).get(key, float("nan")) for b in mine]
+        return float(np.median(values)) if values else float("nan")
+
+    def ratios(self, variant: str) -> dict[str, float]:
+        """Median of ``variant`` over the median of the plain peer: throughput, p99 at each load, CPU per tx."""
+        peer = PEER_VARIANTS[0]
+        out = {key: self._median(variant, key) / self._median(peer, key)
+               for key in ("sustained_tx_s", "cpu_ms_tx", "process_cpu_ms_tx")}
+        for load in self._loads():
+            out[f"p99@{load:g}"] = self._median(variant, "p99_ms", load) / self._median(peer, "p99_ms", load)
+        return out
+
+    def _loads(self) -> list[float]:
+        return sorted({load for b in self.blocks for load in b["loads"]})
+
+    def to_markdown(self) -> str:
+        loads = self._loads()
+        rounds = len({b["round"] for b in self.blocks})
+        lines = [
+            "### Against the peers, same run (`fedfraud bench serving --peers`)",
+            "",
+            f"{self.cpus} CPUs, load average {self.load_avg[0]:.1f} at start and {self.load_avg[1]:.1f} at end; online "
+            f"store {self.store}; {self.partitions} partition(s), a fresh embedded Tansu broker per block, the same "
+            f"librdkafka client settings and load generator for all three; A B C alternated {rounds} time(s), each "
+            f"block: warm-up, a {self.backlog:,} tx backlog, then {self.seconds:g} s at each offered load. Each cell: "
+            "the median over the variant's blocks, then (×) its ratio to the plain peer's median.",
+            "",
+            "| variant | sustained tx/s | " + " | ".join(f"p50 / p99 at {x:,.0f} tx/s (ms)" for x in loads)
+            + " | replica CPU ms/tx (sum of the scoring thread's sections) | scoring process CPU ms/tx (/proc) |",
+            "|---|---|" + "---|" * len(loads) + "---|---|",
+        ]
+        for v in PEER_VARIANTS:
+            r = self.ratios(v)
+            cells = [f"{self._median(v, 'p50_ms', x):.1f} / {self._median(v, 'p99_ms', x):.1f} (×{r[f'p99@{x:g}']:.2f})"
+                     for x in loads]
+            lines.append(f"| {v} | {self._median(v, 'sustained_tx_s'):,.0f} (×{r['sustained_tx_s']:.2f}) | "
+                         + " | ".join(cells) + f" | {self._median(v, 'cpu_ms_tx'):.3f} (×{r['cpu_ms_tx']:.2f}) | "
+                         f"{self._median(v, 'process_cpu_ms_tx'):.3f} (×{r['process_cpu_ms_tx']:.2f}) |")
+        return "\n".join(lines) + "\n" + self._targets_markdown() + self._blocks_markdown() + self._cores_markdown()
+
+    def _targets_markdown(self) -> str:
+        """Issue 42's targets for the full hot path, each as a ratio to the plain peer of this run."""
+        r = self.ratios(PEER_VARIANTS[2])
+        top = max(self._loads(), default=1000.0)
+        rows = [("throughput ≥ 60% of the peer's", r["sustained_tx_s"], 0.60, True),
+                (f"p99 at {top:,.0f} tx/s ≤ 2× the peer's", r.get(f"p99@{top:g}", float("nan")), 2.0, False),
+                ("replica CPU per transaction ≤ 2× the peer's", r["cpu_ms_tx"], 2.0, False)]
+        lines = ["", "Targets (full hot path against the plain peer, this run):", "",
+                 "| target | ratio | |", "|---|---|---|"]
+        for name, ratio, bound, at_least in rows:
+            met = ratio >= bound if at_least else ratio <= bound
+            if met:
+                verdict = f"met (bound ×{bound:.2f})"
+            elif at_least:
+                verdict = f"missed by {1 - ratio / bound:.0%} of the bound (×{bound:.2f}; needs ×{bound / ratio:.2f})"
+            else:
+                verdict = f"missed by {ratio / bound - 1:.0%} over the bound (×{bound:.2f})"
+            lines.append(f"| {name} | ×{ratio:.2f} | {verdict} |")
+        return "\n".join(lines) + "\n"
+
+    def _blocks_markdown(self) -> str:
+        loads = self._loads()
+        lines = ["", "Every block, in the order run (ratios to the same round's peer block):", "",
+                 "| round | variant | sustained tx/s | " + " | ".join(f"p99 at {x:,.0f}" for x in loads)
+                 + " | replica CPU ms/tx | process CPU ms/tx |", "|---|---|---|" + "---|" * len(loads) + "---|---|"]
+        for b in self.blocks:
+            peer = next((p for p in self.blocks if p["round"] == b["round"] and p["variant"] == PEER_VARIANTS[0]), b)
+            p99 = [f"{b['loads'][x]['p99_ms']:.1f} (×{b['loads'][x]['p99_ms'] / peer['loads'][x]['p99_ms']:.2f})"
+                   if x in b["loads"] and x in peer["loads"] else "–" for x in loads]
+            lines.append(f"| {b['round'] + 1} | {b['variant']} | {b['sustained_tx_s']:,.0f} "
+                         f"(×{b['sustained_tx_s'] / peer['sustained_tx_s']:.2f}) | " + " | ".join(p99)
+                         + f" | {b['cpu_ms_tx']:.3f} | {b['process_cpu_ms_tx']:.3f} |")
+        return "\n".join(lines) + "\n"
+
+    def _cores_markdown(self) -> str:
+        """Cores per role while each load's records were being sent (median over the variant's blocks)."""
+        roles = ("scoring replicas", "embedded broker", "redis", "Ray and Serve (others)", "bench (load generator)")
+        lines = ["", "Cores used while each load's records were being sent (1.00 = one core; the peer's process "
+                 "counts as the scoring replica; median over blocks):", "",
+                 "| variant | offered tx/s | " + " | ".join(roles) + " |", "|---|---|" + "---|" * len(roles)]
+        for v in PEER_VARIANTS:
+            for x in self._loads():
+                mine = [b["loads"][x]["cpu"] for b in self.blocks if b["variant"] == v and x in b["loads"]]
+                lines.append(f"| {v} | {x:,.0f} | "
+                             + " | ".join(f"{np.median([c.get(k, 0.0) for c in mine]):.2f}" for k in roles) + " |")
+        return "\n".join(lines) + "\n"
+
+
+@dataclass
+class _Target:
+    """What one block measures, product or peer: how to replay into it (``replay(chunk, rate, timeout_s)`` →
+    :class:`fedfraud.serving.replay.ReplayResult`), its scoring thread's sections (``profile(reset)``) and which
+    process is its scoring replica (``role``, for :class:`fedfraud.bench.cpu_share.CpuSampler`).
+    """
+
+    replay: Callable[[Any, float, float], Any]
+    profile: Callable[[bool], dict[str, dict[str, float]]]
+    role: Callable[[int, list[str]], str | None]
+
+
+def _cpu_seconds(sampler: Any, start: float, end: float, role: str) -> float:
+    """CPU seconds of ``role`` between two ``perf_counter`` instants (the bracketing samples' span, as ``share``)."""
+    share = sampler.share(start, end).get(role)
+    if share is None:
+        return float("nan")
+    first = max(t for t, _ in sampler.samples if t <= start)
+    last = min(t for t, _ in sampler.samples if t >= end)
+    return float(share * (last - first))
+
+
+def _measure(target: _Target, frame: Any, backlog: int, loads: tuple[float, ...], seconds: float) -> dict[str, Any]:
+    """Warm-up, backlog (sustained tx/s, CPU per transaction), then each offered load (p50/p99, cores)."""
+    from fedfraud.bench.cpu_share import CpuSampler
+
+    cursor = 2000
+    target.replay(frame.iloc[cursor:cursor + 300].reset_index(drop=True), 0.0, 120.0)  # warm-up
+    cursor += 300
+    part = frame.iloc[cursor:cursor + backlog].reset_index(drop=True)
+    cursor += backlog
+    target.profile(True)
+    with CpuSampler(target.role) as cpu:
+        res = target.replay(part, 0.0, 600.0)
+    sections = target.profile(True)
+    first = min(int(d["produced_us"]) for d in res.decisions)
+    last = max(int(d["decided_us"]) for d in res.decisions)
+    span = (last - first) / 1e6
+    n = len(res.decided_ids)
+    block: dict[str, Any] = {
+        "sustained_tx_s": n / span, "decided": n, "sent": len(part),
+        "cpu_ms_tx": sum(v["cpu_s"] for v in sections.values()) / n * 1e3,
+        "process_cpu_ms_tx": _cpu_seconds(cpu, res.stats.started, res.stats.started + span, "scoring replicas")
+        / n * 1e3,
+        "loads": {},
+    }
+    for rate in loads:
+        k = int(rate * seconds)
+        chunk = frame.iloc[cursor:cursor + k].reset_index(drop=True)
+        cursor += k
+        with CpuSampler(target.role) as cpu:
+            res = target.replay(chunk, rate, 600.0)
+        lat = res.latencies_ms
+        block["loads"][rate] = {"achieved": res.stats.rate, "p50_ms": float(np.percentile(lat, 50)),
+                                "p99_ms": float(np.percentile(lat, 99)), "missing": len(res.missing),
+                                "cpu": cpu.share(res.stats.started, res.stats.started + res.stats.seconds)}
+    return block
+
+
+def run_peer_bench(config: Any = None, rounds: int = 2, backlog: int = 2000, loads: tuple[float, ...] = (250.0, 1000.0),
+                   seconds: float = 5.0) -> PeersResult:
+    """The plain peer, the hot path with its GNN stage off and the full hot path, alternated ``rounds`` times.
+
+    Every block replays the same rows (warm-up, backlog, loads) into a fresh embedded broker with the same topics
+    and client settings, from the same load generator (:func:`fedfraud.serving.replay.replay_and_collect` on a
+    long-lived producer), so the blocks differ only in the work per transaction. A fresh broker per block because
+    the embedded broker's CPU per message grows with the messages it holds (module docstring): on one broker the
+    later blocks would pay for the earlier ones'. Each product block has a fresh state store (Redis: the bench's
+    database, flushed), so no transaction is taken for a redelivery of the previous block's.
+    """
+    from fedfraud.bench.cpu_share import serving_role
+    from fedfraud.bench.peer import PeerProcess, publish_peer_model
+    from fedfraud.config import FedfraudConfig
+    from fedfraud.feature_store.privacy import PrivateFeaturizer
+    from fedfraud.serving.auth import per_run_token
+    from fedfraud.serving.broker import EmbeddedBroker
+    from fedfraud.serving.kafka import make_producer
+    from fedfraud.serving.replay import replay_and_collect
+    from fedfraud.serving.runtime import start
+    from fedfraud.training.data.config import GeneratorConfig
+    from fedfraud.training.data.synthetic import generate_frame
+    from fedfraud.training.registry import ModelRegistry
+
+    cfg: FedfraudConfig = config or FedfraudConfig()
+    tmp = Path(tempfile.mkdtemp(prefix="fedfraud-bench-peers-"))
+    need = 2000 + 300 + backlog + int(sum(loads) * seconds)
+    frame, _ = generate_frame(GeneratorConfig(banks=1, cardholders=max(200, need // 60), days=60, seed=5))
+    frame = frame.sort_values(["timestamp", "transaction_id"]).reset_index(drop=True)[COLUMNS]
+    if len(frame) < need:
+        log.warning("generated %d rows, wanted %d; loads run shorter", len(frame), need)
+    train = frame.head(2000)
+    reg, peer_reg = ModelRegistry(tmp / "registry"), ModelRegistry(tmp / "registry-peer")
+    publish_bench_models(reg, train, cfg)
+    publish_peer_model(peer_reg, train, cfg)
+    store = cfg.features.profile.strip().lower()
+    s = cfg.serving
+    out = PeersResult(load_avg=(os.getloadavg()[0], 0.0), cpus=os.cpu_count() or 0, store=store, backlog=backlog,
+                      seconds=seconds, partitions=s.partitions)
+    for r in range(rounds):
+        for k, variant in enumerate(PEER_VARIANTS):
+            t0 = time.perf_counter()
+            if k == 0:
+                with EmbeddedBroker(topics={t: s.partitions for t in s.topics.all()}) as broker:
+                    bootstrap = broker.bootstrap_servers
+                    peer = PeerProcess(cfg, bootstrap, peer_reg.root)
+                    producer = make_producer(bootstrap, s.producer, client_id="fedfraud-replay",
+                                             security=s.kafka_security)
+                    featurizer = PrivateFeaturizer.for_bank(cfg.encoder, cfg.privacy, s.bank_id)
+                    pid = peer.pid
+
+                    def replay(chunk: Any, rate: float, timeout_s: float, _b: str = bootstrap, _p: Any = producer,
+                               _f: Any = featurizer) -> Any:
+                        return replay_and_collect(chunk, _b, _f, rate, timeout_s, s.topics, security=s.kafka_security,
+                                                  producer=_p)
+
+                    def role(p: int, argv: list[str], _pid: int = pid) -> str | None:
+                        return "scoring replicas" if p == _pid else serving_role(p, argv)
+
+                    try:
+                        block = _measure(_Target(replay, peer.profile, role), frame, backlog, loads, seconds)
+                    finally:
+                        peer.stop()
+                        producer.close(timeout=5)
+            else:
+                serving = s.model_copy(update={"registry_root": str(reg.root), "bootstrap_servers": None,
+                                               "auth": per_run_token(s.auth, tmp), "anomaly_stage": k == 2})
+                features = cfg.features.model_copy(update={"repo_dir": str(tmp / f"repo-{r}-{k}")})
+                if store == "redis":
+                    serving, features = _bench_redis(serving, features)
+                rt = start(cfg.model_copy(update={"serving": serving, "features": features}), replay_source=True)
+                try:
+                    def profile(reset: bool, _rt: Any = rt) -> dict[str, dict[str, float]]:
+                        merged: dict[str, dict[str, float]] = {}  # the replicas' sections, summed by name
+                        for sections in _rt.handle.profile.remote(reset=reset).result().values():
+                            for name, v in sections.items():
+                                mine = merged.setdefault(name, {"cpu_s": 0.0, "wall_s": 0.0, "calls": 0.0})
+                                for key in mine:
+                                    mine[key] += float(v[key])
+                        return merged
+
+                    block = _measure(_Target(rt.replay, profile, serving_role), frame, backlog, loads, seconds)
+                finally:
+                    rt.stop()
+            out.blocks.append({"variant": variant, "round": r, **block})
+            log.info("peers round=%d variant=%s sustained=%.0f tx/s cpu=%.3f ms/tx proc=%.3f ms/tx %s (%.0fs)", r,
+                     variant, block["sustained_tx_s"], block["cpu_ms_tx"], block["process_cpu_ms_tx"],
+                     " ".join(f"{x:g}:p99={v['p99_ms']:.1f}" for x, v in block["loads"].items()),
+                     time.perf_counter() - t0)
+    out.load_avg = (out.load_avg[0], os.getloadavg()[0])
+    return out

@@ -119,10 +119,22 @@ def serving(
         bool, typer.Option("--merchant-risk-ab", help="instead: p50/p99 at 250 and 1,000 tx/s without and with the "
                            "merchant-risk read, alternated in one run")
     ] = False,
-    rounds: Annotated[int, typer.Option("--rounds", min=1, help="A/B rounds (with --merchant-risk-ab)")] = 2,
+    rounds: Annotated[
+        int, typer.Option("--rounds", min=1, help="A/B (or A/B/C) rounds (with --merchant-risk-ab or --peers)")
+    ] = 2,
+    peers: Annotated[
+        bool, typer.Option("--peers", help="instead: the plain consumer → XGBoost → producer peer, the hot path with "
+                           "its GNN stage off and the full hot path, alternated in one run; throughput, p50/p99 at "
+                           "250 and 1,000 tx/s and CPU per transaction, each as a ratio to the peer")
+    ] = False,
     out: OutOption = None,
 ) -> None:
     """End-to-end streaming: ceiling, max sustained tx/s, p50/p99/p99.9 at 250/500/1,000/2,000 tx/s offered."""
+    if peers:
+        from fedfraud.bench.serving import run_peer_bench
+
+        emit(run_peer_bench(config_of(ctx), rounds=rounds, backlog=backlog, seconds=seconds).to_markdown(), out)
+        return
     if merchant_risk_ab:
         from fedfraud.bench.merchant_ab import run_merchant_risk_ab
 

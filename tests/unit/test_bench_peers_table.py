@@ -1,0 +1,28 @@
+"""The ``bench serving --peers`` table: ratios to the plain peer's median, and each target met or missed."""
+
+from __future__ import annotations
+
+from fedfraud.bench.serving import PEER_VARIANTS, PeersResult
+
+
+def _block(variant: str, rnd: int, tx_s: float, cpu: float, p99: float) -> dict:
+    loads = {rate: {"p50_ms": p99 / 2, "p99_ms": p99, "achieved": rate, "missing": 0, "cpu": {"scoring replicas": 0.5}}
+             for rate in (250.0, 1000.0)}
+    return {"variant": variant, "round": rnd, "sustained_tx_s": tx_s, "cpu_ms_tx": cpu, "process_cpu_ms_tx": cpu,
+            "loads": loads}
+
+
+def test_ratios_are_medians_over_the_peers_median_and_targets_say_met_or_missed() -> None:
+    peer, off, full = PEER_VARIANTS
+    result = PeersResult(blocks=[
+        _block(peer, 0, 1000, 0.1, 10), _block(off, 0, 900, 0.15, 12), _block(full, 0, 700, 0.3, 15),
+        _block(peer, 1, 3000, 0.1, 30), _block(off, 1, 1000, 0.15, 40), _block(full, 1, 500, 0.1, 50),
+    ], backlog=100, seconds=1)
+    r = result.ratios(full)
+    assert r["sustained_tx_s"] == 600 / 2000  # medians: 600 against 2,000
+    assert r["cpu_ms_tx"] == 0.2 / 0.1
+    assert r["p99@1000"] == 32.5 / 20
+    text = result.to_markdown()
+    assert "| throughput ≥ 60% of the peer's | ×0.30 | missed by 50% of the bound" in text
+    assert "| p99 at 1,000 tx/s ≤ 2× the peer's | ×1.62 | met" in text
+    assert "| replica CPU per transaction ≤ 2× the peer's | ×2.00 | met" in text
