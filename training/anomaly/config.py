@@ -36,6 +36,8 @@ class CardholderDPConfig(BaseModel):
     cardholder's ``pairs_per_step`` transitions form one contribution whose gradient is clipped to
     ``clipping_norm`` in L2 as a whole; the bank adds N(0, (z·C)²) to the sum before the optimizer sees it.
     Steps per round: ``local_epochs × ceil(samples_per_epoch / batch_size)``, public and the same in every bank.
+    With ``noise="distributed"`` each of those steps is one DP-FedSGD round over all banks under SecAgg+ (the server
+    applies the summed step with Adam at ``lr``); the same count goes to the accountant.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -54,6 +56,13 @@ class CardholderDPConfig(BaseModel):
         "max_train_pairs, so one cardholder's data never changes which of another's are kept)")
     cardholders_per_pass: int = Field(
         64, ge=1, description="cardholders per vectorized gradient pass (memory only; no effect on the result)")
+    noise: Literal["local", "distributed"] = Field(
+        "local", description="'local': every bank adds the full noise to every local step (each update is DP by "
+        "itself); 'distributed': DP-FedSGD, one private step per round, each bank adds a Skellam share of the noise "
+        "and only the SecAgg+ sum of at least min_banks banks carries all of it (training/anomaly/distributed_dp.py)")
+    min_banks: int = Field(
+        0, ge=0, description="distributed noise: t, the fewest banks whose shares a round sums (each share has 1/t of "
+        "the variance); 0: SecAgg+'s reconstruction threshold, a majority of the banks (fewer survivors halt it)")
 
 
 class AnomalyConfig(BaseModel):
@@ -105,6 +114,16 @@ class AnomalyConfig(BaseModel):
             "next-event fields, comma-separated, of fedfraud.training.anomaly.heads.HEAD_SIZES. 'amount-rel' (the "
             "amount against the cardholder's own mean) joined the default on validation of both generators: "
             "handbook ROC-AUC 0.718 → 0.772, Sparkov unchanged (docs/anomaly.md)"
+        ),
+    )
+    upper_tail: str = Field(
+        "amount",
+        description=(
+            "next-event heads scored by their upper tail, −log P(X ≥ x), instead of −log P(x): for amount heads, "
+            "an unusually *small* amount is then no surprise and a large one is (comma-separated, of `heads`; "
+            "empty: every head two-sided). A scoring rule only: training is unchanged. A published model.json "
+            "without this key scores as it did when published. 'amount' chosen on validation of both generators "
+            "(docs/anomaly.md)"
         ),
     )
     negatives: str = Field(
@@ -164,6 +183,9 @@ class AnomalyConfig(BaseModel):
             raise ValueError(f"cardholder_dp needs readout 'next-event', not {self.readout!r}: its negatives mix "
                              "other cardholders' data into a cardholder's loss, so clipping would not bound them")
         from fedfraud.training.anomaly.event_negatives import parse_mix
-        parse_heads(self.heads)
+        heads = parse_heads(self.heads)
+        stray = [h for h in (t.strip() for t in self.upper_tail.split(",")) if h and h not in heads]
+        if stray:
+            raise ValueError(f"upper_tail names {stray[0]!r}, which is not one of the heads {','.join(heads)}")
         parse_mix(self.negatives)
         return self

@@ -104,6 +104,25 @@ class NextEventHead(nn.Module):
         logits = self(q_prev)
         return {h: F.cross_entropy(logits[h], targets[h], reduction="none") for h in self.heads}
 
+    def surprise(self, q_prev: Tensor, targets: dict[str, Tensor], upper: frozenset[str] = frozenset()) -> Tensor:
+        """Summed per-head surprise of the observed classes (``[n]``): −log P(x), or −log P(X ≥ x) for ``upper``.
+
+        Why an upper tail: the bins of an amount head are ordered, and a fraud spends more than the cardholder
+        usually does, rarely less; −log P(X ≥ x) is ~0 for an unusually small amount and grows with a large one.
+        """
+        logits = self(q_prev)
+        total = torch.zeros(q_prev.shape[0], device=q_prev.device)
+        for h in self.heads:
+            target = targets[h].unsqueeze(-1)
+            logp = F.log_softmax(logits[h], dim=-1)
+            if h in upper:
+                bins = torch.arange(logp.shape[-1], device=logp.device)
+                logp_tail = torch.logsumexp(logp.masked_fill(bins < target, float("-inf")), dim=-1)
+                total = total - logp_tail.clamp(max=0.0)
+            else:
+                total = total - logp.gather(-1, target).squeeze(-1)
+        return total
+
     def __repr__(self) -> str:
         return f"{self.__class__.__name__}(heads={','.join(self.heads)})"
 

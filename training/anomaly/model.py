@@ -265,7 +265,8 @@ class AnomalyModel(nn.Module):
             targets = {
                 h: torch.from_numpy(t).to(q_prev.device) for h, t in event_targets(prior, event).items()
             }
-            return nll_to_score(sum(self.head.nll(q_prev, targets).values()))  # type: ignore[operator]
+            upper = frozenset(h.strip() for h in self.cfg.upper_tail.split(",") if h.strip())
+            return nll_to_score(self.head.surprise(q_prev, targets, upper))  # type: ignore[operator]
         if self.cfg.readout == "contrastive":
             return torch.sigmoid(-self.head(q_prev, ContrastiveHead.features(prior, event, q_prev.device)))
         raise ValueError(f"readout {self.cfg.readout!r} scores graph pairs, not events")

@@ -94,6 +94,7 @@ class AnomalyScorer:
         spec = json.loads(found.file(SPEC_FILE).read_text(encoding="utf-8"))
         encoder_cfg = EncoderConfig.model_validate(spec["encoder"])
         ego_cfg = EgoGraphConfig.model_validate(spec["egograph"])
+        spec["anomaly"].setdefault("upper_tail", "")  # published before the key existed: every head two-sided
         model = AnomalyModel(AnomalyConfig.model_validate(spec["anomaly"]), encoder_cfg, ego_cfg.max_nodes)
         state = load_torch_file(found.file(MODEL_FILE), what=f"anomaly model {found.tag}")  # tensors only
         model.load_state_dict(state)
