@@ -15,6 +15,12 @@ through the published model, 95% bootstrap intervals over cardholders
 calibrated so that all rounds together spend that ε at the stated δ; ε = ∞
 is the same run with DP off. The demo's default is chosen on validation
 cardholders only (:meth:`PrivacyBench.choose_default`).
+
+``--unit cardholder`` with ``--set anomaly.cardholder_dp.noise=distributed``
+trains the finite-ε rows with DP-FedSGD and distributed Skellam noise
+(:func:`fedfraud.training.anomaly.distributed_dp.run_distributed`, the
+in-process replay of the SecAgg+ path's arithmetic); the ε = ∞ row stays the
+project's federated training.
 """
 
 from __future__ import annotations
@@ -120,8 +126,9 @@ class PrivacyBench(TrainedRunsBench[PrivacyRun]):
                 on = c.get("dp") == "on"
                 z = f"{c['noise_multiplier']:.3f}" if on else "—"
                 std = "—"
-                if on:  # bank level: on the server's mean; cardholder level: on a bank's sum of clipped gradients
-                    value = c["noise_std"][0] if "noise_std" in c else c["noise_multiplier"] * c["clipping_norm"]
+                if on:  # bank level: on the server's mean; cardholder level: on a (bank's or all banks') sum
+                    value = (c["noise_std_sum"] if "noise_std_sum" in c else c["noise_std"][0] if "noise_std" in c
+                             else c["noise_multiplier"] * c["clipping_norm"])
                     std = f"{value:.4f}"
                 eps = f"{c['epsilon']:.3f}" if on else "∞"
                 out.append(f"| {run.name} | {z} | {std} | {eps} | {m['roc_auc']} | {m['pr_auc']} |")
@@ -144,6 +151,23 @@ class PrivacyBench(TrainedRunsBench[PrivacyRun]):
 
     def _dp_sentence(self) -> str:
         s = self.settings
+        if self.settings.get("unit") == "cardholder" and s.get("cardholder-dp-noise") == "distributed":
+            steps = s.get("cardholder-dp-steps")
+            return (
+                f"DP: cardholder-level DP-FedSGD with distributed noise under SecAgg+ "
+                f"(training/anomaly/distributed_dp.py): {steps} rounds of one private step each (the same count as "
+                f"{s.get('rounds')} × {s.get('local-epochs')} local epochs × {s.get('batch-size')}-transition steps), "
+                f"each bank Poisson-samples its training cardholders at q = {s.get('cardholder-dp-sampling-rate'):g}, "
+                f"a sampled cardholder's {s.get('cardholder-dp-pairs-per-step')} transitions form one gradient clipped "
+                f"to L2 ≤ {s.get('cardholder-dp-clipping-norm'):g} and rounded to integers, each bank adds a Skellam "
+                "share of 1/t of the noise (t = 3 of 5, SecAgg+'s threshold) and the server decodes only the sum, "
+                f"divides by q·N and steps Adam at lr {s.get('lr')}; merchant table frozen; z calibrated by the "
+                f"Skellam-RDP accountant with Zhu–Wang Poisson amplification at δ = {s.get('cardholder-dp-delta'):g}; "
+                "unit of privacy: one cardholder. The in-process replay of the SecAgg+ arithmetic trains these rows "
+                "(the same sums as the Flower path, tests/unit/test_distributed_dp.py). The ε = ∞ row is the "
+                "project's federated training (FedProx) at the same rounds × local epochs without DP. The noise "
+                "column is the std of the summed noise per coordinate, in gradient units, before ÷ q·N"
+            )
         if self.settings.get("unit") == "cardholder":
             steps = s.get("cardholder-dp-steps")
             return (
@@ -253,7 +277,12 @@ def run_privacy_bench(
     for eps, mechanism, extra in plan:
         name = ("inf" if math.isinf(eps) else f"eps{eps:g}") + ("" if mechanism == "thesis" else f"-{mechanism}")
         name += "-cardholder" if unit == "cardholder" and not math.isinf(eps) else ""
-        registry, seconds = train_run(data, work, "federated", {**base, **extra}, name=name)
+        distributed = unit == "cardholder" and not math.isinf(eps) and base.get("cardholder-dp-noise") == "distributed"
+        if distributed:
+            name += "-distributed"
+            registry, seconds = _train_distributed(data, work, {**base, **extra}, name)
+        else:
+            registry, seconds = train_run(data, work, "federated", {**base, **extra}, name=name)
         card = dict(ModelRegistry(registry).get("anomaly", "latest").privacy.get("client_dp", {}))
         run = PrivacyRun(float(eps), card, seconds, registry, mechanism, unit)
         bench.runs.append(run)
@@ -282,6 +311,22 @@ def run_privacy_bench(
     else:
         bench.test, bench.val, bench.counts = bootstrap_splits(rows, detectors, resamples, pairs)
     return bench
+
+
+def _train_distributed(data: Path, work: Path, flat: dict[str, Any], name: str) -> tuple[Path, float]:
+    """One DP-FedSGD run with distributed noise (:func:`~fedfraud.training.anomaly.distributed_dp.run_distributed`),
+    published into ``work/registry-<name>`` like :func:`~fedfraud.bench.detection.train_run` does.
+    """
+    from fedfraud.training.anomaly.distributed_dp import run_distributed
+    from fedfraud.training.anomaly.federated.task import RunSettings
+
+    out = work / f"registry-{name}"
+    settings = RunSettings.from_flat(
+        {**flat, "data-dir": str(data), "out-dir": str(out), "publish": True, "cache-dir": str(work / "cache")}
+    )
+    start = time.perf_counter()
+    run_distributed(settings)
+    return out, time.perf_counter() - start
 
 
 def _dp_keys(unit: str, epsilon: float) -> dict[str, Any]:

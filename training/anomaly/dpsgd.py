@@ -22,7 +22,8 @@ negatives from other cardholders' data, which per-cardholder clipping would not 
 
 Noise is added **inside each bank** (local DP-SGD): every update a bank sends is (ε, δ)-DP for each of its
 training cardholders by itself, against the server as well as the banks. Distributed noise (each bank a
-share, full noise only in the SecAgg+ sum) would cost less noise and is not built.
+share, full noise only in the SecAgg+ sum) is :mod:`.distributed_dp` (``noise="distributed"``), which takes
+one private step per round instead.
 
 Accountant (:func:`plan_noise`, :func:`cardholder_epsilon`): ``PoissonSampledDpEvent(q, GaussianDpEvent(z))``
 self-composed over every step of every round, add/remove one cardholder (all its transactions), dp-accounting
@@ -151,6 +152,9 @@ class CardholderDP:
     def __post_init__(self) -> None:
         if self.noise_multiplier < 0 or not math.isfinite(self.noise_multiplier):
             raise ValueError(f"noise multiplier must be finite and >= 0, got {self.noise_multiplier}")
+        if self.cfg.noise != "local":
+            raise ValueError("noise=distributed is DP-FedSGD under SecAgg+ (training/anomaly/distributed_dp.py): one "
+                             "private step per round, not local DP-SGD; run it with run_distributed or the SecAgg+ app")
 
 
 @dataclass(frozen=True)

@@ -232,7 +232,14 @@ def privacy_report(
     banks = {int(b): (vars(p) if isinstance(p, BankPrivacy) else dict(p)) for b, p in per_bank.items()}
     mus = [float(p["mu_gdp"]) for p in banks.values()]
     dp = dict(client_dp)
-    if dp.get("dp") == "on" and str(dp.get("unit_of_privacy", "")).startswith("one cardholder"):
+    if dp.get("dp") == "on" and dp.get("noise") == "distributed":
+        guarantee = (
+            f"({dp['epsilon']:.3g}, {dp['delta']:g})-DP per cardholder (add/remove all of one training "
+            f"cardholder's transactions) over all {dp['steps']} DP-FedSGD rounds, for every sum the server decodes "
+            "and every released model (each bank adds a share of the noise; SecAgg+ sums at least "
+            f"{dp.get('min_banks_summed')} banks' shares; see client_dp for what is not covered)"
+        )
+    elif dp.get("dp") == "on" and str(dp.get("unit_of_privacy", "")).startswith("one cardholder"):
         guarantee = (
             f"({dp['epsilon']:.3g}, {dp['delta']:g})-DP per cardholder (add/remove all of one training "
             f"cardholder's transactions) over all {dp['steps']} local DP-SGD steps of {dp['rounds']} rounds, for "

@@ -1,0 +1,196 @@
+"""Cardholder-level DP-FedSGD over Flower's SecAgg+: each bank sends its noised share masked; the server sees the sum.
+
+The mechanism and its (ε, δ) argument are in :mod:`fedfraud.training.anomaly.distributed_dp`; this module is its
+Flower wiring. Flower 1.41 has SecAgg+ only in its legacy API (``SecAggPlusWorkflow`` in a ``DefaultWorkflow``
+over a ``LegacyContext`` and a ``flwr.server.strategy`` strategy on the server; ``secaggplus_mod`` around a
+``NumPyClient`` in the bank), as :mod:`.secagg` explains.
+
+Bank side (:func:`dp_client_app`): ``fit`` loads the server's trainable weights, computes
+:func:`~fedfraud.training.anomaly.distributed_dp.bank_share` (clipped, rounded per-cardholder gradients, summed, plus
+its Skellam share, mod ``M``) and returns the residues with weight 1; ``secaggplus_mod`` masks them. No metric
+leaves the bank.
+
+Server side (:func:`run_dp_fedsgd`): one SecAgg+ round per DP-FedSGD step. Flower's quantizer maps a residue ``y``
+in ``[0, M)`` with ``clipping_range = M`` and ``2M`` levels to ``y + M`` exactly (integers, nothing clipped or
+rounded), sums ``m`` of them mod 2**32 without wrapping (``2·m·M ≤ 2**32``) and hands the strategy the mean as
+floats; ``rint(mean·m)`` is the exact integer ``Σ y``, congruent to the noised sum mod ``M``. The strategy refuses a
+round with fewer than ``t`` banks (SecAgg+ halts it first), decodes and applies the step
+(:class:`~fedfraud.training.anomaly.distributed_dp.ServerStep`).
+
+Noise draws: fresh OS entropy for the sample and the share; a node config ``dp-noise-seed`` fixes both (tests only:
+whoever knows the seed can subtract the bank's share).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from flwr.app import Context
+from flwr.client import NumPyClient
+from flwr.client.mod import secaggplus_mod
+from flwr.clientapp import ClientApp
+from flwr.common import (
+    EvaluateIns,
+    EvaluateRes,
+    FitIns,
+    FitRes,
+    Parameters,
+    Scalar,
+    ndarrays_to_parameters,
+    parameters_to_ndarrays,
+)
+from flwr.server import LegacyContext, ServerConfig
+from flwr.server.client_manager import ClientManager
+from flwr.server.client_proxy import ClientProxy
+from flwr.server.strategy import Strategy
+from flwr.server.workflow import DefaultWorkflow, SecAggPlusWorkflow
+from flwr.serverapp import Grid
+
+from fedfraud.training.anomaly.config import CardholderDPConfig
+from fedfraud.training.anomaly.data import PairSet
+from fedfraud.training.anomaly.distributed_dp import (
+    SECAGG_MODULUS,
+    BankShare,
+    DistributedPlan,
+    ServerStep,
+    bank_share,
+    load_trainable,
+)
+from fedfraud.training.anomaly.dpsgd import CardholderPool
+from fedfraud.training.anomaly.model import AnomalyModel
+
+__all__ = ["NOISE_SEED_KEY", "STEP_KEY", "DPBank", "DPFedSGDStrategy", "dp_client_app", "run_dp_fedsgd",
+           "secagg_workflow"]
+
+logger = logging.getLogger(__name__)
+
+#: Node-config key that seeds a bank's sample and noise (tests only).
+NOISE_SEED_KEY = "dp-noise-seed"
+#: Fit-config key: the DP-FedSGD round, so a seeded bank draws a fresh sample and share every round.
+STEP_KEY = "dp-step"
+
+#: Test hook: shown each bank's share (node id, round, share) before it is masked. Never set in a deployment.
+ShareObserver = Callable[[int, int, BankShare], None]
+
+
+@dataclass
+class DPBank:
+    """What a bank's ClientApp holds across rounds: its model copy, its training cardholders and the public plan."""
+
+    model: AnomalyModel
+    sets: list[PairSet]
+    pool: CardholderPool
+    cfg: CardholderDPConfig
+    plan: DistributedPlan
+
+
+class _Client(NumPyClient):
+    def __init__(self, bank: DPBank, context: Context, observer: ShareObserver | None) -> None:
+        self.bank = bank
+        self.context = context
+        self.observer = observer
+
+    def get_parameters(self, config: dict[str, Scalar]) -> list[np.ndarray]:
+        return []
+
+    def _rngs(self, step: int) -> tuple[np.random.Generator, np.random.Generator]:
+        seed = self.context.node_config.get(NOISE_SEED_KEY)
+        if seed is None:
+            return np.random.default_rng(), np.random.default_rng()
+        logger.warning("dp_fedsgd_fixed_noise_seed: this bank's sample and noise are predictable (tests only)")
+        return np.random.default_rng([int(seed), step, 0]), np.random.default_rng([int(seed), step, 1])
+
+    def fit(self, parameters: list[np.ndarray], config: dict[str, Scalar]) -> tuple[list[np.ndarray], int, dict]:
+        step = int(config.get(STEP_KEY, 0))
+        load_trainable(self.bank.model, parameters)
+        self.bank.model.train()
+        share = bank_share(self.bank.model, self.bank.sets, self.bank.pool, self.bank.cfg, self.bank.plan,
+                           *self._rngs(step))
+        if self.observer is not None:
+            self.observer(self.context.node_id, step, share)
+        logger.info("dp_fedsgd_bank step=%d cardholders=%d clipped=%d", step, share.cardholders, share.clipped)
+        return [share.residues], 1, {}  # weight 1 = SecAgg+'s max_weight: Flower's quantization is then exact
+
+
+def dp_client_app(bank_for: Callable[[Context], DPBank], observer: ShareObserver | None = None) -> ClientApp:
+    """The banks' ClientApp: :func:`bank_share` inside ``secaggplus_mod`` (the share is masked before it leaves)."""
+
+    def client_fn(context: Context) -> Any:
+        return _Client(bank_for(context), context, observer).to_client()
+
+    return ClientApp(client_fn=client_fn, mods=[secaggplus_mod])
+
+
+@dataclass
+class DPFedSGDStrategy(Strategy):
+    """Legacy strategy: all banks every round; the SecAgg+ aggregate decoded and applied by a :class:`ServerStep`.
+
+    ``refused`` lists the rounds that summed fewer than t banks (not applied); ``sums`` the decoded integer sums
+    (what the server learns, for logs and tests).
+    """
+
+    server: ServerStep
+    observer: Callable[[int, list[tuple[ClientProxy, FitRes]]], None] | None = None
+    refused: list[int] = field(default_factory=list)
+    sums: list[np.ndarray] = field(default_factory=list)
+
+    def initialize_parameters(self, client_manager: ClientManager) -> Parameters | None:
+        return ndarrays_to_parameters(self.server.weights())
+
+    def configure_fit(self, server_round: int, parameters: Parameters, client_manager: ClientManager
+                      ) -> list[tuple[ClientProxy, FitIns]]:
+        banks = self.server.plan.banks
+        clients = client_manager.sample(num_clients=banks, min_num_clients=banks)
+        return [(c, FitIns(parameters, {STEP_KEY: server_round})) for c in clients]
+
+    def aggregate_fit(self, server_round: int, results: list[tuple[ClientProxy, FitRes]],
+                      failures: list[Any]) -> tuple[Parameters | None, dict[str, Scalar]]:
+        if self.observer is not None:
+            self.observer(server_round, results)
+        m = len(results)
+        if m < self.server.plan.survivors:
+            logger.error("dp_fedsgd_round_refused round=%d banks=%d t=%d", server_round, m, self.server.plan.survivors)
+            self.refused.append(server_round)
+            return None, {}
+        mean = parameters_to_ndarrays(results[0][1].parameters)  # SecAgg+: every result carries the same aggregate
+        if len(mean) != 1:
+            raise ValueError(f"expected one aggregated array, got {len(mean)}")
+        summed = np.rint(mean[0] * m).astype(np.int64)
+        self.server.apply(summed, m)
+        self.sums.append(summed)
+        logger.info("dp_fedsgd_round round=%d banks=%d failures=%d", server_round, m, len(failures))
+        return ndarrays_to_parameters(self.server.weights()), {}
+
+    def configure_evaluate(self, server_round: int, parameters: Parameters, client_manager: ClientManager
+                           ) -> list[tuple[ClientProxy, EvaluateIns]]:
+        return []
+
+    def aggregate_evaluate(self, server_round: int, results: list[tuple[ClientProxy, EvaluateRes]],
+                           failures: list[Any]) -> tuple[float | None, dict[str, Scalar]]:
+        return None, {}
+
+    def evaluate(self, server_round: int, parameters: Parameters) -> tuple[float, dict[str, Scalar]] | None:
+        return None
+
+
+def secagg_workflow(plan: DistributedPlan, timeout_s: float | None = None) -> SecAggPlusWorkflow:
+    """SecAgg+ for the plan: every bank shares with all others, t reconstructs; Flower's quantization made exact."""
+    return SecAggPlusWorkflow(
+        num_shares=plan.banks, reconstruction_threshold=plan.survivors, max_weight=1.0,
+        clipping_range=float(plan.modulus), quantization_range=2 * plan.modulus, modulus_range=SECAGG_MODULUS,
+        timeout=timeout_s,
+    )
+
+
+def run_dp_fedsgd(grid: Grid, context: Context, server: ServerStep, rounds: int, timeout_s: float | None = None,
+                  observer: Callable[[int, list[tuple[ClientProxy, FitRes]]], None] | None = None
+                  ) -> DPFedSGDStrategy:
+    """``rounds`` DP-FedSGD rounds over the connected banks under SecAgg+; returns the strategy (sums, refusals)."""
+    strategy = DPFedSGDStrategy(server, observer)
+    legacy = LegacyContext(context, config=ServerConfig(num_rounds=rounds), strategy=strategy)
+    DefaultWorkflow(fit_workflow=secagg_workflow(server.plan, timeout_s))(grid, legacy)
+    return strategy
