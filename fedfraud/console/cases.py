@@ -29,7 +29,8 @@ if TYPE_CHECKING:
     from fedfraud.feature_store.privacy import PrivateFeaturizer
     from fedfraud.training.registry import ModelRegistry
 
-__all__ = ["Case", "CaseBuilder", "EgoSummary", "Reason", "ego_graph_svg", "reasons_view", "scores_svg"]
+__all__ = ["Case", "CaseBuilder", "EgoSummary", "Reason", "ego_graph_svg", "reasons_view", "scores_svg",
+           "svg_data_uri", "svg_figure"]
 
 log = logging.getLogger(__name__)
 
@@ -98,13 +99,15 @@ class Case:
     timings_ms: dict[str, float]
 
 
-def _data_uri(fig: Any) -> str:
+def svg_data_uri(fig: Any) -> str:
+    """``fig`` as an SVG ``data:`` URI, shown through ``<img>`` (an image runs no script)."""
     buf = io.BytesIO()
     fig.savefig(buf, format="svg")  # no bbox_inches="tight": it draws the figure twice (~40% of the time)
     return "data:image/svg+xml;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
 
 
-def _figure(width: float, height: float) -> Any:
+def svg_figure(width: float, height: float) -> Any:
+    """A matplotlib figure without pyplot, set to draw text as outlines (no ``<text>`` in the SVG)."""
     from matplotlib import rcParams
     from matplotlib.figure import Figure  # no pyplot: no global state, safe in a server's threads
 
@@ -136,7 +139,7 @@ def ego_graph_svg(ego: EgoGraphState, names: dict[int, str], new_ts_us: int | No
         key = graph.add_edge(src, dst)
         if new_ts_us is not None and ts == new_ts_us:
             new_edges.append((src, dst, key))
-    fig = _figure(6.4, 4.2)
+    fig = svg_figure(6.4, 4.2)
     fig.subplots_adjust(left=0.02, right=0.98, bottom=0.02, top=0.93)
     ax = fig.add_subplot()
     ax.set_axis_off()
@@ -155,7 +158,7 @@ def ego_graph_svg(ego: EgoGraphState, names: dict[int, str], new_ts_us: int | No
         ax.set_title(f"ego graph: {graph.number_of_nodes()} merchants, {graph.number_of_edges()} transitions "
                      "(orange: added by this transaction)", fontsize=8)
         ax.margins(0.15)
-    return _data_uri(fig), [label[n] for n in new_nodes], len(new_edges)
+    return svg_data_uri(fig), [label[n] for n in new_nodes], len(new_edges)
 
 
 def scores_svg(timeline: list[tuple[TxRow, DecisionRow | None, LabelRow | None]]) -> str | None:
@@ -165,7 +168,7 @@ def scores_svg(timeline: list[tuple[TxRow, DecisionRow | None, LabelRow | None]]
         return None
     newest = points[-1][0]
     stamps = [(p[0] - newest) / 3.6e9 for p in points]  # hours: a numeric axis draws in half a date axis's time
-    fig = _figure(6.4, 2.4)
+    fig = svg_figure(6.4, 2.4)
     fig.subplots_adjust(left=0.1, right=0.88, bottom=0.22, top=0.95)
     ax = fig.add_subplot()
     ax.plot(stamps, [p[1] for p in points], marker="o", color=_NEW, label="fraud score")
@@ -179,7 +182,7 @@ def scores_svg(timeline: list[tuple[TxRow, DecisionRow | None, LabelRow | None]]
     twin.set_ylabel("anomaly score")
     handles = ax.get_legend_handles_labels()[0] + twin.get_legend_handles_labels()[0]
     ax.legend(handles=handles, loc="upper left", fontsize=7)
-    return _data_uri(fig)
+    return svg_data_uri(fig)
 
 
 def _transaction_view(value: Any) -> dict[str, Any] | None:

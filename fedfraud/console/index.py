@@ -2,9 +2,10 @@
 
 Why an index and not the records: the queue must filter and page tens of thousands of decisions in well under
 300 ms, and reading a filtered page back from Kafka means random reads across partitions. So one background
-thread (:class:`TopicIndex`) reads ``fraud-decisions``, ``transactions`` and ``fraud-labels`` from their
-beginning (or the last ``history`` records of each partition) and keeps, per record, only what the queue and
-the timeline show and filter on, plus its ``(partition, offset)``. A case reads its whole decision and
+thread (:class:`TopicIndex`) reads ``fraud-decisions``, ``transactions`` and ``fraud-labels`` (and
+``shadow-scores`` when it exists, for the Models page's shadow agreement) from their beginning (or the last
+``history`` records of each partition) and keeps, per record, only what the queue, the timeline and the Models
+page show and filter on, plus its ``(partition, offset)``. A case reads its whole decision and
 transaction back by offset (:class:`OffsetReader`); no record is kept whole. The rows are capped
 (``max_rows``; the oldest go first).
 
@@ -31,7 +32,8 @@ from fedfraud.serving.config import KafkaSecurity, TopicNames
 from fedfraud.serving.dead_letters import mask_text
 from fedfraud.serving.kafka import parse_json, wait_for_partitions
 
-__all__ = ["DecisionRow", "LabelRow", "OffsetReader", "QueueFilter", "QueuePage", "TopicIndex", "TxRow", "masked"]
+__all__ = ["DecisionRow", "LabelRow", "OffsetReader", "QueueFilter", "QueuePage", "ShadowRow", "TopicIndex", "TxRow",
+           "masked", "shadow_row"]
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +83,16 @@ class LabelRow:
     label: str
     source: str
     labelled_at: str
+
+
+@dataclass(frozen=True, slots=True)
+class ShadowRow:
+    """What the Models page needs of one ``shadow-scores`` record: whose decision it is and when it was made."""
+
+    transaction_id: str
+    challenger: str  # the challenger's fraud model tag
+    decision: str  # the challenger's decision: fraud or legit
+    scored_us: int
 
 
 @dataclass(frozen=True)
@@ -190,6 +202,21 @@ def tx_row(partition: int, offset: int, value: Any) -> TxRow | None:
                  amount=_finite(value.get("amount")), mcc=_text(value.get("mcc"), 64), timestamp=stamp, ts_us=ts_us)
 
 
+def shadow_row(value: Any) -> ShadowRow | None:
+    """The compact row of one ``shadow-scores`` record (the layout of
+    :meth:`fedfraud.serving.fraud_stage.FraudStage._shadow_records`), or None for one that is not a shadow score.
+    """
+    if not isinstance(value, dict) or not isinstance(value.get("transaction_id"), str):
+        return None
+    challenger = value.get("challenger")
+    if not isinstance(challenger, dict) or challenger.get("decision") not in ("fraud", "legit"):
+        return None
+    stamp = value.get("scored_us")
+    return ShadowRow(transaction_id=value["transaction_id"][:_MAX_TEXT],
+                     challenger=_text(challenger.get("fraud_model"), 64), decision=str(challenger["decision"]),
+                     scored_us=int(stamp) if isinstance(stamp, int) and not isinstance(stamp, bool) else 0)
+
+
 def rounded(value: Any) -> float | None:
     """A coordinate at the project's precision (0.01°, about 1.1 km): never an exact location on screen."""
     x = _finite(value)
@@ -197,7 +224,8 @@ def rounded(value: Any) -> float | None:
 
 
 class TopicIndex:
-    """Reads the three topics in a background thread into compact rows; thread-safe queries.
+    """Reads the topics (decisions, transactions, labels, shadow scores) in a background thread into compact rows;
+    thread-safe queries.
 
     ``history``: start each partition that many records before its end (None: from the beginning).
     ``default_bank``: the bank of a decision that carries none (one scorer deployment serves one bank,
@@ -221,6 +249,10 @@ class TopicIndex:
         self._tx_order: deque[str] = deque()
         self._by_card: dict[str, list[str]] = {}
         self._labels: dict[str, LabelRow] = {}
+        # each shadow row with its transaction's decision, joined as they arrive (either may come first)
+        self._shadow: dict[str, tuple[ShadowRow, DecisionRow | None]] = {}
+        self._shadow_order: deque[str] = deque()  # the oldest first (trimmed past max_rows)
+        self.shadow_topic = False  # whether shadow-scores exists and is read
         self.skipped = 0
         self.redelivered = 0
         self._stop = threading.Event()
@@ -261,6 +293,14 @@ class TopicIndex:
                                      **self.security.kafka_python())
             topics = (self.topics.decisions, self.topics.transactions, self.topics.labels)
             parts = [TopicPartition(t, p) for t in topics for p in sorted(wait_for_partitions(consumer, t))]
+            # optional: the scorer creates it with the others, but a console may read topics made without it
+            shadow = consumer.partitions_for_topic(self.topics.shadow_scores)
+            if shadow:
+                parts += [TopicPartition(self.topics.shadow_scores, p) for p in sorted(shadow)]
+                self.shadow_topic = True
+            else:
+                log.info("console: no %r topic; the Models page shows no shadow agreement",
+                         self.topics.shadow_scores)
             consumer.assign(parts)
             ends = consumer.end_offsets(parts)
             starts = consumer.beginning_offsets(parts)
@@ -289,6 +329,7 @@ class TopicIndex:
         decisions: list[DecisionRow] = []
         txs: list[TxRow] = []
         labels: list[tuple[str, LabelRow]] = []
+        shadows: list[ShadowRow] = []
         for m in msgs:
             try:
                 value = parse_json(m.value or b"")
@@ -310,6 +351,12 @@ class TopicIndex:
                     self.skipped += 1
                 else:
                     txs.append(tx)
+            elif topic == self.topics.shadow_scores:
+                shadow = shadow_row(value)
+                if shadow is None:
+                    self.skipped += 1
+                else:
+                    shadows.append(shadow)
             elif isinstance(value, dict) and value.get("label") in ("fraud", "genuine") \
                     and isinstance(value.get("transaction_id"), str):
                 labels.append((value["transaction_id"], LabelRow(str(value["label"]), _text(value.get("source"), 64),
@@ -323,6 +370,9 @@ class TopicIndex:
                     self._unsorted = True
                 self._decisions.append(row)
                 self._by_tx[row.transaction_id] = row
+                waiting = self._shadow.get(row.transaction_id)
+                if waiting is not None and waiting[1] is None:
+                    self._shadow[row.transaction_id] = (waiting[0], row)
             for tx in txs:
                 if tx.transaction_id in self._tx:
                     continue
@@ -331,6 +381,10 @@ class TopicIndex:
                 self._by_card.setdefault(tx.cardholder, []).append(tx.transaction_id)
             for tx_id, label in labels:
                 self._labels[tx_id] = label
+            for shadow in shadows:  # at-least-once: a copy of a shadow score is the same challenger decision again
+                if shadow.transaction_id not in self._shadow:
+                    self._shadow[shadow.transaction_id] = (shadow, self._by_tx.get(shadow.transaction_id))
+                    self._shadow_order.append(shadow.transaction_id)
             self._trim()
 
     def _trim(self) -> None:
@@ -349,6 +403,8 @@ class TopicIndex:
                     ids.pop(0)
                 if not ids:
                     self._by_card.pop(old.cardholder, None)
+        while len(self._shadow_order) > self.max_rows:
+            self._shadow.pop(self._shadow_order.popleft(), None)
 
     def _sort(self) -> None:
         if self._unsorted:
@@ -359,7 +415,7 @@ class TopicIndex:
     def counts(self) -> dict[str, int]:
         with self._lock:
             return {"decisions": len(self._decisions), "transactions": len(self._tx), "labels": len(self._labels),
-                    "skipped": self.skipped, "redelivered": self.redelivered}
+                    "shadow": len(self._shadow), "skipped": self.skipped, "redelivered": self.redelivered}
 
     def page(self, flt: QueueFilter, page: int = 1, size: int = 50) -> QueuePage:
         """Page ``page`` (1-based) of the decisions matching ``flt``, newest first."""
@@ -388,6 +444,21 @@ class TopicIndex:
                 models.update(m for m in (row.fraud_model, row.anomaly_model) if m)
                 reasons.update(row.reasons)
         return {"banks": [str(b) for b in sorted(banks)], "models": sorted(models), "reasons": sorted(reasons)}
+
+    def monitor_rows(self) -> tuple[list[DecisionRow], list[tuple[ShadowRow, DecisionRow]], int]:
+        """What the Models page computes from: the decisions in time order, each shadow row joined to its
+        transaction's decision, and how many shadow rows have no decision in the index (not read yet, or trimmed).
+
+        The join is made as the records arrive (:meth:`_ingest`), so under the lock only the row references are
+        copied (the rows are frozen); the figures are computed outside it, and the reader and the queue wait
+        milliseconds, not the figures' time.
+        """
+        with self._lock:
+            self._sort()
+            decisions = list(self._decisions)
+            shadows = list(self._shadow.values())
+        joined = [(s, d) for s, d in shadows if d is not None]
+        return decisions, joined, len(shadows) - len(joined)
 
     def decision(self, transaction_id: str) -> DecisionRow | None:
         with self._lock:

@@ -61,7 +61,8 @@ def open_console(cfg: FedfraudConfig, bootstrap_servers: str, audit_log: Path, r
                         else None, s.bank_id, note)
     if not index.wait_caught_up(wait_s):
         log.warning("console: the index has not caught up with the topics after %.0f s; serving what it has", wait_s)
-    return Console(index=index, cases=cases, labels=labels, registry_root=registry_root, token=token)
+    return Console(index=index, cases=cases, labels=labels, registry_root=registry_root, token=token,
+                   drift_min_rows=cfg.retrain.drift_min_rows)
 
 
 def _store(cfg: FedfraudConfig, repo: Path | None) -> tuple[Any, Any, str]:

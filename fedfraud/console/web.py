@@ -30,10 +30,12 @@ from fastapi.responses import JSONResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 from jinja2 import Environment, PackageLoader, StrictUndefined
+from starlette.concurrency import run_in_threadpool
 
 from fedfraud.console.cases import CaseBuilder
 from fedfraud.console.index import QueueFilter, TopicIndex, masked
 from fedfraud.console.labels import LabelWriter, valid_analyst
+from fedfraud.console.monitor import PSI_ACT, PSI_WATCH, DriftReferences, model_monitor
 from fedfraud.errors import UserError
 from fedfraud.serving.auth import BearerAuth
 from fedfraud.serving.kafka import DeliveryError
@@ -63,13 +65,18 @@ SECURITY_HEADERS = {
 
 @dataclass
 class Console:
-    """What the routes read and write: the index, the case builder, the label writer and the registry root."""
+    """What the routes read and write: the index, the case builder, the label writer and the registry root.
+
+    ``drift_min_rows``: the fewest decisions a PSI window of the Models page holds (the scorer's
+    ``retrain.drift_min_rows``, so that both report PSI over at least as many rows).
+    """
 
     index: TopicIndex
     cases: CaseBuilder
     labels: LabelWriter
     registry_root: Path | None
     token: str
+    drift_min_rows: int = 500
 
 
 def csrf_token(token: str, analyst: str) -> str:
@@ -181,6 +188,7 @@ def create_app(console: Console) -> FastAPI:
     app = FastAPI(title="fedfraud console", docs_url=None, redoc_url=None, openapi_url=None)
     templates = _templates()
     bearer = BearerAuth(console.token)
+    references = DriftReferences(console.registry_root)
     app.mount("/static", StaticFiles(directory=str(Path(__file__).parent / "static")), name="static")
 
     def authenticate(request: Request) -> tuple[str, str | None]:
@@ -324,7 +332,11 @@ def create_app(console: Console) -> FastAPI:
 
     @app.get("/models")
     async def models(request: Request) -> Response:
-        return page(request, "models.html", {"kinds": _registry_view(console.registry_root)})
+        # off the event loop: the figures and their drawings take tens of milliseconds the queue should not wait
+        monitor = await run_in_threadpool(model_monitor, console.index, references, console.drift_min_rows)
+        return page(request, "models.html", {"kinds": _registry_view(console.registry_root), "monitor": monitor,
+                                             "shadow_topic": console.index.shadow_topic,
+                                             "psi_watch": PSI_WATCH, "psi_act": PSI_ACT})
 
     return app
 

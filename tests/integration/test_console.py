@@ -274,3 +274,205 @@ def test_models_page_shows_champion_and_the_escaped_promotion_history(console):
     assert PAN not in page.text and PAN_SPACED not in page.text
     assert "card ************1111 in the note" in page.text and "card **** **** **** 1111" in page.text
     assert 'method="post"' not in page.text.split("<main>")[1]  # read-only: promote and roll back stay in the CLI
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The Models page's live figures: shadow agreement and drift PSI over time (fedfraud/console/monitor.py).
+# Records in the scorer's layouts (FraudStage._records + emit's decided_us; FraudStage._shadow_records) on topics
+# of their own, a registry whose champion carries a drift reference as the fraud pipeline stores it.
+
+HOSTILE_TAG = f'<script>alert(3)</script> $x^$ {PAN}'
+
+
+def _decision(tx: str, card: str, score: float, anomaly: float | None, model: str, at_us: int) -> dict:
+    """A ``fraud-decisions`` record as the scorer sends it (decision at the model's 0.5 threshold)."""
+    fraud = score >= 0.5
+    return {"transaction_id": tx, "cardholder": card, "score": score, "decision": "fraud" if fraud else "legit",
+            "anomaly_score": anomaly, "top_reasons": [{"feature": "amount", "value": 1.0, "contribution": 0.4}]
+            if fraud else [], "models": {"anomaly": "anomaly:v1", "fraud": model}, "produced_us": at_us - 900,
+            "redelivered": False, "decided_us": at_us}
+
+
+def _shadow(decision: dict, challenger: str, challenger_fraud: bool, at_us: int) -> dict:
+    """A ``shadow-scores`` record as the scorer sends it: the challenger's score and decision, the champion's beside."""
+    return {"transaction_id": decision["transaction_id"], "cardholder": decision["cardholder"],
+            "champion": {"fraud_model": decision["models"]["fraud"], "anomaly_model": "anomaly:v1",
+                         "score": decision["score"], "anomaly_score": decision["anomaly_score"]},
+            "challenger": {"fraud_model": challenger, "anomaly_model": "anomaly:v1",
+                           "score": 0.9 if challenger_fraud else 0.1, "anomaly_score": decision["anomaly_score"],
+                           "decision": "fraud" if challenger_fraud else "legit"},
+            "scored_us": at_us}
+
+
+@pytest.fixture(scope="module")
+def monitored(kafka_broker, tmp_path_factory):
+    """Champion fraud:v1 (with a drift reference) decides 2,000 transactions: 1,000 scored like its reference, then
+    1,000 with a shifted score; challenger fraud:v2 (no reference) shadows the last 300; fraud:v2 then decides 1,000
+    of its own. One shadow record is sent twice, one has no decision, one names a hostile challenger.
+    """
+    import json
+
+    import numpy as np
+
+    from fedfraud.config import FedfraudConfig
+    from fedfraud.console.runtime import ConsoleServer, close_console, open_console
+    from fedfraud.credentials import new_token
+    from fedfraud.net import free_port
+    from fedfraud.serving.config import TopicNames
+    from fedfraud.serving.kafka import confirm_sent, json_bytes, make_producer
+    from fedfraud.training.registry import ModelRegistry
+    from fedfraud.training.retrain.drift import DRIFT_FILE, DriftReference
+
+    work = tmp_path_factory.mktemp("console-monitor")
+    rng = np.random.default_rng(11)
+    run = f"monitor{time.monotonic_ns()}"
+    topics = TopicNames(**{name: f"{run}-{value}" for name, value in TopicNames().model_dump().items()})
+    kafka_broker.ensure_topics((t, 4) for t in topics.all())
+    cfg = FedfraudConfig()
+    cfg = cfg.model_copy(update={"serving": cfg.serving.model_copy(update={"topics": topics})})
+
+    def anomaly(n):  # a missing anomaly score is a state of its own (the reference's NaN bin)
+        return np.where(rng.random(n) < 0.1, np.nan, rng.gamma(2.0, 0.5, n))
+
+    registry = ModelRegistry(work / "registry")
+    reference = DriftReference.from_matrix(["amount", "anomaly_score", "fraud_score"],
+                                           np.column_stack([rng.lognormal(3, 1, 20_000), anomaly(20_000),
+                                                            rng.beta(2, 8, 20_000)]))
+    with registry.publish("fraud", config={}, metrics={"test_pr_auc": 0.8}) as folder:
+        (folder / DRIFT_FILE).write_text(json.dumps(reference.to_json()), encoding="utf-8")
+    with registry.publish("fraud", config={}, metrics={"test_pr_auc": 0.85}):
+        pass
+    registry.promote("fraud", 1, actor="cli:test", reason="first")
+    registry.set_alias("fraud", "challenger", 2, actor="cli:test", reason="retrain")
+
+    start = time.time_ns() // 1000 - 3_600_000_000
+    scores = np.r_[rng.beta(2, 8, 1000), rng.beta(8, 2, 1000), rng.beta(2, 8, 1000)]
+    anomalies = anomaly(3000)
+    decisions = [_decision(f"{run}-{i:05d}", f"ct_{i % 50:032x}", float(scores[i]),
+                           None if np.isnan(anomalies[i]) else float(anomalies[i]),
+                           "fraud:v1" if i < 2000 else "fraud:v2", start + i * 1_000_000) for i in range(3000)]
+    shadows = [_shadow(d, "fraud:v2", bool(rng.random() < 0.5) if rng.random() < 0.3 else d["decision"] == "fraud",
+                       d["decided_us"] + 500) for d in decisions[1700:2000]]
+    extra = [shadows[-1],  # at-least-once: the same shadow score again
+             _shadow({**decisions[0], "transaction_id": f"{run}-no-decision"}, "fraud:v2", True, start),
+             _shadow(decisions[5], HOSTILE_TAG, True, start + 5_000_500)]
+
+    producer = make_producer(kafka_broker.bootstrap_servers, cfg.serving.producer)
+    sends = [producer.send(topics.decisions, key=d["cardholder"].encode(), value=json_bytes(d)) for d in decisions]
+    sends += [producer.send(topics.shadow_scores, key=s["cardholder"].encode(), value=json_bytes(s))
+              for s in shadows + extra]
+    confirm_sent(producer, sends)
+    producer.close()
+
+    token = new_token()
+    parts = open_console(cfg, kafka_broker.bootstrap_servers, work / "audit.jsonl", registry.root,
+                         work / "no-feature-repo", wait_s=60, token=token)
+    server = ConsoleServer(parts, port=free_port()).start()
+    try:
+        yield {"url": server.url, "token": token, "parts": parts, "decisions": decisions, "shadows": shadows,
+               "reference": reference, "topics": topics, "bootstrap": kafka_broker.bootstrap_servers,
+               "producer": cfg.serving.producer, "start": start}
+    finally:
+        server.stop()
+        close_console(parts)
+
+
+def test_models_page_shadow_agreement_is_the_share_of_equal_decisions_on_the_topics(monitored):
+    from fedfraud.console.monitor import model_monitor, windows
+
+    decided = {d["transaction_id"]: d["decision"] for d in monitored["decisions"]}
+    shadows = sorted(monitored["shadows"], key=lambda s: s["scored_us"])
+    equal = [s["challenger"]["decision"] == decided[s["transaction_id"]] for s in shadows]
+    agreed, scored = sum(equal), len(equal)
+    assert 0 < agreed < scored  # both kinds present, so the figure is not trivially 0 or 1
+
+    monitor = model_monitor(monitored["parts"].index, lambda tag: None, min_rows=500)
+    pair = next(s for s in monitor.agreement if s.challenger == "fraud:v2")
+    assert (pair.champion, pair.pairs, pair.agreed) == ("fraud:v1", scored, agreed)  # the duplicate counted once
+    last = windows(scored, 1, 24)[-1]
+    assert pair.points[-1].value == pytest.approx(sum(equal[last]) / (last.stop - last.start))
+    assert pair.points[-1].at_us == shadows[-1]["scored_us"] and len(pair.points) == len(windows(scored, 1, 24))
+    assert monitor.unmatched == 1
+
+    with _client(monitored) as c:
+        page = c.get("/models")
+    assert page.status_code == 200
+    row = re.search(r'<table id="agreement">.*?</table>', page.text, re.S)
+    assert row is not None
+    assert f"<td>fraud:v2</td><td>fraud:v1</td><td class=\"num\">{agreed / scored:.3f}</td>" in row.group(0)
+    assert f"{agreed} / {scored}" in row.group(0)
+    assert 'id="agreement-chart"' in page.text and "data:image/svg+xml;base64," in page.text
+    assert "1 shadow scores whose decision is not indexed" in page.text
+    # a hostile challenger tag is text, its card number masked; its $...$ did not break the drawing
+    assert "&lt;script&gt;alert(3)&lt;/script&gt;" in page.text and "<script>alert(3)" not in page.text
+    assert PAN not in page.text and "************1111" in page.text
+    with httpx.Client(base_url=monitored["url"], timeout=30) as anonymous:
+        assert anonymous.get("/models").status_code == 401
+
+
+def test_models_page_drift_psi_is_near_zero_like_the_reference_and_large_once_shifted(monitored):
+    import numpy as np
+
+    from fedfraud.console.monitor import DriftReferences, model_monitor
+    from fedfraud.training.retrain.drift import psi
+
+    parts = monitored["parts"]
+    assert parts.drift_min_rows == 500  # the scorer's retrain.drift_min_rows
+    monitor = model_monitor(parts.index, DriftReferences(parts.registry_root), parts.drift_min_rows)
+    champion = next(s for s in monitor.drift if s.model == "fraud:v1")
+    assert "training reference stored with fraud:v1 (20000 rows)" in champion.baseline
+    score = [p.value for p in champion.psi["fraud_score"]]
+    anomaly = [p.value for p in champion.psi["anomaly_score"]]
+    assert [p.rows for p in champion.psi["fraud_score"]] == [500] * 4  # 2,000 decisions in windows of 500
+    assert max(score[:2]) < 0.1 < 1.0 < min(score[2:])  # like the reference, then shifted
+    assert max(anomaly) < 0.1  # the anomaly score did not move
+
+    ref = monitored["reference"]
+    j = ref.names.index("fraud_score")
+    newest = np.asarray([d["score"] for d in monitored["decisions"][1500:2000]]).reshape(-1, 1)
+    one = type(ref)(("fraud_score",), (ref.edges[j],), (ref.shares[j],), ref.rows)
+    by_hand = psi(ref.shares[j], one.counts(newest)[0])
+    assert score[-1] == pytest.approx(by_hand)
+
+    challenger = next(s for s in monitor.drift if s.model == "fraud:v2")  # no reference: vs its first window
+    assert "its own first window (500 decisions; fraud:v2 has no training reference)" == challenger.baseline
+    assert len(challenger.psi["fraud_score"]) == 1 and challenger.psi["fraud_score"][0].value < 0.1
+
+    with _client(monitored) as c:
+        page = c.get("/models")
+    table = re.search(r'<table id="drift">.*?</table>', page.text, re.S)
+    assert table is not None
+    assert f"<td>fraud_score</td><td class=\"num\">{by_hand:.3f}</td>" in table.group(0)
+    assert 'id="drift-chart"' in page.text
+
+
+def test_a_shadow_score_read_before_its_decision_joins_when_the_decision_arrives(monitored):
+    """The two topics are read in no fixed order: a shadow score waits for its decision (own models: v3 and v4,
+    so the other tests' figures do not change)."""
+    from fedfraud.serving.kafka import confirm_sent, json_bytes, make_producer
+
+    index = monitored["parts"].index
+    decision = _decision("late-decision", f"ct_{7:032x}", 0.9, 0.3, "fraud:v3", monitored["start"] + 10_000_000)
+    shadow = _shadow(decision, "fraud:v4", False, decision["decided_us"] + 500)
+
+    def pair():
+        _, joined, unmatched = index.monitor_rows()
+        return [d.decision for s, d in joined if s.challenger == "fraud:v4"], unmatched
+
+    producer = make_producer(monitored["bootstrap"], monitored["producer"])
+    try:
+        before = pair()[1]
+        confirm_sent(producer, [producer.send(monitored["topics"].shadow_scores, key=b"k", value=json_bytes(shadow))])
+        deadline = time.monotonic() + 20
+        while pair() != ([], before + 1) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert pair() == ([], before + 1)  # read, waiting for its decision
+        confirm_sent(producer, [producer.send(monitored["topics"].decisions, key=b"k", value=json_bytes(decision))])
+        while pair() != (["fraud"], before) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert pair() == (["fraud"], before)
+    finally:
+        producer.close()
+    with _client(monitored) as c:
+        page = c.get("/models")
+    assert '<td>fraud:v4</td><td>fraud:v3</td><td class="num">0.000</td>' in page.text  # legit vs fraud
