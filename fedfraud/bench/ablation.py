@@ -46,7 +46,7 @@ FULL_MODEL = "full model (next-event, default heads)"
 #: Variant name → AnomalyConfig overrides.
 ABLATION_VARIANTS: dict[str, dict[str, Any]] = {
     FULL_MODEL: {},
-    "next-event + distance, new-merchant heads": {"heads": "category,amount,hour,gap,distance,new-merchant"},
+    "next-event + distance, new-merchant heads": {"heads": "category,amount,amount-rel,hour,gap,distance,new-merchant"},
     "next-event, category head only": {"heads": "category"},
     "next-event, amount head only": {"heads": "amount"},
     "contrastive, all 8 families": {"readout": "contrastive", "negatives": _ALL},

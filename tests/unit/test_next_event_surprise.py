@@ -49,10 +49,11 @@ def test_upper_tail_is_minus_log_of_the_mass_at_or_above_the_observed_bin(head_a
         assert torch.allclose(lowest, torch.zeros(5), atol=1e-5)  # the smallest bin is no surprise at all
 
 
-def test_upper_tail_names_only_configured_heads():
+def test_upper_tail_names_real_heads_and_ignores_absent_ones():
     assert AnomalyConfig().upper_tail == "amount" and AnomalyConfig(upper_tail="amount, amount-rel").upper_tail
-    with pytest.raises(ValueError, match="not one of the heads"):
-        AnomalyConfig(heads="category,amount,hour,gap", upper_tail="amount-rel")
+    assert AnomalyConfig(heads="category").upper_tail == "amount"  # a variant without the head: not scored
+    with pytest.raises(ValueError, match="not a next-event head"):
+        AnomalyConfig(upper_tail="amout")
 
 
 def test_a_published_spec_without_the_key_scores_two_sided(tmp_path):

@@ -121,7 +121,8 @@ class AnomalyConfig(BaseModel):
         description=(
             "next-event heads scored by their upper tail, −log P(X ≥ x), instead of −log P(x): for amount heads, "
             "an unusually *small* amount is then no surprise and a large one is (comma-separated, of `heads`; "
-            "empty: every head two-sided). A scoring rule only: training is unchanged. A published model.json "
+            "empty: every head two-sided; a head not in `heads` is ignored). A scoring rule only: training is "
+            "unchanged. A published model.json "
             "without this key scores as it did when published. 'amount' chosen on validation of both generators "
             "(docs/anomaly.md)"
         ),
@@ -183,9 +184,9 @@ class AnomalyConfig(BaseModel):
             raise ValueError(f"cardholder_dp needs readout 'next-event', not {self.readout!r}: its negatives mix "
                              "other cardholders' data into a cardholder's loss, so clipping would not bound them")
         from fedfraud.training.anomaly.event_negatives import parse_mix
-        heads = parse_heads(self.heads)
-        stray = [h for h in (t.strip() for t in self.upper_tail.split(",")) if h and h not in heads]
-        if stray:
-            raise ValueError(f"upper_tail names {stray[0]!r}, which is not one of the heads {','.join(heads)}")
+        parse_heads(self.heads)
+        stray = [h for h in (t.strip() for t in self.upper_tail.split(",")) if h and h not in HEAD_SIZES]
+        if stray:  # a head named here but not in `heads` is simply not scored (a variant with fewer heads)
+            raise ValueError(f"upper_tail names {stray[0]!r}, not a next-event head; valid: {', '.join(HEAD_SIZES)}")
         parse_mix(self.negatives)
         return self
