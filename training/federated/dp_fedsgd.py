@@ -34,8 +34,6 @@ from flwr.client import NumPyClient
 from flwr.client.mod import secaggplus_mod
 from flwr.clientapp import ClientApp
 from flwr.common import (
-    EvaluateIns,
-    EvaluateRes,
     FitIns,
     FitRes,
     Parameters,
@@ -46,10 +44,10 @@ from flwr.common import (
 from flwr.server import LegacyContext, ServerConfig
 from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
-from flwr.server.strategy import Strategy
 from flwr.server.workflow import DefaultWorkflow, SecAggPlusWorkflow
 from flwr.serverapp import Grid
 
+from fedfraud.training.federated.sum_strategy import SumOnlyStrategy
 from fedfraud.training.anomaly.config import CardholderDPConfig
 from fedfraud.training.anomaly.data import PairSet
 from fedfraud.training.anomaly.distributed_dp import (
@@ -126,7 +124,7 @@ def dp_client_app(bank_for: Callable[[Context], DPBank], observer: ShareObserver
 
 
 @dataclass
-class DPFedSGDStrategy(Strategy):
+class DPFedSGDStrategy(SumOnlyStrategy):
     """Legacy strategy: all banks every round; the SecAgg+ aggregate decoded and applied by a :class:`ServerStep`.
 
     ``refused`` lists the rounds that summed fewer than t banks (not applied); ``sums`` the decoded integer sums
@@ -164,17 +162,6 @@ class DPFedSGDStrategy(Strategy):
         self.sums.append(summed)
         logger.info("dp_fedsgd_round round=%d banks=%d failures=%d", server_round, m, len(failures))
         return ndarrays_to_parameters(self.server.weights()), {}
-
-    def configure_evaluate(self, server_round: int, parameters: Parameters, client_manager: ClientManager
-                           ) -> list[tuple[ClientProxy, EvaluateIns]]:
-        return []
-
-    def aggregate_evaluate(self, server_round: int, results: list[tuple[ClientProxy, EvaluateRes]],
-                           failures: list[Any]) -> tuple[float | None, dict[str, Scalar]]:
-        return None, {}
-
-    def evaluate(self, server_round: int, parameters: Parameters) -> tuple[float, dict[str, Scalar]] | None:
-        return None
 
 
 def secagg_workflow(plan: DistributedPlan, timeout_s: float | None = None) -> SecAggPlusWorkflow:

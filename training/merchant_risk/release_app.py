@@ -33,8 +33,6 @@ from flwr.client import NumPyClient
 from flwr.client.mod import secaggplus_mod
 from flwr.clientapp import ClientApp
 from flwr.common import (
-    EvaluateIns,
-    EvaluateRes,
     FitIns,
     FitRes,
     Parameters,
@@ -44,10 +42,10 @@ from flwr.common import (
 from flwr.server import LegacyContext, ServerConfig
 from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
-from flwr.server.strategy import Strategy
 from flwr.server.workflow import DefaultWorkflow, SecAggPlusWorkflow
 from flwr.serverapp import Grid, ServerApp
 
+from fedfraud.training.federated.sum_strategy import SumOnlyStrategy
 from fedfraud.training.federated.grid import wait_for_nodes
 from fedfraud.training.merchant_risk.config import MerchantNoiseConfig, MerchantRiskConfig
 from fedfraud.training.merchant_risk.dp import ACCOUNTANT
@@ -216,7 +214,7 @@ def read_audit(folder: Path) -> list[Message]:
     return [message_from_proto(ProtoMessage.FromString(p.read_bytes())) for p in sorted(Path(folder).glob("*.msg"))]
 
 
-class _ReleaseStrategy(Strategy):
+class _ReleaseStrategy(SumOnlyStrategy):
     """One SecAgg+ round over all banks; keeps the decoded sum. Nothing to train or evaluate."""
 
     def __init__(self, plan: ReleasePlan) -> None:
@@ -244,17 +242,6 @@ class _ReleaseStrategy(Strategy):
         self.release = decode_sum(np.rint(mean[0] * self.summed).astype(np.int64), self.plan)
         logger.info("merchant_release_summed banks=%d failures=%d", self.summed, len(failures))
         return None, {}
-
-    def configure_evaluate(self, server_round: int, parameters: Parameters, client_manager: ClientManager
-                           ) -> list[tuple[ClientProxy, EvaluateIns]]:
-        return []
-
-    def aggregate_evaluate(self, server_round: int, results: list[tuple[ClientProxy, EvaluateRes]],
-                           failures: list[Any]) -> tuple[float | None, dict[str, Scalar]]:
-        return None, {}
-
-    def evaluate(self, server_round: int, parameters: Parameters) -> tuple[float, dict[str, Scalar]] | None:
-        return None
 
 
 @dataclass(frozen=True)
