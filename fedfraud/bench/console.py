@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import tempfile
 import time
 import urllib.request
@@ -32,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
+from fedfraud.bench.machine import load_average
 
 if TYPE_CHECKING:
     from fedfraud.config import FedfraudConfig
@@ -149,13 +149,6 @@ class ConsoleBench:
         return "\n".join(lines)
 
 
-def _loadavg() -> str:
-    try:
-        return Path("/proc/loadavg").read_text().strip()
-    except OSError:
-        return " ".join(f"{v:.2f}" for v in os.getloadavg())
-
-
 def _commit() -> str:
     import subprocess
 
@@ -215,7 +208,7 @@ def run_console_bench(cfg: FedfraudConfig, decisions: int = 20_000, requests: in
     from fedfraud.net import free_port
     from fedfraud.serving.broker import EmbeddedBroker
 
-    loads = [f"before: {_loadavg()}"]
+    loads = [f"before: {load_average()}"]
     topics = cfg.serving.topics
     with tempfile.TemporaryDirectory(prefix="fedfraud-bench-console-") as tmp:
         base = Path(work or tmp)
@@ -256,7 +249,7 @@ def run_console_bench(cfg: FedfraudConfig, decisions: int = 20_000, requests: in
             finally:
                 server.stop()
                 close_console(console)
-    loads.append(f"after: {_loadavg()}")
+    loads.append(f"after: {load_average()}")
     bench.loadavg = loads
     log.info("bench console: %s", json.dumps(bench.rows))
     return bench

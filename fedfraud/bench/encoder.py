@@ -17,7 +17,6 @@ the dispatcher. Medians and p99 in ms.
 from __future__ import annotations
 
 import logging
-import os
 import platform
 import time
 from dataclasses import dataclass, field
@@ -25,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from fedfraud.bench.machine import load_average
 
 __all__ = ["EncoderBench", "PathTiming", "count_torch_ops", "run_encoder_bench"]
 
@@ -78,13 +78,6 @@ class EncoderBench:
             )
         lines += ["", "Load average (`/proc/loadavg`): " + "; ".join(self.loadavg)]
         return "\n".join(lines)
-
-
-def _loadavg() -> str:
-    try:
-        return Path("/proc/loadavg").read_text().strip()
-    except OSError:
-        return " ".join(f"{v:.2f}" for v in os.getloadavg())
 
 
 def _frame(csv: Path | None, work: Path, rows: int) -> tuple[Any, str]:
@@ -146,7 +139,8 @@ def run_encoder_bench(
     source += f": {len(graphs):,} graphs, nodes p50 {np.median(nodes):.0f} / max {nodes.max()}"
     torch.manual_seed(0)
     model = AnomalyModel(cfg.anomaly, cfg.encoder, cfg.egograph.max_nodes).eval()
-    bench = EncoderBench(source, repr(model), calls, model.encoder.DENSE_MAX_GRAPHS, loadavg=[f"before: {_loadavg()}"])
+    bench = EncoderBench(source, repr(model), calls, model.encoder.DENSE_MAX_GRAPHS,
+                         loadavg=[f"before: {load_average()}"])
     rng = np.random.default_rng(0)
     before = torch.get_num_threads()
     model.encoder.DENSE_MAX_GRAPHS = max(sizes)  # time the dense path itself at every size, above its limit too
@@ -160,7 +154,7 @@ def run_encoder_bench(
         torch.set_num_threads(before)
         model.encoder.allow_dense = True
         del model.encoder.DENSE_MAX_GRAPHS
-    bench.loadavg.append(f"after: {_loadavg()}")
+    bench.loadavg.append(f"after: {load_average()}")
     return bench
 
 
