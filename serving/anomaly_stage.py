@@ -240,24 +240,8 @@ class AnomalyStage:
         with self.clock.section("anomaly.gnn_score"):
             scores = _gnn_scores(work, q, model)
             self._remember(work, q, scores)
-        return ScoredBatch(
-            source=work.source,
-            transaction_id=work.frame["transaction_id"].astype(str).tolist(),
-            cardholder=batch.cardholder,
-            ts_us=batch.ts_us,
-            amount=batch.amount,
-            mcc=batch.mcc,
-            merchant=batch.features.merchant,
-            location=batch.features.location,
-            time=batch.features.time,
-            anomaly_score=scores,
-            redelivered=np.asarray(work.redelivered, dtype=bool),
-            produced_us=np.asarray(work.produced_us, dtype=np.int64),
-            anomaly_model=model.tag,
-            scored_us=now_us(),
-            fraud_blobs=work.fraud_blobs,
-            merchant_risk=work.merchant_risk,
-        )
+        return _scored(work.source, work.frame, batch, scores, work.redelivered, work.produced_us, model.tag,
+                       fraud_blobs=work.fraud_blobs, merchant_risk=work.merchant_risk)
 
     def _remember(self, work: AnomalyWork, q: np.ndarray, scores: np.ndarray) -> None:
         """Append fresh scores to the rings, fill redelivered rows' scores from them, set each state's q_t."""
@@ -341,22 +325,8 @@ class AnomalyStage:
         with self.clock.section("anomaly.prepare"):
             batch = prepare_batch(frame, self.featurizer)
         n = len(batch)
-        return ScoredBatch(
-            source=source,
-            transaction_id=frame["transaction_id"].astype(str).tolist(),
-            cardholder=batch.cardholder,
-            ts_us=batch.ts_us,
-            amount=batch.amount,
-            mcc=batch.mcc,
-            merchant=batch.features.merchant,
-            location=batch.features.location,
-            time=batch.features.time,
-            anomaly_score=np.full(n, np.nan, dtype=np.float64),
-            redelivered=np.zeros(n, dtype=bool),
-            produced_us=np.asarray(produced_us, dtype=np.int64),
-            anomaly_model=OFF_TAG,
-            scored_us=now_us(),
-        )
+        return _scored(source, frame, batch, np.full(n, np.nan, dtype=np.float64), np.zeros(n, dtype=bool),
+                       produced_us, OFF_TAG)
 
     def _shadow_scores(self, work: AnomalyWork) -> np.ndarray:
         assert work.shadow is not None
@@ -395,3 +365,25 @@ def _node_chunks(graphs: list[GraphView], budget: int) -> list[list[GraphView]]:
         chunks[-1].append(g)
         size += n
     return chunks
+
+
+def _scored(source: str, frame: pd.DataFrame, batch: PreparedBatch, scores: np.ndarray, redelivered: Any,
+            produced_us: Any, model_tag: str, **extra: Any) -> ScoredBatch:
+    """The stage's output for one prepared micro-batch: the private inputs the fraud stage reads, and the scores."""
+    return ScoredBatch(
+        source=source,
+        transaction_id=frame["transaction_id"].astype(str).tolist(),
+        cardholder=batch.cardholder,
+        ts_us=batch.ts_us,
+        amount=batch.amount,
+        mcc=batch.mcc,
+        merchant=batch.features.merchant,
+        location=batch.features.location,
+        time=batch.features.time,
+        anomaly_score=scores,
+        redelivered=np.asarray(redelivered, dtype=bool),
+        produced_us=np.asarray(produced_us, dtype=np.int64),
+        anomaly_model=model_tag,
+        scored_us=now_us(),
+        **extra,
+    )
