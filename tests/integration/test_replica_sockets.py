@@ -85,7 +85,15 @@ def test_fedfraud_serve_listens_on_loopback_only(tmp_path: Path, api_token) -> N
                     pass
                 time.sleep(1)
         assert ready, (tmp_path / "serve.log").read_text()[-4000:]
-        sockets = _listening(psutil.Process(proc.pid))
+        # a replica that already answers may name its process and open its gRPC listener a moment later (seen once
+        # on a fresh clone): list again until both replicas are there, then check everything that listens
+        for _ in range(30):
+            sockets = _listening(psutil.Process(proc.pid))
+            names = {name for name, _, _ in sockets}
+            apps = ("fedfraud", "fedfraud-tokenizer")
+            if all(any(n.startswith(f"ray::ServeReplica:{app}:") for n in names) for app in apps):
+                break
+            time.sleep(1)
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
