@@ -26,10 +26,10 @@ test: $(STAMP)
 
 # mypy on the typed public API ([tool.mypy] in pyproject.toml lists the modules). mypy cannot follow setup.py's
 # folder map through the editable install's import hook, so build/mypy-path/fedfraud/ links training/, serving/
-# and feature_store/ under the names they install as.
+# feature_store/, config/ and core/ under the names they install as.
 define typecheck
 mkdir -p build/mypy-path/fedfraud
-for d in training serving feature_store; do ln -sfn ../../../$$d build/mypy-path/fedfraud/$$d; done
+for d in config training serving feature_store core; do ln -sfn ../../../$$d build/mypy-path/fedfraud/$$d; done
 $(PY) -m mypy
 endef
 

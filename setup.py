@@ -1,13 +1,14 @@
 """Package map: the product's top-level folders install under the ``fedfraud`` namespace.
 
-``training/``, ``serving/`` and ``feature_store/`` stay at the top of the repository (one folder per concern, as a
-newcomer expects) but install as ``fedfraud.training``, ``fedfraud.serving`` and ``fedfraud.feature_store``, so
+``config/``, ``training/``, ``serving/``, ``feature_store/`` and ``core/`` stay at the top of the repository (one
+folder per concern, as a newcomer expects) but install as ``fedfraud.config``, ``fedfraud.training``,
+``fedfraud.serving``, ``fedfraud.feature_store`` and ``fedfraud.core``, so
 ``pip install fedfraud`` puts nothing generic into site-packages. Everything else is in pyproject.toml.
 """
 
 from setuptools import find_packages, setup
 
-MAPPED = ("training", "serving", "feature_store")
+MAPPED = ("config", "training", "serving", "feature_store", "core")
 
 packages = find_packages(include=["fedfraud", "fedfraud.*"])
 package_dir = {"fedfraud": "fedfraud"}

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow.parquet as pq
 import yaml
 
-from fedfraud.errors import UserError
+from fedfraud.core.errors import UserError
 from fedfraud.feature_store.store_config import FeatureStoreConfig, RedisProfile, RegistryConfig
 
 if TYPE_CHECKING:

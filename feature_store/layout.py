@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 import pandas as pd
 
-from fedfraud.errors import UserError
+from fedfraud.core.errors import UserError
 
 __all__ = [
     "MANIFEST_FILE",

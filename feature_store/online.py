@@ -267,7 +267,7 @@ class OnlineStateClient:
 
     def refresh(self) -> None:
         """Re-read the feature views from the registry (after a ``feast apply``)."""
-        from fedfraud.errors import UserError
+        from fedfraud.core.errors import UserError
 
         try:
             for name in (*CARDHOLDER_VIEWS, MERCHANT_VIEW, MERCHANT_RISK_VIEW):

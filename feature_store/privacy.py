@@ -64,8 +64,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from fedfraud.credentials import new_token, write_secret_file
-from fedfraud.errors import UserError
+from fedfraud.core.credentials import new_token, write_secret_file
+from fedfraud.core.errors import UserError
 from fedfraud.feature_store.config import EncoderConfig, PrivacyConfig
 from fedfraud.feature_store.schema import CARD_TOKEN_PREFIX, is_card_token
 from fedfraud.feature_store.encoders import encode_location, encode_time, epoch_seconds, merchant_bucket, merchant_hash

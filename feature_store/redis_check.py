@@ -17,8 +17,8 @@ import ssl
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from fedfraud.errors import UserError
-from fedfraud.net import is_loopback
+from fedfraud.core.errors import UserError
+from fedfraud.core.net import is_loopback
 
 __all__ = ["check_redis", "require_password"]
 

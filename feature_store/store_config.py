@@ -18,8 +18,8 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from fedfraud.credentials import read_secret
-from fedfraud.errors import UserError
+from fedfraud.core.credentials import read_secret
+from fedfraud.core.errors import UserError
 
 __all__ = [
     "PROFILES",

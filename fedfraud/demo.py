@@ -703,7 +703,7 @@ def _console_port(wanted: int) -> int:
     """``wanted`` when it can be bound on loopback now, else a free port (0: a free port)."""
     import socket
 
-    from fedfraud.net import LOOPBACK, free_port
+    from fedfraud.core.net import LOOPBACK, free_port
 
     if wanted:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
@@ -725,7 +725,7 @@ def open_live_console(cfg: FedfraudConfig, bootstrap_servers: str, out: Path, po
     index may take to catch up with what the topics hold (nothing yet, at the stream stage's start).
     """
     from fedfraud.console.runtime import ConsoleServer, close_console, open_console
-    from fedfraud.net import LOOPBACK
+    from fedfraud.core.net import LOOPBACK
 
     say = progress or (lambda line: log.info("%s", line))
     try:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Literal
 
 from fedfraud.config import FedfraudConfig
-from fedfraud.net import is_loopback
+from fedfraud.core.net import is_loopback
 
 __all__ = ["Check", "check_config", "check_images", "check_listeners", "find_serve_processes", "run_checks"]
 
@@ -65,7 +65,7 @@ def _auth(cfg: FedfraudConfig) -> Check:
         if path.stat().st_mode & 0o077:
             return Check("http auth", "warn", f"{path} is readable by group or others (chmod 600)")
         return Check("http auth", "ok", f"bearer token from {path}")
-    from fedfraud.credentials import API_TOKEN_ENV as TOKEN_ENV
+    from fedfraud.core.credentials import API_TOKEN_ENV as TOKEN_ENV
 
     if _secret_set(TOKEN_ENV):
         return Check("http auth", "ok", f"bearer token from ${TOKEN_ENV}")

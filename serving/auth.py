@@ -17,9 +17,9 @@ from pathlib import Path
 
 from fastapi import HTTPException, Request
 
-from fedfraud.credentials import API_TOKEN_ENV, new_token, read_secret, write_secret_file
-from fedfraud.errors import UserError
-from fedfraud.net import is_loopback
+from fedfraud.core.credentials import API_TOKEN_ENV, new_token, read_secret, write_secret_file
+from fedfraud.core.errors import UserError
+from fedfraud.core.net import is_loopback
 from fedfraud.serving.config import AuthSettings
 
 __all__ = ["TOKEN_FILE", "BearerAuth", "api_token", "check_open_http", "per_run_token", "require_bearer",

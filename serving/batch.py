@@ -31,7 +31,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from tqdm.auto import tqdm
 
-from fedfraud.errors import UserError
+from fedfraud.core.errors import UserError
 from fedfraud.feature_store.config import PrivacyConfig
 from fedfraud.feature_store.privacy import PrivateFeaturizer, check_feature_mechanism
 from fedfraud.feature_store.layout import MANIFEST_FILE, REJECTS_FILE, list_banks, read_bank

@@ -21,8 +21,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from types import TracebackType
 
-from fedfraud.errors import UserError
-from fedfraud.net import free_port
+from fedfraud.core.errors import UserError
+from fedfraud.core.net import free_port
 from fedfraud.serving.config import KafkaSecurity
 
 __all__ = ["BrokerError", "EmbeddedBroker", "create_topics", "free_port", "tansu_binary", "wait_for_broker"]

@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from fedfraud.errors import UserError
+from fedfraud.core.errors import UserError
 from fedfraud.feature_store.config import EgoGraphConfig, EncoderConfig, PrivacyConfig
 from fedfraud.feature_store.store_config import FeatureStoreConfig
 from fedfraud.training.fraud.config import FraudConfig

@@ -20,7 +20,7 @@ import logging
 import os
 from typing import Any
 
-from fedfraud.net import LOOPBACK
+from fedfraud.core.net import LOOPBACK
 
 __all__ = ["WILDCARD_HOSTS", "confine_replica_grpc", "replica_grpc_host"]
 

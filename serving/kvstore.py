@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from urllib.parse import parse_qsl, urlsplit
 
-from fedfraud.errors import UserError
+from fedfraud.core.errors import UserError
 
 __all__ = ["REDIS_PASSWORD_ENV", "KVStore", "RedisKV", "SqliteKV", "open_kv"]
 

@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
-from fedfraud.errors import UserError
+from fedfraud.core.errors import UserError
 from fedfraud.feature_store.schema import CANONICAL_COLUMNS, COORDINATE_DECIMALS
 from fedfraud.serving.config import KafkaSecurity, ProducerSettings
 from fedfraud.serving.kafka import PRODUCED_HEADER, Producer, json_bytes, make_producer, now_us, wait_for_partitions

@@ -22,8 +22,8 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from fedfraud.credentials import bearer_headers
-from fedfraud.net import LOOPBACK, ray_bind
+from fedfraud.core.credentials import bearer_headers
+from fedfraud.core.net import LOOPBACK, ray_bind
 from fedfraud.serving.app import APP_NAME, ScoringArgs, build_app
 from fedfraud.serving.auth import api_token
 from fedfraud.serving.broker import EmbeddedBroker
@@ -50,7 +50,7 @@ def ensure_ray(num_cpus: int = 2, host: str = LOOPBACK, direct_ingress: bool = F
     """Initialise Ray unless it already is (tests share one instance; Flower's simulation may have shut it down).
 
     Its GCS, raylet and workers listen on ``host`` (``serving.ray_host``; loopback by default, see
-    :func:`fedfraud.net.ray_bind`), with no dashboard. ``direct_ingress`` puts :data:`DIRECT_INGRESS_ENV` in the
+    :func:`fedfraud.core.net.ray_bind`), with no dashboard. ``direct_ingress`` puts :data:`DIRECT_INGRESS_ENV` in the
     environment of the Ray it starts, and only of that one (the driver's environment is restored after
     ``ray.init``). Returns whether direct ingress is known to be on: this Ray was started with it, or the driver's
     environment already asked for it (a Ray started by someone else keeps the environment it started with).

@@ -28,7 +28,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from fedfraud.errors import UserError
+from fedfraud.core.errors import UserError
 
 __all__ = ["ALIASES", "ModelRegistry", "ModelVersion", "RegistryError"]
 

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedfraud.errors import UserError
+from fedfraud.core.errors import UserError
 
 __all__ = ["NUMPY_ARRAYS", "UnsafeFileError", "load_torch_file"]
 

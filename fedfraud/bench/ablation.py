@@ -27,7 +27,7 @@ import pandas as pd
 from sklearn.metrics import roc_auc_score
 
 from fedfraud.bench.intervals import Interval, bootstrap_by_group
-from fedfraud.errors import UserError
+from fedfraud.core.errors import UserError
 
 __all__ = ["ABLATION_GROUPS", "ABLATION_VARIANTS", "FULL_MODEL", "GRAPH_VARIANTS", "AblationBench", "run_ablation"]
 

@@ -348,7 +348,7 @@ def capture_root_histograms(
     the cuts its worker used (feature → (offset in the histogram, upper bounds)), the pooled ``scale_pos_weight``
     and how many requests each bank sent.
     """
-    from fedfraud.net import free_port
+    from fedfraud.core.net import free_port
     from fedfraud.training.fraud.federated.hist import HistJob, federated_hist_train
     from fedfraud.training.fraud.federated.wire import RecordingProxy
 

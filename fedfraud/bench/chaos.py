@@ -7,7 +7,7 @@ Faults (each while a replay streams at a fixed rate):
 - **Redis outage**: the same for the online store (Feast and serving's decision state);
 - **replica kill**: the scoring replica's process killed (Serve starts another; the group rebalances).
 
-The outages go through :class:`fedfraud.tcpproxy.TcpProxy`, a loopback proxy in front of the
+The outages go through :class:`fedfraud.core.tcpproxy.TcpProxy`, a loopback proxy in front of the
 real broker and the real Redis: clients see exactly what a restart shows them
 (connections reset, then refused, then accepted again) while the data stays.
 A real broker *process* restart cannot be shown with the embedded broker: its
@@ -36,7 +36,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fedfraud.tcpproxy import TcpProxy
+from fedfraud.core.tcpproxy import TcpProxy
 
 __all__ = ["MALFORMED", "ChaosResult", "FaultRow", "TcpProxy", "audit", "run_chaos_bench"]
 

@@ -204,8 +204,8 @@ def run_console_bench(cfg: FedfraudConfig, decisions: int = 20_000, requests: in
                       work: Path | None = None) -> ConsoleBench:
     """Fill the topics with ``decisions`` decisions and time the console's queue and case pages."""
     from fedfraud.console.runtime import ConsoleServer, close_console, open_console
-    from fedfraud.credentials import bearer_headers, new_token
-    from fedfraud.net import free_port
+    from fedfraud.core.credentials import bearer_headers, new_token
+    from fedfraud.core.net import free_port
     from fedfraud.serving.broker import EmbeddedBroker
 
     loads = [f"before: {load_average()}"]

@@ -185,7 +185,7 @@ class PlainPeer:
 def _serve(config: dict[str, Any], bootstrap_servers: str, registry_root: str, conn: Connection) -> None:
     """The peer process: the loop in a thread, this thread answering the bench (``profile``, ``stop``)."""
     from fedfraud.config import FedfraudConfig
-    from fedfraud.logs import configure_logging
+    from fedfraud.core.logs import configure_logging
 
     configure_logging("WARNING")
     try:

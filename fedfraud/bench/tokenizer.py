@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fedfraud.net import free_port
+from fedfraud.core.net import free_port
 from fedfraud.training.tokenizer.config import TokenizerConfig
 
 __all__ = ["TokenizerBench", "run_tokenizer_bench"]
@@ -118,8 +118,8 @@ def _service_throughput(tok: Any, cfg: TokenizerConfig, texts: list[str], second
     import ray
     from ray import serve
 
-    from fedfraud.credentials import bearer_headers, new_token, write_secret_file
-    from fedfraud.net import ray_bind
+    from fedfraud.core.credentials import bearer_headers, new_token, write_secret_file
+    from fedfraud.core.net import ray_bind
     from fedfraud.serving.config import AuthSettings
     from fedfraud.serving.tokenizer_service import TokenizerServiceArgs, build_tokenizer_app
     from fedfraud.training.tokenizer.trainer import publish_tokenizer

@@ -21,8 +21,8 @@ from typing import Annotated
 import typer
 
 from fedfraud.config import load_config
-from fedfraud.errors import UserError
-from fedfraud.logs import configure_logging
+from fedfraud.core.errors import UserError
+from fedfraud.core.logs import configure_logging
 
 app = typer.Typer(
     name="fedfraud",

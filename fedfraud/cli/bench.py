@@ -13,7 +13,7 @@ from typing import Annotated
 import typer
 
 from fedfraud.cli.common import config_of, readable_file
-from fedfraud.errors import UserError
+from fedfraud.core.errors import UserError
 
 __all__ = ["bench_app", "emit", "register"]
 

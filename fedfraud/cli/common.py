@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 
 from fedfraud.config import FedfraudConfig
-from fedfraud.errors import UserError
+from fedfraud.core.errors import UserError
 
 
 def config_of(ctx: typer.Context, needs_secret: bool = False) -> FedfraudConfig:

@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 
 from fedfraud.cli.common import config_of, kafka_reachable
-from fedfraud.errors import UserError
+from fedfraud.core.errors import UserError
 
 __all__ = ["register"]
 
@@ -42,7 +42,7 @@ def console_command(
     serving.auth.token_file); Ctrl-C stops.
     """
     from fedfraud.console.runtime import ConsoleServer, close_console, console_token, open_console
-    from fedfraud.net import is_loopback
+    from fedfraud.core.net import is_loopback
 
     cfg = config_of(ctx, needs_secret=True)
     token = console_token(cfg)  # before anything starts: no token, one line

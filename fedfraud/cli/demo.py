@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from fedfraud.cli.common import config_of
-from fedfraud.errors import UserError
+from fedfraud.core.errors import UserError
 
 
 def register(app: typer.Typer) -> None:

@@ -75,7 +75,7 @@ def stacking(
 
 def _days(text: str | None, flag: str) -> tuple[int, ...] | None:
     """``"10,21"`` → ``(10, 21)``; a one-line error for anything else."""
-    from fedfraud.errors import UserError
+    from fedfraud.core.errors import UserError
 
     if text is None:
         return None
@@ -147,7 +147,7 @@ def backtest(
 
     from fedfraud.bench.detection import load_scenarios
     from fedfraud.cli.common import readable_file
-    from fedfraud.errors import UserError
+    from fedfraud.core.errors import UserError
     from fedfraud.training.merchant_risk.backtest import PrivateRelease, backtest_frames, load_bank_frames
 
     if trainer not in ("hist", "central"):

@@ -135,7 +135,7 @@ def merchant_risk(
     """Make the day's private merchant-risk release and write every bank's `merchant_risk` rows (the daily job)."""
     import pandas as pd
 
-    from fedfraud.errors import UserError
+    from fedfraud.core.errors import UserError
     from fedfraud.feature_store.online import OnlineStateClient
     from fedfraud.training.merchant_risk.publish import publish_release
 

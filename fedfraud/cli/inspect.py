@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from fedfraud.cli.common import config_of, existing_dir
-from fedfraud.errors import UserError
+from fedfraud.core.errors import UserError
 
 __all__ = ["register"]
 

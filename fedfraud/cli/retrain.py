@@ -19,7 +19,7 @@ import typer
 
 from fedfraud.cli.common import config_of, existing_dir, kafka_reachable
 from fedfraud.config import update_section
-from fedfraud.errors import UserError
+from fedfraud.core.errors import UserError
 
 __all__ = ["register"]
 

@@ -10,7 +10,7 @@ import typer
 
 from fedfraud.cli.common import config_of, readable_file
 from fedfraud.config import update_section
-from fedfraud.errors import UserError
+from fedfraud.core.errors import UserError
 
 __all__ = ["register", "tokenizer_app"]
 
@@ -165,7 +165,7 @@ def serve_cmd(
     import ray
     from ray import serve
 
-    from fedfraud.net import ray_bind
+    from fedfraud.core.net import ray_bind
     from fedfraud.serving.auth import check_open_http
     from fedfraud.serving.tokenizer_service import TokenizerServiceArgs, build_tokenizer_app
 

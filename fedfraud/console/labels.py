@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from fedfraud.errors import UserError
+from fedfraud.core.errors import UserError
 from fedfraud.serving.config import KafkaSecurity, ProducerSettings, TopicNames
 from fedfraud.serving.kafka import DeliveryError, confirm_sent, make_producer
 from fedfraud.serving.labels import LABELS, label_message

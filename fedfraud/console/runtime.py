@@ -17,7 +17,7 @@ from fedfraud.console.cases import CaseBuilder
 from fedfraud.console.index import OffsetReader, TopicIndex
 from fedfraud.console.labels import LabelWriter
 from fedfraud.console.web import Console, create_app
-from fedfraud.errors import UserError
+from fedfraud.core.errors import UserError
 
 if TYPE_CHECKING:
     from fedfraud.config import FedfraudConfig

@@ -36,7 +36,7 @@ from fedfraud.console.cases import CaseBuilder
 from fedfraud.console.index import QueueFilter, TopicIndex, masked
 from fedfraud.console.labels import LabelWriter, valid_analyst
 from fedfraud.console.monitor import PSI_ACT, PSI_WATCH, DriftReferences, model_monitor
-from fedfraud.errors import UserError
+from fedfraud.core.errors import UserError
 from fedfraud.serving.auth import BearerAuth
 from fedfraud.serving.kafka import DeliveryError
 

@@ -16,6 +16,8 @@ WORKDIR /src
 COPY pyproject.toml setup.py README.md ./
 COPY fedfraud ./fedfraud
 COPY feature_store ./feature_store
+COPY config ./config
+COPY core ./core
 COPY training ./training
 COPY serving ./serving
 RUN python -m pip wheel --no-cache-dir --no-deps -w /wheels .

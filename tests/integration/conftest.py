@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from fedfraud import net
-from fedfraud.credentials import bearer_headers, new_token, write_secret_file
+from fedfraud.core import net
+from fedfraud.core.credentials import bearer_headers, new_token, write_secret_file
 
 
 @dataclass(frozen=True)

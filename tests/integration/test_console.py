@@ -316,8 +316,8 @@ def monitored(kafka_broker, tmp_path_factory):
 
     from fedfraud.config import FedfraudConfig
     from fedfraud.console.runtime import ConsoleServer, close_console, open_console
-    from fedfraud.credentials import new_token
-    from fedfraud.net import free_port
+    from fedfraud.core.credentials import new_token
+    from fedfraud.core.net import free_port
     from fedfraud.serving.config import TopicNames
     from fedfraud.serving.kafka import confirm_sent, json_bytes, make_producer
     from fedfraud.training.registry import ModelRegistry

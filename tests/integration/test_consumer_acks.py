@@ -108,7 +108,7 @@ def test_offsets_are_committed_in_order_and_only_once_the_broker_acknowledged(ka
     assert consumer.committed([tp]) == {tp: 6}
 
     # a send that never reaches its broker (every connection to it cut): DeliveryError, offset never committed
-    from fedfraud.tcpproxy import TcpProxy
+    from fedfraud.core.tcpproxy import TcpProxy
     from fedfraud.serving.broker import EmbeddedBroker, free_port
 
     broker_port = free_port()

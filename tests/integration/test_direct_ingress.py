@@ -25,7 +25,7 @@ from pathlib import Path
 import httpx
 from fedfraud.bench.serving import COLUMNS, publish_bench_models
 from fedfraud.config import load_config
-from fedfraud.net import free_port
+from fedfraud.core.net import free_port
 from fedfraud.serving.replay import wire_records
 from fedfraud.serving.runtime import start
 from fedfraud.training.data.config import GeneratorConfig

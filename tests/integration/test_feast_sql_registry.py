@@ -21,9 +21,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from fedfraud.config import FedfraudConfig
-from fedfraud.credentials import new_token
-from fedfraud.errors import UserError
-from fedfraud.net import free_port
+from fedfraud.core.credentials import new_token
+from fedfraud.core.errors import UserError
+from fedfraud.core.net import free_port
 from fedfraud.feature_store.feast_store import DATA_DIR, materialize_repo, open_store, render_repo
 from fedfraud.feature_store.offline import CARDHOLDER_FILE, write_offline
 from fedfraud.feature_store.store_config import FeatureStoreConfig

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from fedfraud.net import LOOPBACK, free_port, wait_for_port
+from fedfraud.core.net import LOOPBACK, free_port, wait_for_port
 
 pytestmark = pytest.mark.integration
 

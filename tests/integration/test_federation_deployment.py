@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 from fedfraud.feature_store.layout import bank_dir
-from fedfraud.pki import write_ssh_key_pair
+from fedfraud.core.pki import write_ssh_key_pair
 from fedfraud.training.data.config import GeneratorConfig
 from fedfraud.training.data.synthetic import generate_dataset
 from fedfraud.training.fraud.config import FraudConfig

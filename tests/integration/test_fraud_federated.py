@@ -224,7 +224,7 @@ def test_server_refuses_a_bank_with_an_untrusted_certificate(tmp_path, free_port
     import subprocess
     import sys
 
-    from fedfraud.net import wait_for_port
+    from fedfraud.core.net import wait_for_port
     from fedfraud.training.fraud.federated.hist import _child_env, make_tls_files
     from fedfraud.training.fraud.model import xgb_params
 

@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fedfraud.net import free_port
+from fedfraud.core.net import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.long]
 

@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 from fedfraud.config import FedfraudConfig
-from fedfraud.errors import UserError
-from fedfraud.net import free_port, wait_for_port
+from fedfraud.core.errors import UserError
+from fedfraud.core.net import free_port, wait_for_port
 from tests.prerequisites import require_binary
 
 pytestmark = pytest.mark.integration

@@ -20,7 +20,7 @@ import httpx
 import psutil
 import pytest
 
-from fedfraud.net import free_port
+from fedfraud.core.net import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -18,7 +18,7 @@ import pandas as pd
 import pytest
 import torch
 
-from fedfraud.net import free_port
+from fedfraud.core.net import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

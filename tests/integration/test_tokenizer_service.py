@@ -5,7 +5,7 @@ import time
 import httpx
 import pytest
 
-from fedfraud.net import free_port
+from fedfraud.core.net import free_port
 from fedfraud.training.tokenizer.config import TokenizerConfig
 from fedfraud.training.tokenizer.export import build_tokenizer
 from fedfraud.training.tokenizer.trainer import publish_tokenizer
@@ -27,7 +27,7 @@ def service(tmp_path_factory, api_token):
     import ray
     from ray import serve
 
-    from fedfraud.net import ray_bind
+    from fedfraud.core.net import ray_bind
     from fedfraud.serving.config import AuthSettings
     from fedfraud.serving.tokenizer_service import TokenizerServiceArgs, build_tokenizer_app
 

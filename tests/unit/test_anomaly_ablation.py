@@ -11,7 +11,7 @@ from pydantic import ValidationError
 from torch_geometric.data import Data
 
 from fedfraud.bench.ablation import ABLATION_GROUPS, FULL_MODEL, GRAPH_VARIANTS, run_ablation
-from fedfraud.errors import UserError
+from fedfraud.core.errors import UserError
 from fedfraud.feature_store.config import EncoderConfig
 from fedfraud.feature_store.events import HISTORY_SIZE, RAW_EVENT_SIZE, SUMMARY_SIZE, Ev
 from fedfraud.training.anomaly.config import AnomalyConfig

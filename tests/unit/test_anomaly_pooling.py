@@ -5,7 +5,7 @@ import torch
 from torch_geometric.data import Batch, Data
 
 from fedfraud.feature_store.config import EncoderConfig
-from fedfraud.errors import ConfigError
+from fedfraud.core.errors import ConfigError
 from fedfraud.training.anomaly.config import AnomalyConfig
 from fedfraud.training.anomaly.model import AnomalyModel
 from fedfraud.training.anomaly.pool import GraphPooling, PoolResult, base, pooling_names, resolve_pooling

@@ -8,7 +8,7 @@ import pytest
 
 from fedfraud.cli.app import main
 from fedfraud.config import FedfraudConfig
-from fedfraud.errors import ConfigError
+from fedfraud.core.errors import ConfigError
 from fedfraud.training.data.config import GeneratorConfig
 from fedfraud.feature_store.layout import bank_dir
 from fedfraud.training.data.synthetic import generate_dataset

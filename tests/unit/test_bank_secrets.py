@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from fedfraud.cli.app import app, main
-from fedfraud.errors import UserError
+from fedfraud.core.errors import UserError
 from fedfraud.feature_store.config import EncoderConfig, PrivacyConfig
 from fedfraud.feature_store.privacy import (
     FEDERATION_KEY_ENV,

@@ -19,7 +19,7 @@ from fedfraud.bench.detection import (
     scenario_column,
 )
 from fedfraud.bench.intervals import Interval
-from fedfraud.errors import UserError
+from fedfraud.core.errors import UserError
 from fedfraud.training.anomaly.baselines import RANK_TERMS
 
 

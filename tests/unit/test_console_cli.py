@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from fedfraud import net
+from fedfraud.core import net
 from fedfraud.cli.app import main
-from fedfraud.credentials import API_TOKEN_ENV
+from fedfraud.core.credentials import API_TOKEN_ENV
 
 
 def _run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:

@@ -100,7 +100,7 @@ def test_calibrated_is_the_default_and_cards_say_which():
 
 
 def test_a_model_is_scored_only_with_the_feature_mechanism_it_was_trained_on():
-    from fedfraud.errors import UserError
+    from fedfraud.core.errors import UserError
     from fedfraud.feature_store.privacy import check_feature_mechanism
 
     thesis_card = {"feature_ldp": feature_ldp_card(PrivacyConfig(mechanism="thesis"))}

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from fedfraud.config import load_config
-from fedfraud.errors import ConfigError, UserError
+from fedfraud.core.errors import ConfigError, UserError
 from fedfraud.feature_store.activity import Activity
 from fedfraud.feature_store.store_config import FeatureStoreConfig, RedisProfile, SqliteProfile, resolve_profile
 

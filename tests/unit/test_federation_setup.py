@@ -11,7 +11,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.serialization import load_ssh_private_key, load_ssh_public_key
 
 from fedfraud.cli.app import main
-from fedfraud.errors import ConfigError
+from fedfraud.core.errors import ConfigError
 from fedfraud.training.federated.deployment import FederationFiles, generate_federation_files
 from fedfraud.training.anomaly.federated.task import RunSettings, on_node
 from fedfraud.training.fraud.federated.server_app import DEFAULT_SETTINGS

@@ -9,8 +9,8 @@ import pytest
 from fastapi import HTTPException
 
 from fedfraud.cli.app import main
-from fedfraud.credentials import API_TOKEN_ENV, read_secret, write_secret_file
-from fedfraud.errors import UserError
+from fedfraud.core.credentials import API_TOKEN_ENV, read_secret, write_secret_file
+from fedfraud.core.errors import UserError
 from fedfraud.serving.auth import TOKEN_FILE, BearerAuth, api_token, per_run_token
 from fedfraud.serving.config import AuthSettings
 

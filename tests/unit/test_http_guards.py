@@ -231,7 +231,7 @@ def test_auth_may_be_off_on_loopback(host: str) -> None:
 
 @pytest.mark.parametrize("host", ["0.0.0.0", "::", "", "10.0.0.5", "scorer.bank.internal"])
 def test_auth_off_beyond_loopback_is_refused_in_one_line(host: str) -> None:
-    from fedfraud.errors import UserError
+    from fedfraud.core.errors import UserError
     from fedfraud.serving.auth import check_open_http
 
     with pytest.raises(UserError, match="only allowed on a loopback address") as err:
@@ -267,7 +267,7 @@ def _capture_serve_start(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
 
 def test_the_runtime_gives_serve_the_configured_request_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
     from fedfraud.config import load_config
-    from fedfraud.credentials import API_TOKEN_ENV
+    from fedfraud.core.credentials import API_TOKEN_ENV
     from fedfraud.serving import runtime
 
     monkeypatch.setenv(API_TOKEN_ENV, TOKEN)
@@ -285,7 +285,7 @@ def test_the_tokenizer_cli_gives_serve_the_timeout_and_the_service_the_body_cap(
     import ray
 
     from fedfraud.cli.app import main
-    from fedfraud.credentials import API_TOKEN_ENV
+    from fedfraud.core.credentials import API_TOKEN_ENV
     from fedfraud.serving import tokenizer_service
     from fedfraud.training.tokenizer.config import TokenizerConfig
     from fedfraud.training.tokenizer.export import build_tokenizer

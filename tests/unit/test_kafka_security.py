@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from fedfraud.errors import UserError
+from fedfraud.core.errors import UserError
 from fedfraud.serving.config import ConsumerSettings, KafkaSecurity, ProducerSettings
 
 PASSWORD_ENV = "FEDFRAUD_TEST_KAFKA_PASSWORD"

@@ -30,7 +30,7 @@ def test_the_production_key_comes_from_the_environment(monkeypatch: pytest.Monke
 
 
 def test_a_production_bank_without_the_federation_key_is_refused(monkeypatch: pytest.MonkeyPatch):
-    from fedfraud.errors import UserError
+    from fedfraud.core.errors import UserError
 
     monkeypatch.setenv("FEDFRAUD_BANK_SECRET", "this bank's own secret")
     monkeypatch.delenv(FEDERATION_KEY_ENV, raising=False)

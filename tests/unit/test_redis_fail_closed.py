@@ -13,7 +13,7 @@ import socket
 
 import pytest
 
-from fedfraud.errors import UserError
+from fedfraud.core.errors import UserError
 
 PASSWORD_ENV = "FEDFRAUD_TEST_REDIS_PASSWORD"
 
@@ -70,7 +70,7 @@ def test_a_url_cannot_turn_tls_checks_off_nor_carry_a_password(query: str, no_ne
 
 
 def test_state_store_tls_verifies_the_certificate_and_the_host_name(monkeypatch: pytest.MonkeyPatch) -> None:
-    from fedfraud.net import free_port
+    from fedfraud.core.net import free_port
     from fedfraud.serving.kvstore import RedisKV
 
     monkeypatch.setenv(PASSWORD_ENV, "s3cret")

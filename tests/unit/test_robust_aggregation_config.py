@@ -7,7 +7,7 @@ import pytest
 from flwr.serverapp.strategy import FedMedian, FedTrimmedAvg, Krum, MultiKrum
 from flwr.serverapp.strategy.fedtrimmedavg import trim_mean
 
-from fedfraud.errors import ConfigError
+from fedfraud.core.errors import ConfigError
 from fedfraud.training.federated.config import FederatedConfig
 from fedfraud.training.federated.strategy import aggregator, dp_sensitivity_factor
 from fedfraud.training.anomaly.federated.task import RunSettings

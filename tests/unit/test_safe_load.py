@@ -43,7 +43,7 @@ def _proves_the_exploit_works(path: Path, marker: Path) -> None:
 
 
 def test_a_checkpoint_that_would_run_code_is_refused_in_one_line_and_a_real_one_loads(tmp_path: Path) -> None:
-    from fedfraud.errors import UserError
+    from fedfraud.core.errors import UserError
     from fedfraud.training.anomaly.run import Checkpoint
 
     marker = tmp_path / "pwned"

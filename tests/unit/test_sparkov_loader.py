@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from fedfraud.errors import UserError
+from fedfraud.core.errors import UserError
 from fedfraud.training.data.config import IngestConfig
 from fedfraud.training.data.csvio import read_header
 from fedfraud.training.data.ingest import detect_format, ingest_csv

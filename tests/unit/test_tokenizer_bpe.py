@@ -3,7 +3,7 @@ import pytest
 from pydantic import ValidationError
 
 from fedfraud.config import load_config
-from fedfraud.errors import ConfigError
+from fedfraud.core.errors import ConfigError
 from fedfraud.training.tokenizer.bpe import (
     ClientState,
     FedBPEServer,

@@ -2,7 +2,7 @@ from pathlib import Path
 
 import pytest
 
-from fedfraud.errors import UserError
+from fedfraud.core.errors import UserError
 from fedfraud.training.tokenizer.corpus import read_jsonl
 from fedfraud.training.tokenizer.pii import (
     PIIDetector, PIISpan, evaluate_detector, iban_ok, luhn_ok, resolve_recognizer, wipe,

@@ -36,7 +36,7 @@ import pyarrow.parquet as pq
 import torch
 from torch_geometric.data import Data
 
-from fedfraud.errors import UserError
+from fedfraud.core.errors import UserError
 from fedfraud.feature_store.config import EgoGraphConfig, EncoderConfig, PrivacyConfig
 from fedfraud.feature_store.egograph import SnapshotPair, active_cardholders, iter_snapshot_pairs
 from fedfraud.feature_store.events import HISTORY_SIZE, RAW_EVENT_SIZE

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from fedfraud.errors import UserError
+from fedfraud.core.errors import UserError
 from fedfraud.feature_store.config import EgoGraphConfig, EncoderConfig
 from fedfraud.training.anomaly.config import AnomalyConfig
 from fedfraud.training.anomaly.data import BankPrivacy

@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
-from fedfraud.errors import UserError
+from fedfraud.core.errors import UserError
 
 __all__ = ["REGION_HINT", "CsvHeader", "RawChunk", "iter_csv", "read_header"]
 

@@ -18,7 +18,7 @@ from types import ModuleType
 import numpy as np
 import pandas as pd
 
-from fedfraud.errors import UserError
+from fedfraud.core.errors import UserError
 from fedfraud.feature_store.schema import ValidationResult, Validator
 from fedfraud.training.data import sparkov, tabformer
 from fedfraud.training.data.config import IngestConfig

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from fedfraud.errors import UserError
+from fedfraud.core.errors import UserError
 
 __all__ = ["all_finite", "load_scenarios", "roc_auc", "scenario_aucs", "scenario_column"]
 

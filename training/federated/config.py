@@ -85,7 +85,7 @@ class FederatedConfig(BaseModel):
     ray_host: str = Field(
         "127.0.0.1", min_length=1,
         description="address the simulation's Ray (GCS, raylet, workers) listens on; the simulation runs on one "
-        "machine, so loopback (fedfraud.net.ray_bind)")
+        "machine, so loopback (fedfraud.core.net.ray_bind)")
     dp: DPConfig = Field(default_factory=DPConfig, description="client-level DP on the updates (run keys dp-*)")
     aggregation: Aggregation = Field(
         "multikrum",

@@ -36,9 +36,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fedfraud.errors import UserError
-from fedfraud.net import LOOPBACK, free_port, wait_for_port
-from fedfraud.pki import CertificateAuthority, write_certificate, write_private_key, write_ssh_key_pair
+from fedfraud.core.errors import UserError
+from fedfraud.core.net import LOOPBACK, free_port, wait_for_port
+from fedfraud.core.pki import CertificateAuthority, write_certificate, write_private_key, write_ssh_key_pair
 
 __all__ = [
     "CONNECTION",

@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
-from fedfraud.errors import UserError
+from fedfraud.core.errors import UserError
 from fedfraud.feature_store.config import EncoderConfig, PrivacyConfig
 from fedfraud.feature_store.privacy import PrivateFeaturizer
 from fedfraud.training.data.config import IngestConfig

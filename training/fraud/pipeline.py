@@ -66,7 +66,7 @@ def stacking_study(cfg: FedfraudConfig, data: Path, registry: Path, anomaly_vers
     :mod:`fedfraud.training.fraud.stacking`), ``registry`` (the published anomaly model: in-sample on its own
     training cardholders, kept only for comparison) or ``none``.
     """
-    from fedfraud.errors import UserError
+    from fedfraud.core.errors import UserError
     from fedfraud.feature_store.layout import list_banks, read_bank
     from fedfraud.training.fraud.dataset import anomaly_scores_for, bank_features
     from fedfraud.training.fraud.evaluate import run_study
@@ -143,7 +143,7 @@ def _train_variant(cfg: FedfraudConfig, banks: dict[int, FraudFeatures], bank: i
     fc = cfg.fraud
     if fc.variant == "local":
         if bank not in banks:
-            from fedfraud.errors import UserError
+            from fedfraud.core.errors import UserError
 
             raise UserError(f"--bank {bank} is not in the data (banks: {sorted(banks)})")
         return train_local(banks[bank], fc.use_anomaly_score, fc, bank)
@@ -216,7 +216,7 @@ def train_and_publish(cfg: FedfraudConfig, data: Path, out: Path, bank: int = 0,
         if bank in banks:  # serving computes the surprise with the publishing bank's own table, as its rows were
             model.transitions = banks[bank].transitions
         elif TRANSITION_FEATURE in model.used:
-            from fedfraud.errors import UserError
+            from fedfraud.core.errors import UserError
 
             raise UserError(f"--bank {bank} is not in the data (banks: {sorted(banks)}): the fraud model ships that "
                             "bank's category-transition table, fitted on its training rows")

@@ -62,7 +62,7 @@ def train_federated(
     import xgboost as xgb
     from flwr.simulation import run_simulation
 
-    from fedfraud.net import ray_bind
+    from fedfraud.core.net import ray_bind
 
     from fedfraud.training.fraud.federated.client_app import app as client_app
     from fedfraud.training.fraud.federated.server_app import FederatedFraudResult, build_server_app

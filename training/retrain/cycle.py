@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING
 import pandas as pd
 import pyarrow.parquet as pq
 
-from fedfraud.errors import UserError
+from fedfraud.core.errors import UserError
 from fedfraud.feature_store.outcomes import OUTCOMES_FILE, OutcomeStore
 from fedfraud.feature_store.layout import TRANSACTIONS_FILE, bank_dir, list_banks, read_bank
 from fedfraud.training.data.writer import canonical_table

@@ -33,8 +33,8 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from fedfraud.credentials import API_TOKEN_ENV, bearer_headers, read_secret
-from fedfraud.errors import UserError
+from fedfraud.core.credentials import API_TOKEN_ENV, bearer_headers, read_secret
+from fedfraud.core.errors import UserError
 
 if TYPE_CHECKING:
     from fedfraud.config import FedfraudConfig

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from fedfraud.errors import UserError
+from fedfraud.core.errors import UserError
 from fedfraud.training.tokenizer.pii import PIISpan
 
 __all__ = [

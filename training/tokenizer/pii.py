@@ -17,7 +17,7 @@ from functools import lru_cache
 from importlib import resources
 from typing import Protocol
 
-from fedfraud.errors import UserError
+from fedfraud.core.errors import UserError
 from fedfraud.feature_store.schema import luhn_ok
 
 __all__ = [

@@ -83,7 +83,7 @@ def train_federated_flower(
     """
     from flwr.simulation import run_simulation
 
-    from fedfraud.net import ray_bind
+    from fedfraud.core.net import ray_bind
     from fedfraud.training.tokenizer.federated.client_app import app as client_app
     from fedfraud.training.tokenizer.federated.server_app import build_server_app
 

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from pydantic import BaseModel, ValidationError
 
-from fedfraud.errors import ConfigError
+from fedfraud.core.errors import ConfigError
 from fedfraud.feature_store.config import EgoGraphConfig, EncoderConfig, PrivacyConfig
 from fedfraud.training.anomaly.config import AnomalyConfig
 from fedfraud.training.anomaly.data import BankData, load_bank_data

@@ -13,8 +13,8 @@ from typing import Any
 
 import torch
 
-from fedfraud.errors import UserError
-from fedfraud.net import ray_bind
+from fedfraud.core.errors import UserError
+from fedfraud.core.net import ray_bind
 from fedfraud.training.anomaly.data import check_dataset
 from fedfraud.training.anomaly.run import Checkpoint, checkpoint_dir
 from fedfraud.training.federated.accountant import plan_noise

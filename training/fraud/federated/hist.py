@@ -68,7 +68,7 @@ from typing import Any
 
 import numpy as np
 
-from fedfraud.net import LOOPBACK, free_port, wait_for_port
+from fedfraud.core.net import LOOPBACK, free_port, wait_for_port
 from fedfraud.training.fraud.config import FraudConfig
 from fedfraud.training.fraud.features import ANOMALY_FEATURE, FraudFeatures
 from fedfraud.training.fraud.model import FraudModel, xgb_params
@@ -111,7 +111,7 @@ def make_tls_files(folder: Path, host: str = "localhost") -> TlsFiles:
     Each certificate is its own trust anchor: the server trusts the client cert, the banks trust
     the server cert. A deployment would use the consortium's CA instead.
     """
-    from fedfraud.pki import self_signed, write_certificate, write_private_key
+    from fedfraud.core.pki import self_signed, write_certificate, write_private_key
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)

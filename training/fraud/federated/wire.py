@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from fedfraud.tcpproxy import TcpProxy
+from fedfraud.core.tcpproxy import TcpProxy
 
 __all__ = ["RecordingProxy", "WireMessage", "decode_grpc_requests"]
 

@@ -27,7 +27,7 @@ def configure_logging(level: str = "INFO") -> None:
     """Send ``key=value`` style log lines to stderr at ``level``."""
     numeric = getattr(logging, level.upper(), None)
     if not isinstance(numeric, int):
-        from fedfraud.errors import UserError
+        from fedfraud.core.errors import UserError
 
         raise UserError(f"unknown log level {level!r}; use DEBUG, INFO, WARNING or ERROR")
     logging.basicConfig(

@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from fedfraud.errors import ConfigError
+from fedfraud.core.errors import ConfigError
 from fedfraud.feature_store.config import EgoGraphConfig, EncoderConfig, PrivacyConfig
 from fedfraud.feature_store.store_config import FeatureStoreConfig
 from fedfraud.training.data.config import GeneratorConfig, IngestConfig

@@ -13,7 +13,7 @@ import os
 import secrets
 from pathlib import Path
 
-from fedfraud.errors import UserError
+from fedfraud.core.errors import UserError
 
 __all__ = ["API_TOKEN_ENV", "bearer_headers", "new_token", "read_secret", "write_secret_file"]
 
