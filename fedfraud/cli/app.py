@@ -18,18 +18,42 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated
 
+import click
 import typer
+from typer.core import TyperGroup
 
 from fedfraud.config import load_config
 from fedfraud.core.errors import UserError
 from fedfraud.core.logs import configure_logging
+
+#: The help's panels, in the order a user works: each top-level command or group, by panel, in that order.
+WORKFLOW: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("Start", ("demo", "doctor")),
+    ("Data", ("generate", "ingest", "inspect", "features")),
+    ("Train", ("train", "eval", "tokenizer", "federation")),
+    ("Serve", ("serve", "stream", "score")),
+    ("Operate", ("models", "retrain", "labels", "console")),
+    ("Benchmarks", ("bench",)),
+)
+_ORDER = [name for _, names in WORKFLOW for name in names]
+_PANEL = {name: panel for panel, names in WORKFLOW for name in names}
+
+
+class WorkflowGroup(TyperGroup):
+    """The root group lists its commands in :data:`WORKFLOW` order (typer keeps creation order otherwise)."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        names = super().list_commands(ctx)
+        return sorted(names, key=lambda n: (_ORDER.index(n) if n in _ORDER else len(_ORDER), n))
+
 
 app = typer.Typer(
     name="fedfraud",
     help="Federated, privacy-preserving real-time card-fraud scoring.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
-    add_completion=False,
+    cls=WorkflowGroup,
+    rich_markup_mode="markdown",  # the docstrings' ``code`` renders as code, not as literal backticks
 )
 
 _NOT_COMMANDS = {"app", "common"}
@@ -57,6 +81,11 @@ def _register_all() -> None:
             continue
         module = importlib.import_module(f"fedfraud.cli.{info.name}")
         module.register(app)
+    for command in app.registered_commands:
+        command.rich_help_panel = _PANEL.get(command.name or "", "Other")
+    for group in app.registered_groups:
+        name = group.name or (group.typer_instance.info.name if group.typer_instance else None)
+        group.rich_help_panel = _PANEL.get(name or "", "Other")
 
 
 _register_all()

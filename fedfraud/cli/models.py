@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import getpass
 import json
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from fedfraud.cli.common import config_of
 from fedfraud.core.errors import UserError
+
+if TYPE_CHECKING:
+    from fedfraud.training.registry import ModelVersion
 
 __all__ = ["register"]
 
@@ -89,18 +92,30 @@ def list_models(
                          "metrics": v.metrics} for v in versions]
         if as_json:
             continue
-        typer.echo(f"{k}:")
-        for v in versions:
-            shown = ", ".join(f"{m}={round(v.metrics[m], 4)}" for m in HEADLINE
-                              if isinstance(v.metrics.get(m), (int, float)))
-            tags = f"  [{', '.join(by_version[v.version])}]" if v.version in by_version else ""
-            typer.echo(f"  v{v.version}  {v.created_at}  {shown}{tags}")
-        if audit and not as_json:
+        _print_table(k, versions, by_version)
+        if audit:
             for entry in reg.audit(k):
                 typer.echo(f"    {entry['at']} {entry['alias']}: {entry['from']} -> {entry['to']} by {entry['actor']}"
                            f" ({entry['reason']}) {json.dumps(entry['evidence'], sort_keys=True)}")
+    if not documents and not as_json:
+        typer.echo(f"no models in {reg.root}" + (f" of kind {kind}" if kind else ""), err=True)
     if as_json:
         typer.echo(json.dumps(documents, indent=2, sort_keys=True, default=str))
+
+
+def _print_table(kind: str, versions: list[ModelVersion], by_version: dict[int, list[str]]) -> None:
+    """One table per kind: a row per version, the :data:`HEADLINE` metrics any of its versions has as columns."""
+    from rich.console import Console
+    from rich.table import Table
+
+    columns = [m for m in HEADLINE if any(isinstance(v.metrics.get(m), (int, float)) for v in versions)]
+    table = Table(title=kind, title_justify="left")
+    for name in ("version", "created", *columns, "aliases"):
+        table.add_column(name, justify="right" if name in columns else "left")
+    for v in versions:
+        cells = [f"{v.metrics[m]:.4g}" if isinstance(v.metrics.get(m), (int, float)) else "" for m in columns]
+        table.add_row(f"v{v.version}", str(v.created_at), *cells, ", ".join(by_version.get(v.version, [])))
+    Console(width=max(120, len(columns) * 14 + 60)).print(table)
 
 
 @models_app.command("promote")

@@ -72,7 +72,8 @@ def test_cli_promote_list_rollback(tmp_path: Path, capsys: pytest.CaptureFixture
     assert "fraud champion: v2 -> v1 (rolled back)" in out
     assert main([*root, "list", "fraud", "--audit"]) == 0
     listing = capsys.readouterr().out
-    assert "v1" in listing and "[champion]" in listing and "rollback: drift alarm" in listing
+    row = next(line for line in listing.splitlines() if " v1 " in line)
+    assert "champion" in row and "rollback: drift alarm" in listing
     lines = (tmp_path / "fraud" / "audit.jsonl").read_text(encoding="utf-8").splitlines()
     assert [json.loads(x)["reason"] for x in lines] == ["baseline", "retrained", "rollback: drift alarm"]
 
@@ -87,4 +88,20 @@ def test_cli_registry_on_the_subcommand_and_list_as_json(tmp_path: Path, capsys:
     assert [v["version"] for v in listing["fraud"]] == [1, 2]
     assert listing["fraud"][1]["aliases"] == ["champion"] and listing["fraud"][0]["aliases"] == []
     assert main(["models", "--registry", str(tmp_path / "reg"), "list", "fraud"]) == 0  # the group's, as before
-    assert "[champion]" in capsys.readouterr().out
+    row = next(line for line in capsys.readouterr().out.splitlines() if " v2 " in line)
+    assert "champion" in row
+
+
+def test_cli_list_is_a_table_of_the_headline_metrics(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    reg = ModelRegistry(tmp_path)
+    for pr_auc in (0.61234, 0.7):
+        with reg.publish("fraud", config={}, metrics={"test_pr_auc": pr_auc, "n_rows": 12}) as folder:
+            (folder / "model.json").write_text("{}", encoding="utf-8")
+    capsys.readouterr()
+    assert main(["models", "list", "--registry", str(tmp_path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    header = next(line for line in lines if "version" in line)
+    assert "test_pr_auc" in header and "n_rows" not in header  # chosen metrics only; --json has the rest
+    assert "0.6123" in next(line for line in lines if " v1 " in line)
+    assert main(["models", "list", "--registry", str(tmp_path / "empty")]) == 0
+    assert capsys.readouterr().err.strip() == f"no models in {tmp_path / 'empty'}"
