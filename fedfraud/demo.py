@@ -276,14 +276,14 @@ def _make_champion(registry: Path, kind: str, tag: str) -> None:
     folder by an earlier run (or pinned by its retrain cycle) is not served instead; that run's retrain records
     and challenger are cleared too (a cycle on the same data would otherwise return its recorded result).
     """
-    from fedfraud.training.registry import ModelRegistry
-
     import shutil
+
+    from fedfraud.training.registry import ModelRef, ModelRegistry
 
     reg = ModelRegistry(registry)
     # an earlier run's cycles are done for this same data: the demo's scheduled cycle must run again
     shutil.rmtree(Path(registry) / "retrain", ignore_errors=True)
-    reg.promote(kind, tag.rsplit(":v", 1)[-1], actor="demo", reason="trained by this demo run")
+    reg.promote(kind, ModelRef.parse(tag).version, actor="demo", reason="trained by this demo run")
     if reg.aliases(kind).get("challenger") is not None:
         reg.set_alias(kind, "challenger", None, actor="demo", reason="an earlier run's challenger; a new run starts")
 

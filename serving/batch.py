@@ -231,8 +231,8 @@ def score_path(
     from fedfraud.training.registry import ModelRegistry
 
     reg = ModelRegistry(registry)
-    for kind, tag in models.items():  # the models' features must be computed the way they were trained on
-        check_feature_mechanism(tag, reg.get(kind, tag.rsplit(":v", 1)[-1]).privacy, privacy_cfg)
+    for tag in models.values():  # the models' features must be computed the way they were trained on
+        check_feature_mechanism(tag, reg.get_ref(tag).privacy, privacy_cfg)
     out.parent.mkdir(parents=True, exist_ok=True)
     report = ScoreReport(models=models)
     start = time.perf_counter()

@@ -65,7 +65,7 @@ class HotPath:
         self._check_features("anomaly", anomaly_model.tag)
         model, tag = self._load_fraud(s.fraud_version)
         self._check_features("fraud", tag)
-        trained = self.registry.get("fraud", tag.rsplit(":v", 1)[-1]).config
+        trained = self.registry.get_ref(tag).config
         fraud_cfg = fraud_config_for(trained, cfg.fraud)
         risk = merchant_risk_for(trained)
         self.anomaly = AnomalyStage(client, featurizer, kv, anomaly_model, s.bank_id,
@@ -124,9 +124,11 @@ class HotPath:
     def _check_features(self, kind: str, tag: str) -> None:
         """The model's card must name this replica's feature mechanism (L′/T′ differ between them)."""
         from fedfraud.feature_store.privacy import check_feature_mechanism
+        from fedfraud.training.registry import ModelRef
 
-        if ":v" in tag:  # a registry model (a custom anomaly loader may serve something else)
-            check_feature_mechanism(tag, self.registry.get(kind, tag.rsplit(":v", 1)[-1]).privacy, self.privacy)
+        ref = ModelRef.maybe(tag)
+        if ref is not None:  # a registry model (a custom anomaly loader may serve something else)
+            check_feature_mechanism(tag, self.registry.get_ref(ref).privacy, self.privacy)
 
     def ready(self) -> None:
         """One read of each state store (Feast online store, scores/decisions KV); raises if one is down."""
@@ -157,7 +159,7 @@ class HotPath:
 
         from fedfraud.training.retrain.drift import DRIFT_FILE, DriftMonitor, DriftReference
 
-        path = self.registry.get("fraud", fraud_tag.rsplit(":v", 1)[-1]).path / DRIFT_FILE
+        path = self.registry.get_ref(fraud_tag).path / DRIFT_FILE
         if not path.exists():
             log.info("fraud model %s has no drift reference; drift gauges stay empty", fraud_tag)
             return None

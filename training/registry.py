@@ -62,6 +62,35 @@ class RegistryError(UserError):
     """A requested model kind or version does not exist, or an artifact is incomplete."""
 
 
+@dataclass(frozen=True, order=True)
+class ModelRef:
+    """A published model's identity. It travels as ``fraud:v3`` (decision records, logs, aliases' evidence);
+    :meth:`parse` is the one place that text is read back.
+    """
+
+    kind: str
+    version: int
+
+    def __str__(self) -> str:
+        return f"{self.kind}:v{self.version}"
+
+    @classmethod
+    def parse(cls, tag: str) -> ModelRef:
+        """``"fraud:v3"`` → ``ModelRef("fraud", 3)``; anything else is a :class:`RegistryError`."""
+        kind, sep, number = str(tag).rpartition(":v")
+        if not sep or not kind or not number.isdecimal() or len(number) > 9:
+            raise RegistryError(f"{tag!r} is not a model tag such as fraud:v3")
+        return cls(kind, int(number))
+
+    @classmethod
+    def maybe(cls, tag: str) -> ModelRef | None:
+        """The reference, or None when ``tag`` names no registry model (a custom loader's own label)."""
+        try:
+            return cls.parse(tag)
+        except RegistryError:
+            return None
+
+
 @dataclass(frozen=True)
 class ModelVersion:
     """One published, immutable model version."""
@@ -76,9 +105,13 @@ class ModelVersion:
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
+    def ref(self) -> ModelRef:
+        return ModelRef(self.kind, self.version)
+
+    @property
     def tag(self) -> str:
         """Short identifier such as ``anomaly:v3`` used in logs and decision records."""
-        return f"{self.kind}:v{self.version}"
+        return str(self.ref)
 
     def file(self, name: str) -> Path:
         """Path of an artifact file; raises :class:`RegistryError` if the trainer did not write it."""
@@ -182,6 +215,11 @@ class ModelRegistry:
         if not (path / METADATA_FILE).exists():
             raise RegistryError(f"{kind}:v{number} is not in registry {self.root}")
         return self._load(path)
+
+    def get_ref(self, ref: ModelRef | str) -> ModelVersion:
+        """The version a :class:`ModelRef` (or its ``fraud:v3`` text) names."""
+        ref = ref if isinstance(ref, ModelRef) else ModelRef.parse(ref)
+        return self.get(ref.kind, ref.version)
 
     # ------------------------------------------------------------------ aliases and their audit log
     def aliases(self, kind: str) -> dict[str, int]:

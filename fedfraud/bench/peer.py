@@ -85,7 +85,7 @@ class PlainPeer:
         self.bootstrap_servers = bootstrap_servers
         registry = ModelRegistry(registry_root)
         self.model, self.tag = load_fraud_model(registry, "latest")
-        self.fraud_cfg = fraud_config_for(registry.get("fraud", self.tag.rsplit(":v", 1)[-1]).config, cfg.fraud)
+        self.fraud_cfg = fraud_config_for(registry.get_ref(self.tag).config, cfg.fraud)
         if tuple(feature_names(self.fraud_cfg)) != tuple(self.model.input_names):
             raise ValueError(f"peer model {self.tag} reads {self.model.input_names}, not the rows its config builds")
         self.featurizer = PrivateFeaturizer.for_bank(cfg.encoder, cfg.privacy, cfg.serving.bank_id)

@@ -33,6 +33,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from fedfraud.training.registry import ModelRef
+
 if TYPE_CHECKING:
     from fedfraud.serving.config import KafkaSecurity
 
@@ -125,7 +127,7 @@ def _set_shadow(registry: Any, challenger: dict[str, str] | None, url: str, head
     import httpx
 
     for kind in ("anomaly", "fraud"):
-        version = None if challenger is None else challenger[kind].rsplit(":v", 1)[-1]
+        version = None if challenger is None else ModelRef.parse(challenger[kind]).version
         registry.set_alias(kind, "challenger", version, actor="bench", reason="shadow cost A/B")
     want = None if challenger is None else f'challenger="{challenger["fraud"]}"'
     deadline = time.monotonic() + timeout_s
@@ -177,7 +179,7 @@ def run_retrain_bench(config: Any = None, cardholders: int = 800, banks: int = 5
 
     champion, _ = _cycle(cfg_file, split.history, registry, "bench-champion")
     for kind in ("anomaly", "fraud"):
-        reg.promote(kind, champion[kind].rsplit(":v", 1)[-1], actor="bench", reason="the bench's champion")
+        reg.promote(kind, ModelRef.parse(champion[kind]).version, actor="bench", reason="the bench's champion")
     records = write_records(split.history, tmp / "offline", split.live, until=first_cut)
     challenger, wall = _cycle(cfg_file, records, registry, "bench")
     for kind in ("anomaly", "fraud"):

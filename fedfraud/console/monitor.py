@@ -218,13 +218,13 @@ class DriftReferences:
                 return self._cache[tag]
         if self.root is None or not self.root.is_dir():
             return None
-        kind, _, version = tag.rpartition(":v")
-        if kind != "fraud" or not version.isdecimal() or len(version) > 9:
-            return None
-        from fedfraud.training.registry import ModelRegistry, RegistryError
+        from fedfraud.training.registry import ModelRef, ModelRegistry, RegistryError
 
+        ref = ModelRef.maybe(tag)
+        if ref is None or ref.kind != "fraud":
+            return None
         try:
-            path = ModelRegistry(self.root).get("fraud", int(version)).path / DRIFT_FILE
+            path = ModelRegistry(self.root).get_ref(ref).path / DRIFT_FILE
             if not path.is_file():
                 return None
             reference = DriftReference.from_json(json.loads(path.read_text(encoding="utf-8")))

@@ -166,7 +166,7 @@ def test_batch_scoring_gives_a_merchant_risk_model_the_columns_it_was_trained_on
     version = model.publish(ModelRegistry(registry), config={
         "fraud": fcfg.model_dump(), "merchant_risk": risk.model_dump(mode="json"),
         "merchant_noise": clear.model_dump(mode="json")}, metrics={})
-    ModelRegistry(registry).promote("fraud", version.tag.rsplit(":v", 1)[-1], actor="test",
+    ModelRegistry(registry).promote("fraud", version.version, actor="test",
                                     reason="merchant-risk model")
 
     out = tmp_path / "scores.parquet"

@@ -105,3 +105,18 @@ def test_cli_list_is_a_table_of_the_headline_metrics(tmp_path: Path, capsys: pyt
     assert "0.6123" in next(line for line in lines if " v1 " in line)
     assert main(["models", "list", "--registry", str(tmp_path / "empty")]) == 0
     assert capsys.readouterr().err.strip() == f"no models in {tmp_path / 'empty'}"
+
+
+def test_model_ref_is_the_one_reader_of_model_tags(tmp_path: Path) -> None:
+    from fedfraud.training.registry import ModelRef
+
+    reg = ModelRegistry(tmp_path)
+    _publish(reg, 3)
+    ref = ModelRef.parse("fraud:v3")
+    assert (ref.kind, ref.version, str(ref)) == ("fraud", 3, "fraud:v3") and reg.latest("fraud").ref == ref
+    assert reg.get_ref("fraud:v2").version == 2 and reg.get_ref(ref).path.name == "v0003"
+    for bad in ("fraud", "fraud:3", "fraud:vx", ":v3", "fraud:v" + "9" * 10):
+        with pytest.raises(RegistryError, match="not a model tag"):
+            ModelRef.parse(bad)
+        assert ModelRef.maybe(bad) is None
+    assert ModelRef.parse("my:kind:v7") == ModelRef("my:kind", 7)  # the last ":v" splits, as the tags are built

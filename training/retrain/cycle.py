@@ -43,7 +43,7 @@ from fedfraud.core.errors import UserError
 from fedfraud.feature_store.outcomes import OUTCOMES_FILE, OutcomeStore
 from fedfraud.feature_store.layout import TRANSACTIONS_FILE, bank_dir, list_banks, read_bank
 from fedfraud.training.data.writer import canonical_table
-from fedfraud.training.registry import ModelRegistry
+from fedfraud.training.registry import ModelRef, ModelRegistry
 
 if TYPE_CHECKING:
     from fedfraud.config import FedfraudConfig
@@ -244,7 +244,7 @@ def run_cycle(cfg: FedfraudConfig, data: Path, registry: Path, *, bank: int | No
         if result.fraud is None:
             t0 = time.perf_counter()
             version, _ = train_and_publish(cfg, window, registry, bank=bank,
-                                           anomaly_version=result.anomaly.rsplit(":v", 1)[-1])
+                                           anomaly_version=str(ModelRef.parse(result.anomaly).version))
             result.fraud = version.tag
             result.seconds["fraud"] = round(time.perf_counter() - t0, 2)
             _save(state_path, result)
@@ -257,7 +257,7 @@ def run_cycle(cfg: FedfraudConfig, data: Path, registry: Path, *, bank: int | No
         evidence = {"cycle": cycle, "trigger": trigger, "window": [result.window_start, result.window_end],
                     "rows": result.rows, "frauds": result.frauds, "labels_used": result.labels_used}
         for kind, tag in (("anomaly", result.anomaly), ("fraud", result.fraud)):
-            reg.set_alias(kind, "challenger", tag.rsplit(":v", 1)[-1], actor=f"retrain:{trigger}",
+            reg.set_alias(kind, "challenger", ModelRef.parse(tag).version, actor=f"retrain:{trigger}",
                           reason=f"retrain cycle {cycle}", evidence=evidence)
         result.done = True
         _save(state_path, result)
