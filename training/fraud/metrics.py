@@ -1,6 +1,7 @@
 """Fraud metrics and the one decision-threshold rule, shared by local, centralized and federated models.
 
-Threshold rule: the score threshold that maximises F1 on validation data
+PR-AUC, F1 and recall at a false-positive rate are scikit-learn's; what it lacks is here. Threshold rule: the
+score threshold that maximises F1 on validation data
 (training cardholders held out by a hash of the cardholder). It is computed
 from per-threshold counts of positives and negatives, so the same function
 serves exact scores (local, centralized) and the summed score histograms that
@@ -12,6 +13,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 import numpy as np
+from sklearn import metrics
 
 __all__ = [
     "ClassificationMetrics",
@@ -39,48 +41,30 @@ def _check(y: np.ndarray, s: np.ndarray | None = None) -> tuple[np.ndarray, np.n
 
 
 def f1_score(y_true: np.ndarray, y_pred: np.ndarray) -> float:
-    """F1 of boolean predictions; 0 when there are no true and no predicted positives."""
+    """F1 of boolean predictions (scikit-learn's); 0 when there are no true and no predicted positives."""
     y, _ = _check(y_true)
-    p = np.asarray(y_pred).astype(bool).ravel()
-    tp = int(np.sum(y & p))
-    denom = int(y.sum() + p.sum())
-    return 0.0 if denom == 0 else 2.0 * tp / denom
+    return float(metrics.f1_score(y, np.asarray(y_pred).astype(bool).ravel(), zero_division=0.0))
 
 
 def pr_auc(y_true: np.ndarray, scores: np.ndarray) -> float:
-    """Area under the precision-recall curve as average precision, ``Σ (R_k − R_{k−1}) · P_k``.
-
-    Tied scores form one threshold (no interpolation), the estimator of
-    scikit-learn's ``average_precision_score``; NaN when there are no positives.
+    """Area under the precision-recall curve as average precision (scikit-learn's ``average_precision_score``:
+    tied scores form one threshold, no interpolation); NaN when there are no positives.
     """
     y, s = _check(y_true, scores)
-    assert s is not None
-    if not y.any():
-        return float("nan")
-    order = np.argsort(-s, kind="stable")
-    s, y = s[order], y[order]
-    last_of_tie = np.r_[np.flatnonzero(np.diff(s)), s.size - 1]
-    tp = np.cumsum(y)[last_of_tie]
-    predicted = last_of_tie + 1
-    precision = tp / predicted
-    recall = tp / y.sum()
-    return float(np.sum(np.diff(np.r_[0.0, recall]) * precision))
+    return float(metrics.average_precision_score(y, s)) if y.any() else float("nan")
 
 
 def recall_at_fpr(y_true: np.ndarray, scores: np.ndarray, max_fpr: float = 0.01) -> float:
-    """Highest recall of any threshold ``score >= t`` whose false-positive rate is at most ``max_fpr``."""
+    """Highest recall of any threshold ``score >= t`` whose false-positive rate is at most ``max_fpr``
+    (read off scikit-learn's ``roc_curve``); NaN when there are no positives.
+    """
     y, s = _check(y_true, scores)
-    assert s is not None
     if not y.any():
         return float("nan")
-    n_neg = int((~y).sum())
-    order = np.argsort(-s, kind="stable")
-    s, y = s[order], y[order]
-    last_of_tie = np.r_[np.flatnonzero(np.diff(s)), s.size - 1]
-    tp = np.cumsum(y)[last_of_tie]
-    fp = np.cumsum(~y)[last_of_tie]
-    ok = fp <= max_fpr * n_neg
-    return float(tp[ok].max() / y.sum()) if ok.any() else 0.0
+    if y.all():
+        return 1.0  # no negatives: no threshold has a false positive
+    fpr, tpr, _ = metrics.roc_curve(y, s, drop_intermediate=False)
+    return float(tpr[fpr <= max_fpr].max())
 
 
 def threshold_from_counts(thresholds: np.ndarray, pos_at_or_above: np.ndarray, neg_at_or_above: np.ndarray,
