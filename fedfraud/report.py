@@ -29,7 +29,7 @@ import numpy as np
 
 __all__ = ["TARGETS", "render_report", "render_saved", "scrub"]
 
-#: The targets the headline cards compare against (docs/benchmarks.md, "Targets at a glance"). A summary may carry
+#: The targets the headline cards compare against (the targets of the records under docs/results/). A summary may carry
 #: its own under ``"targets"``.
 TARGETS: dict[str, float] = {
     "stream_p99_ms": 50.0,  # `make demo` stream p99 ≤ 50 ms at its 250 tx/s

@@ -1,4 +1,5 @@
-"""``fedfraud bench``: benchmarks that print a markdown block for ``docs/benchmarks.md``.
+"""``fedfraud bench``: benchmarks that print a markdown block; ``bench --record NAME`` also writes the run's record
+(``docs/results/NAME/``), from which ``docs/benchmarks.md`` is rendered (``fedfraud.bench.records``).
 
 One function per subcommand on :data:`bench_app`; to add one (``anomaly``,
 ``serving``, ``tokenizer``), write ``@bench_app.command("name")`` below, import
@@ -10,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated
 
+import click
 import typer
 
 from fedfraud.cli.common import config_of, readable_file
@@ -19,17 +21,31 @@ __all__ = ["bench_app", "emit", "register"]
 
 bench_app = typer.Typer(
     name="bench",
-    help="Benchmarks; each prints a markdown block for docs/benchmarks.md (or writes it with --out).",
+    help="Benchmarks; each prints a markdown block (--out: to a file too; bench --record NAME: a record in "
+    "docs/results/NAME/, which docs/benchmarks.md is rendered from).",
     no_args_is_help=True,
 )
 
 
 
 @bench_app.callback()
-def _bench(ctx: typer.Context) -> None:
+def _bench(
+    ctx: typer.Context,
+    record: Annotated[
+        str | None, typer.Option("--record", metavar="NAME", help="also write the run's record to "
+                                 "docs/results/NAME/<date>-<commit>.json (docs/benchmarks.md is rendered from them)")
+    ] = None,
+    json_file: Annotated[Path | None, typer.Option("--json", help="also write the run's record to this file")] = None,
+) -> None:
     """Benchmarks are self-contained runs: with no bank secret set, each draws a random one (announced)."""
+    import re
+
+    from fedfraud.bench.machine import load_average
     from fedfraud.feature_store.privacy import per_run_secret
 
+    if record is not None and not re.fullmatch(r"[a-z0-9][a-z0-9-]*", record):
+        raise UserError(f"--record {record!r}: a name of lowercase letters, digits and dashes, e.g. serving-peers")
+    ctx.meta["bench_record"] = (record or ctx.invoked_subcommand, record is not None, json_file, load_average())
     per_run_secret(config_of(ctx).privacy)
 
 
@@ -41,13 +57,23 @@ DataOption = Annotated[Path | None, typer.Option("--data", help="or: an ingested
 OutOption = Annotated[Path | None, typer.Option("--out", help="write the markdown block to this file as well")]
 
 
-def emit(markdown: str, out: Path | None) -> None:
-    """Print a benchmark's markdown block and, with ``--out``, write it to a file."""
+def emit(markdown: str, out: Path | None, figures: object = None) -> None:
+    """Print a benchmark's markdown block and, with ``--out``, write it to a file; with ``bench --record`` /
+    ``--json``, write the run's record too (``figures``: the result object, kept as data when it is a dataclass).
+    """
     typer.echo(markdown)
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(markdown, encoding="utf-8")
         typer.echo(f"wrote {out}", err=True)
+    ctx = click.get_current_context(silent=True)
+    name, to_results, json_file, load_before = (ctx.meta.get("bench_record") if ctx else None) or ("", False, None, "")
+    if to_results or json_file is not None:
+        from fedfraud.bench.records import build_record, latest_records, write_record
+
+        record = build_record(name, markdown, load_before, figures, latest_records().get(name))
+        for path in ([json_file] if json_file is not None else []) + ([None] if to_results else []):
+            typer.echo(f"wrote record {write_record(record, path)}", err=True)
 
 
 @bench_app.command("features")
@@ -70,7 +96,7 @@ def features(
         emit(run_store_bench(store, cfg.features, cfg.encoder, cfg.privacy, cfg.egograph, quick=quick), out)
         return
     result = run_features_bench(pairs, quick, cfg.encoder, cfg.privacy, cfg.egograph)
-    emit(result.to_markdown(), out)
+    emit(result.to_markdown(), out, result)
 
 
 @bench_app.command("tokenizer")
@@ -440,6 +466,10 @@ def attacks(
     ] = 8,
     gradient_steps: Annotated[int, typer.Option("--gradient-steps", min=10, help="Adam steps per restart")] = 200,
     gradient_restarts: Annotated[int, typer.Option("--gradient-restarts", min=1, help="restarts per batch")] = 1,
+    hin2vec_only: Annotated[
+        bool, typer.Option("--hin2vec-only", help="run only the linkage and membership attacks on G-HIN2Vec "
+                           "embeddings (reuses --work's hin2vec model, e.g. that of `bench hin2vec`)")
+    ] = False,
     resamples: Annotated[int, typer.Option("--resamples", min=50, help="bootstrap resamples")] = 500,
     label: Annotated[str, typer.Option("--label", help="appended to the heading")] = "",
     out: OutOption = None,
@@ -452,6 +482,14 @@ def attacks(
     from fedfraud.bench.attacks import ATTACK_EPSILONS, run_attacks_bench
 
     _one_source(csv, data)
+    if hin2vec_only:
+        from fedfraud.bench.hin2vec_attacks import run_hin2vec_attacks
+
+        source = csv if csv is not None else data
+        assert source is not None  # _one_source: exactly one of them
+        emit(run_hin2vec_attacks(source, work, config_of(ctx, needs_secret=True), label=label,
+                                 resamples=resamples).to_markdown(), out)
+        return
     if inversion_only and not inversion:
         raise UserError("--inversion-only and --no-inversion contradict each other")
     if inversion_only and gradient_inversion_only:
@@ -565,6 +603,27 @@ def console(
 
     emit(run_console_bench(config_of(ctx, needs_secret=True), decisions=decisions, requests=requests).to_markdown(),
          out)
+
+
+@bench_app.command("hin2vec")
+def hin2vec(
+    ctx: typer.Context,
+    csv: CsvOption = None,
+    data: DataOption = None,
+    work: Annotated[Path, typer.Option("--work", help="data, the hin2vec registry and caches")] = Path(
+        "out/bench-hin2vec"),
+    rounds: Annotated[int | None, typer.Option("--rounds", min=1, help="G-HIN2Vec federated rounds")] = None,
+    reps: Annotated[int, typer.Option("--reps", min=50, help="cardholder-bootstrap replicates")] = 300,
+    label: Annotated[str, typer.Option("--label", help="heading label")] = "",
+    out: OutOption = None,
+) -> None:
+    """Federated XGBoost vs federated XGBoost + G-HIN2Vec columns: validation, then one test look with intervals."""
+    from fedfraud.bench.hin2vec import run_hin2vec_bench
+
+    _one_source(csv, data)
+    result = run_hin2vec_bench(csv or data, work, config_of(ctx, needs_secret=True), label=label, reps=reps,
+                               rounds=rounds)
+    emit(result.to_markdown(), out)
 
 
 def register(app: typer.Typer) -> None:
