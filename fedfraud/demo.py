@@ -768,7 +768,7 @@ def console_commands(out: Path, bank: int, secret_file: Path | None, token_file:
         lines.append(f"  export {' '.join(env)}   # in each terminal")
     lines += [f"  fedfraud --set features.repo_dir={repo} serve --registry {registry}   # prints \"embedded Tansu "
               "broker at HOST:PORT\"",
-              f"  fedfraud stream --source {quote(str(out / 'data'))} --bank {bank} --rate 100 "
+              f"  fedfraud stream --data {quote(str(out / 'data'))} --bank {bank} --rate 100 "
               "--bootstrap-servers HOST:PORT",
               f"  fedfraud console --bootstrap-servers HOST:PORT --registry {registry} --repo {repo}",
               "  then open http://127.0.0.1:8600/ and log in with the API token (docs/console.md)"]

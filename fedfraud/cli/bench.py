@@ -83,7 +83,8 @@ def features(
     quick: Annotated[bool, typer.Option("--quick", help="small sizes for a smoke run (~20 s)")] = False,
     out: OutOption = None,
     store: Annotated[
-        str | None, typer.Option("--store", help="instead: online feature-store latency on sqlite | redis")
+        str | None, typer.Option("--store", help="instead: online feature-store latency",
+                                 click_type=click.Choice(["sqlite", "redis"]))
     ] = None,
 ) -> None:
     """Encoder fidelity under LDP noise, featurizer / ego-graph throughput, state size, CSV ingest rate."""

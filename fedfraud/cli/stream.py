@@ -15,7 +15,9 @@ __all__ = ["register"]
 
 def stream_command(
     ctx: typer.Context,
-    source: Annotated[Path, typer.Option("--source", help="dataset folder (bank_<k>/transactions.parquet) or CSV")],
+    source: Annotated[Path, typer.Option("--data", "--source",
+                                         help="dataset folder (bank_<k>/transactions.parquet) or CSV (--source: "
+                                              "its old name)")],
     rate: Annotated[float, typer.Option("--rate", min=0, help="messages per second; 0 = as fast as possible")] = 0.0,
     bootstrap_servers: Annotated[
         str | None, typer.Option("--bootstrap-servers", help="Kafka cluster (default: serving.bootstrap_servers)")

@@ -70,7 +70,7 @@ def test_bad_option_is_one_line_error(tmp_path: Path, capsys: pytest.CaptureFixt
 @pytest.mark.parametrize(
     ("argv", "setup", "says"),
     [
-        (["stream", "--source", "{d}/empty.csv", "--bootstrap-servers", "127.0.0.1:1"], "empty", "CSV"),
+        (["stream", "--data", "{d}/empty.csv", "--bootstrap-servers", "127.0.0.1:1"], "empty", "CSV"),
         (["stream", "--source", "{d}/ds", "--bootstrap-servers", "127.0.0.1:1"], "corrupt", "parquet"),
         (["inspect", "--data", "{d}/ds", "--cardholder", "4000000000000001"], "corrupt", "parquet"),
         (["stream", "--source", "{d}/ok.csv", "--bootstrap-servers", "127.0.0.1:1"], "ok", "no Kafka broker"),
