@@ -18,6 +18,7 @@ from fedfraud.core.errors import ConfigError
 from fedfraud.feature_store.config import EgoGraphConfig, EncoderConfig, PrivacyConfig
 from fedfraud.feature_store.store_config import FeatureStoreConfig
 from fedfraud.training.data.config import GeneratorConfig, IngestConfig
+from fedfraud.training.embeddings.config import Hin2VecConfig
 from fedfraud.training.fraud.config import FraudConfig
 from fedfraud.training.anomaly.config import AnomalyConfig
 from fedfraud.training.federated.config import FederatedConfig
@@ -51,6 +52,7 @@ class FedfraudConfig(BaseModel):
     retrain: RetrainConfig = Field(default_factory=RetrainConfig)
     merchant_risk: MerchantRiskConfig = Field(default_factory=MerchantRiskConfig)
     merchant_noise: MerchantNoiseConfig = Field(default_factory=MerchantNoiseConfig)
+    hin2vec: Hin2VecConfig = Field(default_factory=Hin2VecConfig)
 
 
 def _parse_value(raw: str) -> Any:

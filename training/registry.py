@@ -42,7 +42,7 @@ AUDIT_FILE = "audit.jsonl"
 ALIASES = ("champion", "challenger")
 #: The command that publishes each kind, named in the error for an empty registry.
 TRAIN_COMMANDS = {"anomaly": "fedfraud train anomaly", "fraud": "fedfraud train fraud",
-                  "tokenizer": "fedfraud tokenizer train"}
+                  "tokenizer": "fedfraud tokenizer train", "hin2vec": "fedfraud train embeddings"}
 
 
 @contextmanager

@@ -22,12 +22,12 @@ if TYPE_CHECKING:
 
 __all__ = ["register"]
 
-KINDS = ("anomaly", "fraud", "tokenizer")
+KINDS = ("anomaly", "fraud", "tokenizer", "hin2vec")
 
 models_app = typer.Typer(name="models", help="Registry versions and the champion/challenger aliases.",
                          no_args_is_help=True)
 
-KindArg = Annotated[str, typer.Argument(help="model kind: anomaly, fraud or tokenizer")]
+KindArg = Annotated[str, typer.Argument(help="model kind: anomaly, fraud, tokenizer or hin2vec")]
 ReasonOption = Annotated[str, typer.Option("--reason", help="why (kept in the audit log)")]
 RegistryOption = Annotated[
     str | None, typer.Option("--registry", help="registry folder (default: serving.registry_root)")
