@@ -76,6 +76,7 @@ def test_epsilon_adds_private_rows_and_a_huge_epsilon_scores_as_the_clear_row(wo
     clear, huge, one = wide["fl+merchant-fed"], wide[private[1]], wide[private[0]]
     assert np.isclose(huge, clear, atol=1e-6).mean() > 0.99  # σ ≈ 0.002: the release is (nearly) the clear sum
     assert not np.allclose(clear, wide["fl"])  # the model reads the merchant columns, or no ε could show
+    assert not np.allclose(clear, wide["fl"])  # the model reads the merchant columns, or no ε could show
     assert not np.allclose(one, clear)
     printed = capsys.readouterr().out
     for text in ("**Private release**", "ε over the replayed period", "fl+merchant-fed ε=1 − fl+merchant-fed (paired)",
