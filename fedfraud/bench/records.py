@@ -170,9 +170,8 @@ def render_benchmarks(records: dict[str, dict[str, Any]]) -> str:
     out = [_INTRO]
     for name in sorted(records):
         r = records[name]
-        targets = ["Targets: " + "; ".join(r["targets"]) + "."] if r.get("targets") else []
-        head = [_run_line(r), f"`{r['command']}`", *targets]
-        out += [f"## {name}", *(line + "\\" for line in head[:-1]), head[-1], "", r["markdown"].strip("\n"), ""]
+        targets = " Targets: " + "; ".join(r["targets"]) + "." if r.get("targets") else ""
+        out += [f"## {name}", _run_line(r) + targets + "\\", f"`{r['command']}`", "", r["markdown"].strip("\n"), ""]
     return "\n".join(out).rstrip("\n") + "\n"
 
 
