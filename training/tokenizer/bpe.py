@@ -1,4 +1,4 @@
-"""FedByteBPE core (paper Algorithms 4-5) in plain Python: client counting and server aggregation.
+"""FedByteBPE core (paper Algorithms 4-5) with numpy: client counting and server aggregation.
 
 The Flower app (``server_app.py`` / ``client_app.py``) only moves the values
 these functions produce; all merge logic lives here so it is testable without
@@ -13,7 +13,13 @@ whose sum is > theta and picks the merge). ``mode="single"`` is the paper's one
 merge per round; ``mode="batched"`` takes up to ``merges_per_round`` pairs in
 rank order that cannot overlap in any word (no chosen pair's right token is
 another's left token), so applying them in sequence is the same as applying
-them at once and none changes another's count.
+them at once and none changes another's count. Which and how many merges a
+round takes is the server's post-processing of the round's releases: it
+changes neither a release's privacy nor what a client sends.
+
+A client's words are one flat array of token ids (no Python loop over words or
+pairs): counts are ``np.bincount`` over it and a broadcast is applied in groups
+of merges that can be applied at once (:func:`merge_groups`).
 """
 
 from __future__ import annotations
@@ -21,9 +27,10 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Literal
 
 import numpy as np
@@ -39,6 +46,9 @@ __all__ = [
     "FedBPEServer",
     "FedBPEResult",
     "aggregate",
+    "aggregate_arrays",
+    "merge_groups",
+    "rank_pairs",
     "select_merges",
     "sample_clients",
     "reference_bpe",
@@ -163,6 +173,7 @@ class Vocabulary:
         self.tokens: list[bytes] = [bytes([b]) for b in range(256)]
         self.ids: dict[bytes, int] = {t: i for i, t in enumerate(self.tokens)}
         self.merges: list[Merge] = []
+        self._rows = np.zeros((0, 3), dtype=np.int64)  # self.merges as an array, extended on demand
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -179,83 +190,205 @@ class Vocabulary:
         self.merges.append(merge)
         return merge
 
+    def merge_array(self, start: int = 0) -> np.ndarray:
+        """Merges from ``start`` on as an ``(n, 3)`` int64 array (left, right, new id): what is broadcast."""
+        done = len(self._rows)
+        if done < len(self.merges):
+            more = np.array([(m.left, m.right, m.new_id) for m in self.merges[done:]], dtype=np.int64)
+            self._rows = np.concatenate([self._rows, more])
+        return self._rows[start:]
+
     def merge_bytes(self) -> list[tuple[bytes, bytes]]:
         return [(self.tokens[m.left], self.tokens[m.right]) for m in self.merges]
 
 
+@lru_cache(maxsize=8)
+def _group_bounds(packed: bytes) -> tuple[tuple[int, int], ...]:
+    """:func:`merge_groups` as ``(start, stop)`` rows, cached by content: a process that serves many nodes groups
+    each broadcast once.
+    """
+    merges = np.frombuffer(packed, dtype=np.int64).reshape(-1, 3)
+    bounds, start = [], 0
+    for group in merge_groups(merges):
+        bounds.append((start, start + len(group)))
+        start += len(group)
+    return tuple(bounds)
+
+
+def merge_groups(merges: np.ndarray) -> list[np.ndarray]:
+    """Split an ``(n, 3)`` merge list (left, right, new id) into consecutive groups that can be applied at once.
+
+    A merge joins the current group unless applying it together with the group could differ from applying it
+    after the group: its left token is a right token of the group or its right token a left one (an ``a b`` +
+    ``b c`` chain), it is a self-pair ``a a`` touching a token the group uses, the group holds a self-pair on one
+    of its tokens, or it uses a token the group creates (``new id``; a byte string seen before keeps its id, so
+    that token may already exist). A server batch (:func:`select_merges`) is one group; a client that missed
+    several rounds gets one group per round or fewer.
+    """
+    groups: list[np.ndarray] = []
+    start = 0
+    lefts: set[int] = set()
+    rights: set[int] = set()
+    created: set[int] = set()
+    selfs: set[int] = set()
+    rows = merges.tolist()
+    for i, (a, b, n) in enumerate(rows):
+        if (a in rights or b in lefts or a in created or b in created or a in selfs or b in selfs
+                or (a == b and (a in lefts or a in rights))):
+            groups.append(merges[start:i])
+            start = i
+            lefts, rights, created, selfs = set(), set(), set(), set()
+        lefts.add(a)
+        rights.add(b)
+        created.add(n)
+        if a == b:
+            selfs.add(a)
+    if start < len(rows):
+        groups.append(merges[start:])
+    return groups
+
+
 class ClientState:
-    """One client's words as token-id sequences, with incrementally maintained unigram and pair counts."""
+    """One client's words as one flat array of token ids, counted with numpy (no Python loop over words or pairs).
+
+    ``_tok`` holds every word's token ids back to back and ``_wid`` the word each position belongs to, so a pair is
+    two neighbouring positions of the same word and its count is the sum of the word frequencies at its positions
+    (``np.bincount``). A merge batch is applied to all words at once: find the positions where one of the batch's
+    pairs starts, write the new id there and drop the right-hand positions. Counts are computed when a release
+    needs them, over the current array (a few hundred thousand positions per institution, milliseconds).
+    """
 
     def __init__(self, word_counts: Mapping[bytes, int]) -> None:
         items = [(w, c) for w, c in word_counts.items() if w and c > 0]
-        self.words: list[list[int]] = [list(w) for w, _ in items]
         self.freqs = np.array([c for _, c in items], dtype=np.int64)
-        self._freqs: list[int] = self.freqs.tolist()  # Python ints for the per-word loops
+        lengths = np.fromiter((len(w) for w, _ in items), dtype=np.int64, count=len(items))
+        self._tok = np.frombuffer(b"".join(w for w, _ in items), dtype=np.uint8).astype(np.int64)
+        self._wid = np.repeat(np.arange(len(items), dtype=np.int64), lengths)
+        self._pairs_cache: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
         self.applied = 0  # number of global merges applied so far
         self.vocab_size = 256  # ids 0..vocab_size-1 exist (bytes + merges seen): the public single-phase domain
-        self.unigrams: Counter[int] = Counter()
-        self.pairs: Counter[int] = Counter()  # keyed by pair_code
-        self.where: dict[int, set[int]] = defaultdict(set)
-        for i, word in enumerate(self.words):
-            self._add(i, word, self._freqs[i])
+
+    @classmethod
+    def from_arrays(
+        cls, tokens: np.ndarray, lengths: np.ndarray, freqs: np.ndarray, applied: int = 0, vocab_size: int = 256,
+    ) -> ClientState:
+        """Rebuild a state from :meth:`to_arrays` (e.g. a node's ``Context.state`` in another process)."""
+        state = cls({})
+        state.freqs = np.asarray(freqs, dtype=np.int64)
+        state._tok = np.asarray(tokens, dtype=np.int64)
+        state._wid = np.repeat(np.arange(len(state.freqs), dtype=np.int64), np.asarray(lengths, dtype=np.int64))
+        if len(state._wid) != len(state._tok):
+            raise ValueError("word lengths do not add up to the token array")
+        state.applied, state.vocab_size = int(applied), int(vocab_size)
+        return state
+
+    def to_arrays(self) -> dict[str, np.ndarray]:
+        """Token ids, tokens per word and word frequencies, in the smallest integer types that hold them: everything
+        :meth:`from_arrays` needs besides ``applied`` and ``vocab_size``.
+        """
+        lengths = np.bincount(self._wid, minlength=len(self.freqs))
+        return {
+            "tokens": self._tok.astype(np.uint16 if self.vocab_size <= 1 << 16 else np.int32),
+            "lengths": lengths.astype(np.uint16 if not len(lengths) or lengths.max() < 1 << 16 else np.int32),
+            "freqs": self.freqs.astype(np.int32 if not len(self.freqs) or self.freqs.max() < 1 << 31 else np.int64),
+        }
 
     @property
     def empty(self) -> bool:
-        return not self.words
+        return not len(self.freqs)
 
-    def _add(self, i: int, word: list[int], f: int, sign: int = 1) -> None:
-        for t in word:
-            self.unigrams[t] += sign * f
-        for a, b in zip(word, word[1:], strict=False):
-            code = a << _SHIFT | b
-            self.pairs[code] += sign * f
-            if sign > 0:
-                self.where[code].add(i)
+    @property
+    def words(self) -> list[list[int]]:
+        """Each word's current token ids (in the order of the counted corpus; for tests and inspection)."""
+        cuts = np.flatnonzero(np.diff(self._wid)) + 1
+        return [part.tolist() for part in np.split(self._tok, cuts)] if len(self._tok) else []
 
-    def apply(self, merges: Sequence[Merge]) -> None:
-        """ClientUpdateDataset: replace each ``left right`` by ``new_id`` in every word, in merge order."""
-        if not merges:
+    def _weights(self, kept: np.ndarray | None = None) -> np.ndarray:
+        """Per-position weight: the word's frequency (or its subsampled count)."""
+        return (self.freqs if kept is None else kept)[self._wid].astype(np.float64)
+
+    def _pair_arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Left ids, right ids and the position of the left token, for every pair inside a word (cached until the
+        next merge).
+        """
+        if self._pairs_cache is None:
+            same = np.flatnonzero(self._wid[:-1] == self._wid[1:])
+            self._pairs_cache = (self._tok[same], self._tok[same + 1], same)
+        return self._pairs_cache
+
+    def _unigram_counts(self, weights: np.ndarray) -> np.ndarray:
+        """Count of every id ``0..vocab_size-1``."""
+        return np.bincount(self._tok, weights=weights, minlength=self.vocab_size)
+
+    def _pair_counts(self, weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Distinct pair codes (sorted) and their counts."""
+        left, right, pos = self._pair_arrays()
+        codes, inverse = np.unique((left << _SHIFT) | right, return_inverse=True)
+        return codes, np.bincount(inverse, weights=weights[pos], minlength=len(codes))
+
+    @property
+    def unigrams(self) -> dict[int, int]:
+        """Non-zero token counts (for tests and inspection; releases count with numpy)."""
+        counts = self._unigram_counts(self._weights())
+        ids = np.flatnonzero(counts)
+        return dict(zip(ids.tolist(), counts[ids].astype(np.int64).tolist(), strict=True))
+
+    @property
+    def pairs(self) -> dict[int, int]:
+        """Non-zero pair counts keyed by :func:`pair_code` (for tests and inspection)."""
+        codes, counts = self._pair_counts(self._weights())
+        return dict(zip(codes.tolist(), counts.astype(np.int64).tolist(), strict=True))
+
+    def apply(self, merges: Sequence[Merge] | np.ndarray) -> None:
+        """ClientUpdateDataset: replace each ``left right`` by ``new_id`` in every word, in merge order.
+
+        ``merges``: :class:`Merge` objects or an ``(n, 3)`` int array (left, right, new id), as broadcast. They are
+        applied in groups (:func:`merge_groups`) whose result equals applying them one by one.
+        """
+        if len(merges) == 0:
             return
-        for m in merges:
-            left, right, new = m.left, m.right, m.new_id
-            self.vocab_size = max(self.vocab_size, new + 1)
-            # ``where`` keeps indices of words that once held the pair; a merge cannot re-create its own pair
-            # (the new token differs from both parts), so the entry is dropped and stale indices are skipped.
-            for i in self.where.pop(pair_code(left, right), ()):
-                word = self.words[i]
-                n = len(word)
-                out, j = [], 0
-                while j < n:
-                    if j + 1 < n and word[j] == left and word[j + 1] == right:
-                        out.append(new)
-                        j += 2
-                    else:
-                        out.append(word[j])
-                        j += 1
-                if len(out) == n:
-                    continue
-                f = self._freqs[i]
-                self._add(i, word, f, sign=-1)
-                self.words[i] = out
-                self._add(i, out, f)
-            self.applied += 1
-        for c in (self.unigrams, self.pairs):
-            for k in [k for k, v in c.items() if v <= 0]:
-                del c[k]
+        if isinstance(merges, np.ndarray):
+            arr = merges.astype(np.int64, copy=False).reshape(-1, 3)
+        else:
+            arr = np.array([(m.left, m.right, m.new_id) for m in merges], dtype=np.int64)
+        self.vocab_size = max(self.vocab_size, int(arr[:, 2].max()) + 1)
+        for a, b in _group_bounds(arr.tobytes()):
+            self._apply_group(arr[a:b])
+        self.applied += len(arr)
 
-    def _subsampled(self, rng: np.random.Generator, p: float) -> tuple[Counter[int], Counter[int]]:
-        """Counts over a fresh Binomial(f, p) sample of the word occurrences (RandomSampler(D_i, p))."""
-        kept = rng.binomial(self.freqs, p)
-        uni: Counter[int] = Counter()
-        pairs: Counter[int] = Counter()
-        for i in np.flatnonzero(kept):
-            f = int(kept[i])
-            word = self.words[i]
-            for t in word:
-                uni[t] += f
-            for a, b in zip(word, word[1:], strict=False):
-                pairs[a << _SHIFT | b] += f
-        return uni, pairs
+    def _apply_group(self, group: np.ndarray) -> None:
+        if len(self._tok) < 2:
+            return
+        codes = (group[:, 0] << _SHIFT) | group[:, 1]
+        order = np.argsort(codes, kind="stable")
+        codes, new_ids = codes[order], group[order, 2]
+        left, right, pos = self._pair_arrays()
+        is_left = np.zeros(self.vocab_size, dtype=bool)
+        is_left[group[:, 0]] = True
+        cand = np.flatnonzero(is_left[left])  # positions whose left token starts some pair of the group
+        here = (left[cand] << _SHIFT) | right[cand]
+        idx = np.minimum(np.searchsorted(codes, here), len(codes) - 1)
+        hit = codes[idx] == here
+        starts, targets = pos[cand[hit]], new_ids[idx[hit]]
+        if not len(starts):
+            return
+        # Two hits at neighbouring positions can only be one self-pair ``a a`` in a run (``a a a``): merge left to
+        # right, i.e. keep every other position of each run of consecutive starts.
+        if len(starts) > 1 and bool(np.any(np.diff(starts) == 1)):
+            k = np.arange(len(starts))
+            run_start = np.maximum.accumulate(np.where(np.r_[True, np.diff(starts) != 1], k, 0))
+            keep = (k - run_start) % 2 == 0
+            starts, targets = starts[keep], targets[keep]
+        tok = self._tok.copy()
+        tok[starts] = targets
+        alive = np.ones(len(tok), dtype=bool)
+        alive[starts + 1] = False
+        self._tok, self._wid = tok[alive], self._wid[alive]
+        self._pairs_cache = None
+
+    def _subsampled_weights(self, rng: np.random.Generator, p: float) -> np.ndarray:
+        """Weights over a fresh Binomial(f, p) sample of the word occurrences (RandomSampler(D_i, p))."""
+        return self._weights(rng.binomial(self.freqs, p))
 
     def release(
         self, phase: Literal["single", "pair"], params: ReleaseParams, rng: np.random.Generator,
@@ -268,77 +401,123 @@ class ClientState:
         """
         if self.empty and params.epsilon is None:
             return Release.nothing()
-        if params.p < 1.0:
-            uni, pairs = self._subsampled(rng, params.p)
-        else:
-            uni, pairs = self.unigrams, self.pairs
-        counts = uni if phase == "single" else pairs
+        weights = self._subsampled_weights(rng, params.p) if params.p < 1.0 else self._weights()
+        allowed = np.unique(np.fromiter(() if allowed_left is None else allowed_left, dtype=np.int64))
         if params.epsilon is not None:
-            return self._dense_release(phase, counts, params, rng, allowed_left)
-        keys = np.fromiter(counts.keys(), dtype=np.int64, count=len(counts))
-        values = np.fromiter(counts.values(), dtype=np.float64, count=len(counts))
-        if phase == "pair":
-            allowed = np.fromiter(() if allowed_left is None else allowed_left, dtype=np.int64)
-            mask = np.isin(keys >> _SHIFT, allowed)
+            return self._dense_release(phase, weights, params, rng, allowed)
+        if phase == "single":
+            counts = self._unigram_counts(weights)
+            keys = np.flatnonzero(counts)
+            values = counts[keys]
+        else:
+            keys, values = self._pair_counts(weights)
+            mask = np.isin(keys >> _SHIFT, allowed) & (values > 0)
             keys, values = keys[mask], values[mask]
         if not len(keys):
             return Release.nothing()
         return self._top(phase, keys, values, params)
 
     def _dense_release(
-        self, phase: str, counts: Counter[int], params: ReleaseParams, rng: np.random.Generator,
-        allowed: Iterable[int] | None,
+        self, phase: str, weights: np.ndarray, params: ReleaseParams, rng: np.random.Generator, tokens: np.ndarray,
     ) -> Release:
         """Noisy counts of every key of the public domain: all token ids, or all pairs of allowed tokens."""
         if phase == "single":
             keys = np.arange(self.vocab_size, dtype=np.int64)
+            values = self._unigram_counts(weights)[: self.vocab_size]
         else:
-            tokens = np.unique(np.fromiter(() if allowed is None else allowed, dtype=np.int64))
             if not len(tokens):
                 return Release.nothing(nvl=False)
+            n = len(tokens)
             keys = ((tokens[:, None] << _SHIFT) | tokens[None, :]).ravel()
-        values = np.fromiter((counts.get(int(k), 0) for k in keys), dtype=np.float64, count=len(keys))
-        values += rng.laplace(0.0, params.noise_scale, size=len(keys))
+            rank = np.full(max(self.vocab_size, int(tokens[-1]) + 1), -1, dtype=np.int64)
+            rank[tokens] = np.arange(n)
+            left, right, pos = self._pair_arrays()
+            li, ri = rank[left], rank[right]
+            inside = (li >= 0) & (ri >= 0)
+            values = np.bincount(li[inside] * n + ri[inside], weights=weights[pos[inside]], minlength=n * n)
+        values = values + rng.laplace(0.0, params.noise_scale, size=len(keys))
         return self._top(phase, keys, values, params)
 
     @staticmethod
     def _top(phase: str, keys: np.ndarray, values: np.ndarray, params: ReleaseParams) -> Release:
-        order = np.argsort(-values, kind="stable")
-        if params.top_n is not None:
-            order = order[: params.top_n]
+        """Keys by decreasing value (ties: the order given, i.e. by id or pair code), the first ``top_n``."""
+        neg = -values
+        if params.top_n is not None and params.top_n < len(neg):
+            # the top_n of a stable sort without sorting everything: candidates up to the top_n-th value (ties
+            # included, in key order), then a stable sort of those
+            kth = np.partition(neg, params.top_n - 1)[params.top_n - 1]
+            cand = np.flatnonzero(neg <= kth)
+            order = cand[np.argsort(neg[cand], kind="stable")][: params.top_n]
+        else:
+            order = np.argsort(neg, kind="stable")
         keys, values = keys[order], values[order]
         if phase == "single":
             return Release(keys, values)
         return Release(keys >> _SHIFT, values, keys & _LOW)
 
 
-def aggregate(releases: Iterable[Release], theta: float) -> dict[Key, float]:
-    """ServerAggregateTuples: sum the noisy counts per key and keep keys whose sum is > theta."""
+def aggregate_arrays(releases: Iterable[Release], theta: float) -> tuple[np.ndarray, np.ndarray]:
+    """ServerAggregateTuples on arrays: the distinct key codes (sorted) whose summed noisy count is > theta, and
+    those sums (single ids, or pairs packed by :func:`pair_code`).
+    """
     rels = [r for r in releases if len(r.left)]
     if not rels:
-        return {}
+        return np.zeros(0, np.int64), np.zeros(0, np.float64)
     codes = np.concatenate([r.codes for r in rels])
     values = np.concatenate([r.values for r in rels])
     uniq, inverse = np.unique(codes, return_inverse=True)
     totals = np.bincount(inverse, weights=values, minlength=len(uniq))  # sums in arrival order, as a loop would
     keep = totals > theta
-    kept_codes, kept_totals = uniq[keep].tolist(), totals[keep].tolist()
-    if rels[0].right is None:
-        return dict(zip(kept_codes, kept_totals, strict=True))
-    return {(c >> _SHIFT, c & _LOW): v for c, v in zip(kept_codes, kept_totals, strict=True)}
+    return uniq[keep], totals[keep]
+
+
+def aggregate(releases: Iterable[Release], theta: float) -> dict[Key, float]:
+    """ServerAggregateTuples: sum the noisy counts per key and keep keys whose sum is > theta."""
+    rels = [r for r in releases if len(r.left)]
+    codes, totals = aggregate_arrays(rels, theta)
+    if not rels or rels[0].right is None:
+        return dict(zip(codes.tolist(), totals.tolist(), strict=True))
+    return {(c >> _SHIFT, c & _LOW): v for c, v in zip(codes.tolist(), totals.tolist(), strict=True)}
+
+
+def rank_pairs(codes: np.ndarray, totals: np.ndarray, vocab: Vocabulary) -> np.ndarray:
+    """Order of pairs by total, descending (ties: smaller left bytes, then smaller right bytes)."""
+    left, right = codes >> _SHIFT, codes & _LOW
+    ids = np.unique(np.concatenate([left, right]))
+    by_bytes = sorted(ids.tolist(), key=vocab.tokens.__getitem__)
+    rank = np.zeros(int(ids[-1]) + 1 if len(ids) else 0, dtype=np.int64)
+    rank[np.asarray(by_bytes, dtype=np.int64)] = np.arange(len(by_bytes))
+    return np.lexsort((rank[right], rank[left], -totals))
 
 
 def select_merges(
-    pair_totals: Mapping[Pair, float], vocab: Vocabulary, limit: int, mode: Literal["single", "batched"]
+    pair_totals: Mapping[Pair, float] | tuple[np.ndarray, np.ndarray], vocab: Vocabulary, limit: int,
+    mode: Literal["single", "batched"], min_ratio: float = 0.0,
 ) -> list[Pair]:
-    """Rank pairs by total (ties: smaller left bytes, then right bytes) and pick one, or a disjoint batch."""
-    ranked = sorted(pair_totals.items(), key=lambda kv: (-kv[1], vocab.tokens[kv[0][0]], vocab.tokens[kv[0][1]]))
+    """Rank pairs by total (ties: smaller left bytes, then right bytes) and pick one, or a conflict-free batch.
+
+    ``pair_totals``: ``{(left, right): total}`` or the ``(codes, totals)`` arrays of :func:`aggregate_arrays`.
+    Batched: up to ``limit`` pairs, or more when more than ``limit`` pairs have a total of at least ``min_ratio``
+    times the best one (a flat ranking: the order among them says little, so one round takes them all).
+    """
+    if isinstance(pair_totals, tuple):
+        codes, totals = pair_totals
+    else:
+        codes = np.fromiter((pair_code(a, b) for a, b in pair_totals), dtype=np.int64, count=len(pair_totals))
+        totals = np.fromiter(pair_totals.values(), dtype=np.float64, count=len(pair_totals))
+    if not len(codes):
+        return []
+    order = rank_pairs(codes, totals, vocab)
+    ranked = codes[order]
     if mode == "single" or limit <= 1:
-        return [ranked[0][0]] if ranked else []
+        return [(int(ranked[0]) >> _SHIFT, int(ranked[0]) & _LOW)]
+    if min_ratio > 0:
+        limit = max(limit, int(np.count_nonzero(totals >= min_ratio * totals[order[0]])))
     chosen: list[Pair] = []
     lefts: set[int] = set()
     rights: set[int] = set()
-    for (a, b), _ in ranked:
+    for code in ranked.tolist():
+        a, b = code >> _SHIFT, code & _LOW
         # (a, b) and (c, d) can overlap in a word only if b == c or d == a; a pair whose right token is the
         # left of a chosen pair would also have its count changed by that merge. Skip such pairs this round.
         if a in rights or b in lefts or (a == b and (a in lefts or a in rights)):
@@ -381,6 +560,7 @@ class FedBPEServer:
         mode: Literal["single", "batched"] = "single",
         merges_per_round: int = 1,
         merges_growth: float = 0.0,
+        merges_ratio: float = 0.0,
         k_fraction: float = 1.0,
         release: ReleaseParams | None = None,
         pair_tokens: int = 128,
@@ -393,6 +573,7 @@ class FedBPEServer:
         self.mode = mode
         self.merges_per_round = merges_per_round if mode == "batched" else 1
         self.merges_growth = merges_growth if mode == "batched" else 0.0
+        self.merges_ratio = merges_ratio if mode == "batched" else 0.0
         self.k_fraction = k_fraction
         self.release = release or ReleaseParams()
         self.pair_tokens = pair_tokens
@@ -425,17 +606,17 @@ class FedBPEServer:
         """Token ids U whose aggregated noisy unigram count is > theta; with noise, only the ``pair_tokens`` largest
         (the pair phase's public domain is U × U, released densely by every client).
         """
-        kept = aggregate(releases, self.theta)
-        if self.release.epsilon is not None and len(kept) > self.pair_tokens:
-            kept = dict(sorted(kept.items(), key=lambda kv: -kv[1])[: self.pair_tokens])
-        return sorted(int(k) for k in kept)  # type: ignore[arg-type]
+        ids, totals = aggregate_arrays(releases, self.theta)
+        if self.release.epsilon is not None and len(ids) > self.pair_tokens:
+            ids = np.sort(ids[np.argsort(-totals, kind="stable")[: self.pair_tokens]])
+        return ids.tolist()
 
     def pair_phase(self, releases: Iterable[Release]) -> list[Merge]:
         """Pick this round's merge(s) and extend the vocabulary; an empty list halts (no vocabulary left)."""
         rels = list(releases)
-        totals = aggregate(rels, self.theta)
+        totals = aggregate_arrays(rels, self.theta)
         budget = self.target_tokens - len(self.vocab)
-        pairs = select_merges(totals, self.vocab, min(self.round_limit, budget), self.mode)  # type: ignore[arg-type]
+        pairs = select_merges(totals, self.vocab, self.round_limit, self.mode, self.merges_ratio)[:budget]
         self.rounds += 1
         if not pairs:
             self.stop_reason = "no vocabulary left"
@@ -486,7 +667,7 @@ def train_in_process(
     pending: list[Merge] = []
     while not server.done and server.rounds < max_rounds:
         for name in names:  # ClientUpdateDataset for all clients (done lazily before they count)
-            clients[name].apply(server.vocab.merges[clients[name].applied :])
+            clients[name].apply(server.vocab.merge_array(clients[name].applied))
         singles = [clients[c].release("single", server.release, rngs[c]) for c in server.sample(names)]
         kept = server.single_phase(singles)
         pairs = [clients[c].release("pair", server.release, rngs[c], kept) for c in server.sample(names)]

@@ -27,6 +27,12 @@ class TokenizerConfig(BaseModel):
         description="batched mode: allow up to merges_growth × current vocabulary merges per round when that "
         "exceeds merges_per_round (0: fixed batch)",
     )
+    merges_ratio: float = Field(
+        0.0, ge=0.0, le=1.0,
+        description="batched mode: a round may take more merges than its limit when that many pairs have a total of "
+        "at least merges_ratio × the round's best (a flat ranking; 0: off). With exact counts 0.5 halves the rounds "
+        "at equal psi; under the default noise it costs psi at 8k (docs/tokenizer.md)",
+    )
     theta: float = Field(8.0, ge=0.0, description="server threshold: keep keys whose aggregated count is > theta")
     epsilon: float = Field(
         1.0, gt=0.0, description="Laplace ε of one release for one document (noise off only with --no-privacy)"

@@ -18,7 +18,6 @@ from importlib import resources
 from typing import Protocol
 
 from fedfraud.core.errors import UserError
-from fedfraud.feature_store.schema import luhn_ok
 
 __all__ = [
     "PII_LABELS",
@@ -69,6 +68,15 @@ class Recognizer(Protocol):
 
 
 # -- checksums ---------------------------------------------------------------
+
+
+def luhn_ok(digits: str) -> bool:
+    """:func:`fedfraud.feature_store.schema.luhn_ok`, imported on first use: that module pulls in pandas, which a
+    tokenizer client process (a Ray actor per CPU) otherwise never needs.
+    """
+    from fedfraud.feature_store.schema import luhn_ok as check
+
+    return check(digits)
 
 
 def iban_ok(iban: str) -> bool:

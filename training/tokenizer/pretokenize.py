@@ -9,11 +9,13 @@ also keeps card, account and phone numbers out of the vocabulary).
 
 from __future__ import annotations
 
+import bisect
 import logging
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from functools import lru_cache
+from itertools import accumulate
 
 from tokenizers import Regex, decoders, pre_tokenizers
 
@@ -71,6 +73,12 @@ def build_decoder() -> decoders.Decoder:
 @lru_cache(maxsize=1)
 def _shared_pre_tokenizer() -> pre_tokenizers.PreTokenizer:
     return build_pre_tokenizer()
+
+
+@lru_cache(maxsize=1)
+def _shared_split() -> pre_tokenizers.PreTokenizer:
+    """The first stage of :func:`build_pre_tokenizer` alone (the words before the byte-level mapping)."""
+    return pre_tokenizers.Split(Regex(PRETOKENIZE_PATTERN), behavior="isolated", invert=False)
 
 
 def pretokenize(text: str) -> list[str]:
@@ -145,17 +153,61 @@ class CorpusPipeline:
         """Per-client word frequencies over wiped, pre-tokenized, byte-level text; with ``max_doc_bytes`` each
         document contributes only its first words up to that many bytes (the bound the privacy account needs).
         """
+        if self.pretokenizer is not pretokenize:  # a swapped pre-tokenizer: its byte-level words as they come
+            report = CorpusReport()
+            counts: Counter[str] = Counter()
+            for text in self.masked_texts(docs, report):
+                words = self.pretokenizer(text)
+                if max_doc_bytes is not None:
+                    words = _first_bytes(words, max_doc_bytes)
+                report.words += len(words)
+                counts.update(words)
+            self._log_skips(report)
+            return counts, report
+        raw, report = self.count_word_bytes(docs, max_doc_bytes)
+        table = bytes_to_unicode()
+        return Counter({"".join(table[b] for b in w): c for w, c in raw.items()}), report
+
+    def count_word_bytes(
+        self, docs: Iterable[str | bytes], max_doc_bytes: int | None = None
+    ) -> tuple[dict[bytes, int], CorpusReport]:
+        """:meth:`count_words` keyed by the words' UTF-8 bytes (what the BPE counts), without the byte-level strings.
+
+        The default pre-tokenizer is split into its two stages: the ``tokenizers`` regex split runs on every
+        document, and the byte-level mapping (a bijection) only on the distinct words, after counting.
+        """
+        if self.pretokenizer is not pretokenize:
+            counts, report = self.count_words(docs, max_doc_bytes)
+            table = unicode_to_bytes()
+            out: dict[bytes, int] = {}
+            for word, n in counts.items():
+                key = bytes(table[c] for c in word)
+                out[key] = out.get(key, 0) + n
+            return out, report
         report = CorpusReport()
-        counts: Counter[str] = Counter()
+        split = _shared_split()
+        words: Counter[str] = Counter()
         for text in self.masked_texts(docs, report):
-            words = self.pretokenizer(text)
-            if max_doc_bytes is not None:
-                words = _first_bytes(words, max_doc_bytes)
-            report.words += len(words)
-            counts.update(words)
+            if max_doc_bytes is not None and len(text) > max_doc_bytes + 1:
+                # words within the first max_doc_bytes bytes lie within as many characters; splitting a prefix
+                # longer than that changes only its last piece, which ends past the budget and is dropped below
+                text = text[: max_doc_bytes + 2]
+            pieces = split.pre_tokenize_str(text)
+            if max_doc_bytes is not None and len(text.encode("utf-8")) > max_doc_bytes:  # else every word fits
+                if text.isascii():  # one byte per character: lengths from the offsets
+                    sizes = accumulate(e - s for _, (s, e) in pieces)
+                else:
+                    sizes = accumulate(len(w.encode("utf-8")) for w, _ in pieces)
+                pieces = pieces[: bisect.bisect_right(list(sizes), max_doc_bytes)]
+            report.words += len(pieces)
+            words.update(w for w, _ in pieces)
+        self._log_skips(report)
+        return {w.encode("utf-8"): c for w, c in words.items()}, report
+
+    @staticmethod
+    def _log_skips(report: CorpusReport) -> None:
         if report.skipped:
             log.info("corpus skipped %s of %d documents", report.skipped, report.documents)
-        return counts, report
 
 
 def _first_bytes(words: list[str], budget: int) -> list[str]:

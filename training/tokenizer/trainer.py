@@ -15,7 +15,7 @@ from typing import Any
 
 from tokenizers import Tokenizer, models, trainers
 
-from fedfraud.training.tokenizer.bpe import ClientState, FedBPEServer, ReleaseParams, train_in_process, words_to_bytes
+from fedfraud.training.tokenizer.bpe import ClientState, FedBPEServer, ReleaseParams, train_in_process
 from fedfraud.training.tokenizer.config import TokenizerConfig
 from fedfraud.training.tokenizer.export import build_tokenizer, save_tokenizer
 from fedfraud.training.tokenizer.pretokenize import CorpusPipeline, build_decoder, build_pre_tokenizer, bytes_to_unicode
@@ -66,6 +66,7 @@ def server_settings(cfg: TokenizerConfig, corpus_path: Path, privacy: bool = Tru
         "mode": cfg.mode,
         "merges-per-round": cfg.merges_per_round,
         "merges-growth": cfg.merges_growth,
+        "merges-ratio": cfg.merges_ratio,
         "max-rounds": cfg.max_rounds,
         "seed": cfg.seed,
         "ner": cfg.ner,
@@ -132,13 +133,14 @@ def train_federated_inprocess(
     start = time.perf_counter()
     pipe = CorpusPipeline()
     bound = cfg.max_doc_bytes if privacy else None
-    states = {name: ClientState(words_to_bytes(pipe.count_words(docs, bound)[0])) for name, docs in clients.items()}
+    states = {name: ClientState(pipe.count_word_bytes(docs, bound)[0]) for name, docs in clients.items()}
     server = FedBPEServer(
         cfg.vocab_size - len(cfg.special_tokens),
         theta=cfg.theta,
         mode=cfg.mode,
         merges_per_round=cfg.merges_per_round,
         merges_growth=cfg.merges_growth,
+        merges_ratio=cfg.merges_ratio,
         k_fraction=cfg.k_fraction,
         release=ReleaseParams(
             p=cfg.p, epsilon=cfg.epsilon if privacy else None, sensitivity=float(bound or 1), top_n=cfg.top_n

@@ -16,8 +16,8 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from fedfraud.training.tokenizer.bpe import Merge, ReleaseParams
-from fedfraud.training.tokenizer.federated.task import client_state
+from fedfraud.training.tokenizer.bpe import ReleaseParams
+from fedfraud.training.tokenizer.federated.task import client_state, remember_merges
 
 __all__ = ["app"]
 
@@ -33,18 +33,22 @@ def query(msg: Message, context: Context) -> Message:
     partition = int(context.node_config.get("partition-id", 0))
     eps = float(cfg["epsilon"])
     bound = int(cfg["max-doc-bytes"]) if eps > 0 else None  # the sensitivity bound is part of the mechanism
+    run = context.run_id
     state, report = client_state(
-        str(cfg["corpus-path"]), partition, bool(cfg.get("ner", False)), context.state, max_doc_bytes=bound
+        str(cfg["corpus-path"]), partition, bool(cfg.get("ner", False)), context.state, max_doc_bytes=bound, run=run
     )
     base = int(cfg["merge-base"])
+    sent = msg.content["broadcast"] if "broadcast" in msg.content else ArrayRecord()
+    delta = sent["merges"].numpy() if "merges" in sent else np.zeros((0, 3), np.int64)  # (n, 3): left, right, new id
+    known = remember_merges(run, base, delta)
+    if state.applied < len(known):  # catch up (merges this node received while another process served it) + delta
+        state.apply(known[state.applied :])
     reply = ConfigRecord({"applied": state.applied})
-    if state.applied < base:  # this process never saw earlier merges: ask the server to re-send them
+    if state.applied < base:  # this process never saw some earlier merges: ask the server to re-send them
         reply["resync"] = True
         return Message(RecordDict({"release": reply}), reply_to=msg)
-    sent = msg.content["broadcast"] if "broadcast" in msg.content else ArrayRecord()
-    if "merges" in sent:
-        rows = sent["merges"].numpy().tolist()  # (n, 3): left, right, new id
-        state.apply([Merge(a, b, c) for a, b, c in rows[state.applied - base :]])
+    if state.applied < base + len(delta):  # a delta this process could not file (it lacked merges before base)
+        state.apply(delta[state.applied - base :])
     params = ReleaseParams(
         p=float(cfg["p"]),
         epsilon=eps if eps > 0 else None,
@@ -58,9 +62,10 @@ def query(msg: Message, context: Context) -> Message:
     reply["nvl"] = rel.nvl
     content = RecordDict({"release": reply})
     if len(rel.left):
-        counts = {"left": Array(rel.left), "values": Array(rel.values)}
+        # ids travel as int32 (a vocabulary is far below 2**31): the reply stays small enough to pass inline
+        counts = {"left": Array(rel.left.astype(np.int32)), "values": Array(rel.values)}
         if rel.right is not None:
-            counts["right"] = Array(rel.right)
+            counts["right"] = Array(rel.right.astype(np.int32))
         content["counts"] = ArrayRecord(counts)
     content["metrics"] = MetricRecord({"kept-docs": report.kept, "skipped-docs": sum(report.skipped.values())})
     return Message(content, reply_to=msg)

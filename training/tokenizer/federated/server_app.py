@@ -43,6 +43,7 @@ DEFAULTS: dict[str, Any] = {
     "mode": "batched",
     "merges-per-round": 128,
     "merges-growth": 1 / 16,
+    "merges-ratio": 0.0,
     "max-rounds": 100_000,
     "seed": 7,
     "ner": False,
@@ -86,6 +87,25 @@ def _release_of(content: RecordDict) -> Release:
     return Release(arrays["left"].numpy(), arrays["values"].numpy(), right, nvl)
 
 
+def _send_and_receive(grid: Grid, messages: list[Message], first: float = 0.002, most: float = 0.02) -> list[Message]:
+    """``grid.send_and_receive`` with a poll every ``first`` seconds, backing off to ``most``.
+
+    Flower's own loop sleeps a fixed 0.1 s (in-memory grid) or 3 s (deployment grid) between pulls; a phase's
+    replies here arrive within tens of milliseconds, and a round has two phases, so that sleep was most of a round.
+    """
+    pending = set(grid.push_messages(messages))
+    replies: list[Message] = []
+    wait = first
+    while pending:
+        got = list(grid.pull_messages(pending))
+        replies.extend(got)
+        pending.difference_update(m.metadata.reply_to_message_id for m in got)
+        if pending:
+            time.sleep(wait)
+            wait = min(most, wait * 1.5)
+    return replies
+
+
 def _exchange(
     grid: Grid, server: FedBPEServer, nodes: list[int], phase: str, settings: dict[str, Any],
     known: dict[int, int], allowed: list[int], audit: _Audit,
@@ -98,6 +118,7 @@ def _exchange(
     releases: list[Release] = []
     allowed_arr = Array(np.asarray(allowed, dtype=np.int64)) if phase == "pair" and allowed else None
     todo = list(nodes)
+    deltas: dict[int, Array] = {}  # one serialized merge delta per distinct base (usually one per phase)
     for _attempt in range(3):
         if not todo:
             break
@@ -119,15 +140,16 @@ def _exchange(
                 }
             )
             broadcast = ArrayRecord()
-            delta = server.vocab.merges[base:]
-            if delta:
-                broadcast["merges"] = Array(np.array([(m.left, m.right, m.new_id) for m in delta], dtype=np.int64))
+            if base not in deltas and len(server.vocab.merges) > base:
+                deltas[base] = Array(server.vocab.merge_array(base))
+            if base in deltas:
+                broadcast["merges"] = deltas[base]
             if allowed_arr is not None:
                 broadcast["allowed"] = allowed_arr
             content = RecordDict({"config": cfg, "broadcast": broadcast})
             messages.append(Message(content, dst_node_id=node, message_type="query"))
         todo = []
-        for reply in grid.send_and_receive(messages):
+        for reply in _send_and_receive(grid, messages):
             node = reply.metadata.src_node_id
             if reply.has_error():
                 log.warning("node=%d phase=%s left the round: %s", node, phase, reply.error.reason)
@@ -152,6 +174,7 @@ def run_fedbpe(grid: Grid, settings: dict[str, Any]) -> dict[str, Any]:
         mode=str(settings["mode"]),  # type: ignore[arg-type]
         merges_per_round=int(settings["merges-per-round"]),
         merges_growth=float(settings["merges-growth"]),
+        merges_ratio=float(settings["merges-ratio"]),
         k_fraction=float(settings["k-fraction"]),
         release=ReleaseParams(
             p=float(settings["p"]), epsilon=eps if eps > 0 else None,

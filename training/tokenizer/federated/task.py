@@ -4,14 +4,17 @@ A ClientApp process (a Ray actor in simulation) serves many simulated nodes, and
 a node's messages land on whichever actor is free. Two caches keep the expensive
 part (PII wiping, pre-tokenization, counting) to once per node:
 
-* the node's counted corpus (word bytes + counts, no text) is stored in the
-  node's ``Context.state`` as an ``ArrayRecord``; Flower hands that context to
-  whichever process runs the node next, so a process that has not seen the node
-  rebuilds its :class:`ClientState` from the counts instead of re-reading and
-  re-wiping the documents;
+* the node's counted corpus (each distinct word's bytes and count, compressed;
+  no text) is stored once in the node's ``Context.state`` as an ``ArrayRecord``;
+  Flower hands that context to whichever process runs the node next, so a
+  process that has not seen the node rebuilds its :class:`ClientState` from the
+  counts instead of re-reading and re-wiping the documents;
 * the live :class:`ClientState` (words with merges applied) is cached per
-  process; a process that builds it fresh answers ``resync`` and the server
-  re-sends the merges it has not applied yet.
+  process, and so is the global merge list the process has seen
+  (:func:`remember_merges`): every node gets the same merges, so a state that
+  fell behind (its node was served elsewhere meanwhile) catches up locally.
+  Only a process that lacks some of the merges (not seen by any of its nodes)
+  answers ``resync``, and the server re-sends them.
 
 The corpus file is parsed once per process (keyed by path, size and mtime), not
 once per partition.
@@ -19,6 +22,7 @@ once per partition.
 
 from __future__ import annotations
 
+import io
 import logging
 import threading
 from pathlib import Path
@@ -26,15 +30,16 @@ from pathlib import Path
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 
-from fedfraud.training.tokenizer.bpe import ClientState, words_to_bytes
+from fedfraud.training.tokenizer.bpe import ClientState
 from fedfraud.training.tokenizer.corpus import read_jsonl
 from fedfraud.training.tokenizer.pretokenize import CorpusPipeline, CorpusReport
 
-__all__ = ["client_names", "load_partition", "client_state", "corpus_key"]
+__all__ = ["client_names", "load_partition", "client_state", "corpus_key", "remember_merges"]
 
 log = logging.getLogger(__name__)
 
-_STATES: dict[tuple[str, int], tuple[ClientState, CorpusReport]] = {}
+_STATES: dict[tuple[int | str | None, str, int], tuple[ClientState, CorpusReport]] = {}
+_MERGES: dict[int | str | None, np.ndarray] = {}
 _PARSED: dict[str, dict[str, list[str]]] = {}
 _LOCK = threading.Lock()
 _WORDS, _META = "fedbpe-words", "fedbpe-corpus"
@@ -73,13 +78,14 @@ def load_partition(corpus_path: Path, partition_id: int) -> list[str]:
     return _by_client(corpus_path)[names[partition_id]]
 
 
-def _store(store: RecordDict, key: str, words: dict[bytes, int], report: CorpusReport) -> None:
-    blob = b"".join(words)
-    store[_WORDS] = ArrayRecord({
-        "bytes": Array(np.frombuffer(blob, dtype=np.uint8).copy()),
-        "lengths": Array(np.fromiter((len(w) for w in words), dtype=np.int64, count=len(words))),
-        "counts": Array(np.fromiter(words.values(), dtype=np.int64, count=len(words))),
-    })
+def _store(store: RecordDict, key: str, state: ClientState, report: CorpusReport) -> None:
+    """Write a node's counted corpus (each distinct word's bytes and count, compressed; no text) and its pipeline
+    report into its ``Context.state``, once: the context rides along with every message.
+    """
+    buffer = io.BytesIO()
+    arrays = state.to_arrays()
+    np.savez_compressed(buffer, tokens=arrays["tokens"], lengths=arrays["lengths"], freqs=arrays["freqs"])
+    store[_WORDS] = ArrayRecord({"npz": Array(np.frombuffer(buffer.getvalue(), dtype=np.uint8).copy())})
     store[_META] = ConfigRecord({
         "key": key, "documents": report.documents, "kept": report.kept, "words": report.words,
         "pii-chars-wiped": report.pii_chars_wiped, "skip-reasons": list(report.skipped),
@@ -87,55 +93,68 @@ def _store(store: RecordDict, key: str, words: dict[bytes, int], report: CorpusR
     })
 
 
-def _restore(store: RecordDict, key: str) -> tuple[dict[bytes, int], CorpusReport] | None:
+def _restore(store: RecordDict, key: str) -> tuple[ClientState, CorpusReport] | None:
     if _META not in store or store[_META]["key"] != key:
         return None
-    meta, arrays = store[_META], store[_WORDS]
-    blob = arrays["bytes"].numpy().tobytes()
-    ends = np.cumsum(arrays["lengths"].numpy()).tolist()
-    starts = [0, *ends[:-1]]
-    words = {blob[a:b]: c for a, b, c in zip(starts, ends, arrays["counts"].numpy().tolist(), strict=True)}
+    meta = store[_META]
+    with np.load(io.BytesIO(store[_WORDS]["npz"].numpy().tobytes())) as arrays:
+        state = ClientState.from_arrays(arrays["tokens"], arrays["lengths"], arrays["freqs"])
     report = CorpusReport(
         documents=int(meta["documents"]), kept=int(meta["kept"]), words=int(meta["words"]),
         pii_chars_wiped=int(meta["pii-chars-wiped"]),
         skipped=dict(zip(meta["skip-reasons"], [int(c) for c in meta["skip-counts"]], strict=True)),
     )
-    return words, report
+    return state, report
 
 
 def client_state(
     corpus_path: str, partition_id: int, ner: bool = False, store: RecordDict | None = None,
-    max_doc_bytes: int | None = None,
+    max_doc_bytes: int | None = None, run: int | str | None = None,
 ) -> tuple[ClientState, CorpusReport]:
     """The (cached) counting state of one client after PII wiping and pre-tokenization (each document bounded to
     its first ``max_doc_bytes`` bytes of words when given).
 
-    ``store`` is the node's ``Context.state``: the counted corpus is kept there so another process can rebuild
-    the state without running the pipeline again.
+    ``store`` is the node's ``Context.state``: the counted corpus is kept there so another process can rebuild the
+    state without running the pipeline again (it then catches up with :func:`remember_merges`). ``run`` (the
+    Flower run id) keeps two runs over one corpus in one process apart.
     """
     key = corpus_key(corpus_path, ner, max_doc_bytes)
     with _LOCK:
-        cached = _STATES.get((key, partition_id))
+        cached = _STATES.get((run, key, partition_id))
         if cached is not None:
             return cached
-        for stale in [k for k in _STATES if k[0] != key]:  # one corpus at a time: free a previous run's states
+        for stale in [k for k in _STATES if k[:2] != (run, key)]:  # one run at a time: free a previous run's states
             del _STATES[stale]
         restored = _restore(store, key) if store is not None else None
-        if restored is not None:
-            words, report = restored
-        else:
+        if restored is None:
             masker = None
             if ner:
                 from fedfraud.training.tokenizer.pii import PIIDetector, default_recognizers, resolve_recognizer
 
                 masker = PIIDetector([*default_recognizers(), resolve_recognizer("ner")])
-            counts, report = CorpusPipeline(masker).count_words(
+            words, report = CorpusPipeline(masker).count_word_bytes(
                 load_partition(Path(corpus_path), partition_id), max_doc_bytes
             )
-            words = words_to_bytes(counts)
+            restored = ClientState(words), report
             if store is not None:
-                _store(store, key, words, report)
+                _store(store, key, *restored)
             log.info("client partition=%d words=%d kept=%d skipped=%s", partition_id, report.words, report.kept,
                      report.skipped)
-        _STATES[(key, partition_id)] = (ClientState(words), report)
-        return _STATES[(key, partition_id)]
+        _STATES[(run, key, partition_id)] = restored
+        return restored
+
+
+def remember_merges(run: int | str | None, base: int, delta: np.ndarray) -> np.ndarray:
+    """The global merges this process has seen in ``run``, extended by a broadcast ``delta`` that starts at merge
+    ``base``: every node receives the same merge list, so a node state this process built earlier (or rebuilt from
+    its counted corpus) catches up from here instead of asking the server to re-send (``resync``).
+    """
+    with _LOCK:
+        known = _MERGES.get(run)
+        if known is None or base == 0:
+            known = np.zeros((0, 3), dtype=np.int64)
+        if base <= len(known) < base + len(delta):
+            known = np.concatenate([known[:base], np.asarray(delta, dtype=np.int64).reshape(-1, 3)])
+        _MERGES.clear()  # one run at a time
+        _MERGES[run] = known
+        return known
