@@ -105,11 +105,17 @@ def tokenizer(
     ctx: typer.Context,
     quick: Annotated[bool, typer.Option("--quick", help="small sizes for a smoke run")] = False,
     out: OutOption = None,
+    no_privacy: Annotated[
+        bool, typer.Option("--no-privacy", help="federated run with exact counts (as `tokenizer train --no-privacy`)")
+    ] = False,
 ) -> None:
-    """FedByteBPE: federated vs centralized training time, psi/Pi table, service throughput."""
+    """FedByteBPE: federated vs centralized training time as ratios (with load average and commit), psi/Pi table,
+    service throughput. Corpus size: --set tokenizer.bench_docs_per_client=N.
+    """
     from fedfraud.bench.tokenizer import run_tokenizer_bench
 
-    emit(run_tokenizer_bench(config_of(ctx).tokenizer, quick=quick).to_markdown(), out)
+    result = run_tokenizer_bench(config_of(ctx).tokenizer, quick=quick, privacy=not no_privacy)
+    emit(result.to_markdown(), out, result)
 
 
 @bench_app.command("encoder")
@@ -488,8 +494,9 @@ def attacks(
 
         source = csv if csv is not None else data
         assert source is not None  # _one_source: exactly one of them
-        emit(run_hin2vec_attacks(source, work, config_of(ctx, needs_secret=True), label=label,
-                                 resamples=resamples).to_markdown(), out)
+        found = run_hin2vec_attacks(source, work, config_of(ctx, needs_secret=True), label=label,
+                                    resamples=resamples)
+        emit(found.to_markdown(), out, found)
         return
     if inversion_only and not inversion:
         raise UserError("--inversion-only and --no-inversion contradict each other")
@@ -624,7 +631,7 @@ def hin2vec(
     _one_source(csv, data)
     result = run_hin2vec_bench(csv or data, work, config_of(ctx, needs_secret=True), label=label, reps=reps,
                                rounds=rounds)
-    emit(result.to_markdown(), out)
+    emit(result.to_markdown(), out, result)
 
 
 def register(app: typer.Typer) -> None:

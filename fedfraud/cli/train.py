@@ -98,11 +98,17 @@ def fraud(
         "artifacts"
     ),
     variant: Annotated[
-        str | None, typer.Option("--variant", help="federated: histogram federation (default: fraud.variant)",
-                                 click_type=click.Choice(["federated", "federated-bagging", "centralized", "local"]))
+        str | None, typer.Option("--variant", help="federated: histogram federation (default: fraud.variant); "
+                                 "fedavg-gnn / fedrpda: the federated GNN, published as kind fraud-gnn",
+                                 click_type=click.Choice(["federated", "federated-bagging", "centralized", "local",
+                                                          "fedavg-gnn", "fedrpda"]))
     ] = None,
     bank: Annotated[int, typer.Option("--bank", help="which bank's model to publish with --variant local")] = 0,
     no_anomaly_score: Annotated[bool, typer.Option("--no-anomaly-score", help="train without the AS feature")] = False,
+    features: Annotated[
+        str | None, typer.Option("--features", click_type=click.Choice(["+hin2vec"]),
+                                 help="+hin2vec: append the G-HIN2Vec embedding columns (`train embeddings` first)")
+    ] = None,
     rounds: Annotated[
         int | None, typer.Option("--rounds", min=1, help="FedXgbBagging rounds (--variant federated-bagging)")
     ] = None,
@@ -116,6 +122,7 @@ def fraud(
         variant=variant,
         federated_rounds=rounds,
         use_anomaly_score=False if no_anomaly_score else None,
+        extra_features=("hin2vec",) if features else None,
     )
     version, metrics = train_and_publish(cfg, data, out, bank=bank)
     typer.echo(

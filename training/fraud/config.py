@@ -6,6 +6,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from fedfraud.training.fraud.gnn.config import GnnConfig
+
 __all__ = ["FraudConfig"]
 
 
@@ -84,8 +86,15 @@ class FraudConfig(BaseModel):
     )
 
     # -- what `fedfraud train fraud` publishes
-    variant: Literal["local", "federated", "federated-bagging", "centralized"] = "federated"
+    variant: Literal["local", "federated", "federated-bagging", "centralized", "fedavg-gnn", "fedrpda"] = "federated"
     use_anomaly_score: bool = True
+    extra_features: tuple[Literal["hin2vec"], ...] = Field(
+        (), description="stacked feature sets appended to the row: hin2vec (the registry's G-HIN2Vec embedding of "
+        "the cardholder's ego graph before the transaction, `fedfraud train embeddings`; --features +hin2vec)")
+    hin2vec_version: str = Field("latest", description="the registry's hin2vec version extra_features reads")
+
+    # -- the supervised federated GNN variants "fedavg-gnn" and "fedrpda" (fedfraud.training.fraud.gnn)
+    gnn: GnnConfig = Field(default_factory=GnnConfig)
 
     @model_validator(mode="after")
     def _windows(self) -> FraudConfig:

@@ -47,6 +47,14 @@ def load_fraud_banks(cfg: FedfraudConfig, data: Path, registry: Path, anomaly_ve
         encoder = getattr(scorer, "encoder_cfg", cfg.encoder)
         merchant = dataset_columns(root, encoder, cfg.privacy, cfg.merchant_risk, cfg.merchant_noise)
         banks = {b: with_merchant_columns(f, merchant[b], cfg.merchant_risk) for b, f in banks.items()}
+    if "hin2vec" in cfg.fraud.extra_features:  # the stacked G-HIN2Vec embedding (fedfraud.training.embeddings)
+        from fedfraud.training.embeddings.features import bank_embedding_columns, with_embeddings
+        from fedfraud.training.embeddings.publish import load_hin2vec
+
+        h2v = load_hin2vec(registry, cfg.fraud.hin2vec_version)
+        encoder = getattr(scorer, "encoder_cfg", cfg.encoder)
+        banks = {b: with_embeddings(f, bank_embedding_columns(root, b, h2v.model, encoder, cfg.privacy, cfg.egograph))
+                 for b, f in banks.items()}
     rows = sum(len(b) for b in banks.values())
     col = next(iter(banks.values())).names.index(ANOMALY_FEATURE)
     info: dict[str, Any] = {
@@ -209,7 +217,14 @@ def train_and_publish(cfg: FedfraudConfig, data: Path, out: Path, bank: int = 0,
 
     ``labels_root``: a generated dataset whose ``labels.parquet`` names each fraud's scenario; the card then
     carries the test ROC-AUC per scenario (``test_roc_auc_<scenario>``).
+    The GNN variants (``fedavg-gnn``, ``fedrpda``) publish kind ``fraud-gnn`` (:mod:`fedfraud.training.fraud.gnn`).
     """
+    if cfg.fraud.variant in ("fedavg-gnn", "fedrpda"):
+        from fedfraud.training.fraud.gnn.publish import train_and_publish_gnn
+
+        with ExitStack() as stack:  # the same inputs as the XGBoost model, then each bank's transaction graph
+            banks, info = load_fraud_banks(cfg, data, out, anomaly_version, stack, require_labels=True)
+            return train_and_publish_gnn(cfg, banks, info, out, bank)
     with ExitStack() as stack:
         banks, info = load_fraud_banks(cfg, data, out, anomaly_version, stack, require_labels=True)
         model = _train_variant(cfg, banks, bank)

@@ -1,0 +1,59 @@
+"""``fedfraud eval variants``: federated XGBoost, FedAvg-GNN, FedRPDA and its ablations, with 95 % intervals.
+
+Registered into the ``eval`` group of :mod:`fedfraud.cli.eval` (see :func:`register`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import click
+import typer
+
+from fedfraud.cli.common import config_of
+from fedfraud.config import update_section
+
+__all__ = ["register", "variants"]
+
+
+def variants(
+    ctx: typer.Context,
+    data: Annotated[Path, typer.Option("--data", help="dataset directory (bank_<k>/...) or a labelled CSV")],
+    fmt: Annotated[str | None, typer.Option("--format", help="CSV format (default: ingest.format)",
+                                            click_type=click.Choice(["auto", "sparkov", "tabformer"]))] = None,
+    banks: Annotated[int | None, typer.Option("--banks", min=2, help="banks to split a CSV into")] = None,
+    bank_shares: Annotated[
+        str | None,
+        typer.Option("--bank-shares", help="CSV only: cardholder share per bank, e.g. 0.3,0.25,0.2,0.2,0.05"),
+    ] = None,
+    seeds: Annotated[int, typer.Option("--seeds", min=1, help="GNN seeds per variant")] = 2,
+    reps: Annotated[int | None, typer.Option("--reps", min=50, help="bootstrap replicates (cardholders)")] = None,
+    tune: Annotated[bool, typer.Option("--tune/--no-tune", help="choose λ and α on validation cardholders")] = True,
+    rounds: Annotated[int | None, typer.Option("--rounds", min=1, help="GNN federated rounds")] = None,
+    engine: Annotated[
+        str, typer.Option("--engine", help="loopback (the Flower apps in this process) or simulation (Ray)",
+                          click_type=click.Choice(["loopback", "simulation"]))
+    ] = "loopback",
+    out: Annotated[Path | None, typer.Option("--out", help="also write the markdown block here")] = None,
+) -> None:
+    """Federated XGBoost, FedAvg-GNN, FedRPDA and each ablation: pooled and per bank, 95 % cardholder intervals."""
+    from fedfraud.cli.bench import emit
+    from fedfraud.cli.common import parse_shares
+    from fedfraud.training.fraud.gnn.study import variants_study
+
+    shares = parse_shares(bank_shares)
+    if shares is not None and banks is None:
+        banks = len(shares)
+    cfg = update_section(config_of(ctx, needs_secret=True), "ingest", format=fmt, banks=banks, bank_shares=shares)
+    gnn = cfg.fraud.gnn.model_copy(update={"engine": engine, **({"rounds": rounds} if rounds else {})})
+    cfg = update_section(cfg, "fraud", gnn=gnn)
+    report = variants_study(cfg, data, seeds=seeds, reps=reps, tune=tune)
+    emit(report.to_markdown(), out)
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``variants`` to the ``eval`` group (the group itself is attached by :mod:`fedfraud.cli.eval`)."""
+    from fedfraud.cli.eval import eval_app
+
+    eval_app.command("variants")(variants)

@@ -1,0 +1,121 @@
+"""A trained GNN fraud model: weights, input layout, settings and threshold; its registry form (kind ``fraud-gnn``).
+
+Files of a version: ``gnn_weights.npz`` (the state dict as arrays, loaded with ``allow_pickle=False``: nothing in
+it can run code) and ``gnn_model.json`` (layout, settings, threshold, variant, provenance). It is published under
+its own kind, ``fraud-gnn``, so the serving path, which loads kind ``fraud`` as an XGBoost booster, keeps deciding
+with the XGBoost model until it learns to build a transaction's graph neighbourhood.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fedfraud.training.fraud.gnn.config import GnnConfig
+from fedfraud.training.fraud.gnn.graph import TransactionGraph
+from fedfraud.training.registry import ModelRegistry, ModelVersion
+
+__all__ = ["KIND", "GnnFraudModel"]
+
+logger = logging.getLogger(__name__)
+
+KIND = "fraud-gnn"
+WEIGHTS_FILE = "gnn_weights.npz"
+META_FILE = "gnn_model.json"
+
+
+@dataclass
+class GnnFraudModel:
+    """The global model of one federated GNN job (``score >= threshold`` is fraud)."""
+
+    arrays: dict[str, np.ndarray]
+    names: tuple[str, ...]
+    used: tuple[str, ...]
+    cfg: GnnConfig
+    threshold: float
+    variant: str
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.threshold <= 1.0:
+            raise ValueError(f"threshold must be in [0, 1], got {self.threshold}")
+        self._module: Any = None
+
+    def module(self) -> Any:
+        """The torch module with these weights (built once)."""
+        if self._module is None:
+            from fedfraud.training.fraud.gnn.task import build_model, set_state
+
+            self._module = build_model(self.names, self.used, self.cfg, 0)
+            set_state(self._module, self.arrays)
+            self._module.eval()
+        return self._module
+
+    def scores(self, graph: TransactionGraph, mask: np.ndarray | None = None) -> np.ndarray:
+        """Fraud probability of every node of ``graph`` (or of the ``mask`` nodes)."""
+        from fedfraud.training.fraud.gnn.task import score_nodes
+
+        if tuple(graph.features.names) != self.names:
+            raise ValueError("the graph's feature rows have another layout than the model was trained on")
+        return score_nodes(self.module(), graph, mask)
+
+    def save(self, folder: Path) -> None:
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        np.savez(folder / WEIGHTS_FILE, **self.arrays)
+        meta = {"names": list(self.names), "used": list(self.used), "gnn": self.cfg.model_dump(),
+                "threshold": self.threshold, "variant": self.variant, "meta": self.meta}
+        (folder / META_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True), encoding="utf-8")
+
+    @classmethod
+    def load(cls, folder: Path) -> GnnFraudModel:
+        folder = Path(folder)
+        meta = json.loads((folder / META_FILE).read_text(encoding="utf-8"))
+        with np.load(folder / WEIGHTS_FILE, allow_pickle=False) as z:
+            arrays = {k: z[k] for k in z.files}
+        return cls(arrays, tuple(meta["names"]), tuple(meta["used"]), GnnConfig.model_validate(meta["gnn"]),
+                   float(meta["threshold"]), str(meta["variant"]), dict(meta.get("meta", {})))
+
+    def publish(self, registry: ModelRegistry, *, config: dict[str, Any], metrics: dict[str, Any],
+                privacy: dict[str, Any] | None = None) -> ModelVersion:
+        """Publish as kind ``fraud-gnn`` with a card naming the variant and its two strategies."""
+        c = self.cfg
+        card = "\n".join([
+            f"Federated GNN fraud model, variant **{self.variant}** (risk-aware aggregation "
+            f"{'on' if c.risk_aware_aggregation else 'off'}, diversified-risk augmentation + prototype loss "
+            f"{'on' if c.diversified_risk_augmentation else 'off'}).",
+            "",
+            f"Decision: `score >= {self.threshold:.4f}` is fraud; the threshold maximises F1 on the banks' summed "
+            "validation score histograms.",
+            "Inputs: the fraud feature row of each transaction plus its past neighbours through its cardholder and "
+            f"its merchant ({c.neighbors} per relation, {c.layers} hops); see docs/fraud.md#variants.",
+            "",
+            "**Privacy**: differential privacy is **off**: model weights, class prototypes, risk intensities and "
+            "histograms leave each bank in clear.",
+        ])
+        privacy = {**(privacy or {}),
+                   "formal_guarantee": "none: no (epsilon, delta) is claimed for the GNN or what its training sent",
+                   "leaves_a_bank": "per-column sums of transformed training rows (once), model weights per round, "
+                                    "the risk intensity H_k and two class prototypes with their counts (FedRPDA), "
+                                    "validation score histograms; never rows"}
+        with registry.publish(KIND, config=config, metrics=metrics, privacy=privacy,
+                              extra={"variant": self.variant, "threshold": self.threshold, "used": list(self.used),
+                                     **self.meta}, card=card) as staging:
+            self.save(staging)
+        version = registry.get(KIND, "latest")
+        logger.info("gnn_model published=%s variant=%s", version.tag, self.variant)
+        return version
+
+    @classmethod
+    def from_registry(cls, registry: ModelRegistry | Path | str, version: int | str = "latest") -> GnnFraudModel:
+        reg = registry if isinstance(registry, ModelRegistry) else ModelRegistry(registry)
+        found = reg.get(KIND, version)
+        found.file(WEIGHTS_FILE)
+        model = cls.load(found.path)
+        model.meta = {**model.meta, "registry_tag": found.tag}
+        return model
