@@ -99,9 +99,15 @@ def fraud_config_for(version_config: dict[str, Any], fallback: Any) -> Any:
             if fields:
                 fields.setdefault("previous_transaction_features", False)
             try:
-                return FraudConfig.model_validate(fields)
+                found = FraudConfig.model_validate(fields)
             except ValidationError:
                 continue
+            if found.extra_features:  # serving and batch scoring do not compute them yet: every row would fail
+                from fedfraud.core.errors import UserError
+
+                raise UserError(f"this fraud model was trained with --features +{', +'.join(found.extra_features)}, "
+                                "which serving and batch scoring do not compute yet; serve a model trained without")
+            return found
     return fallback if fallback is not None else FraudConfig()
 
 

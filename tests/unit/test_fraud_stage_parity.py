@@ -156,3 +156,11 @@ def test_merchant_risk_rows_read_online_give_the_training_columns_and_the_shadow
     assert np.array_equal(online, feats.X, equal_nan=True)
     # the challenger's anomaly score goes to its anomaly_score column, not onto the last merchant column
     np.testing.assert_allclose(shadow, challenger.scores(feats.X), rtol=0, atol=1e-6)
+
+
+def test_a_model_with_features_serving_does_not_compute_is_refused_in_one_line() -> None:
+    from fedfraud.core.errors import UserError
+
+    trained = {"fraud": CFG.model_copy(update={"extra_features": ("hin2vec",)}).model_dump()}
+    with pytest.raises(UserError, match=r"--features \+hin2vec"):
+        fraud_config_for(trained, None)
