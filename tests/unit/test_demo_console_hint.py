@@ -37,7 +37,7 @@ def test_console_commands_name_the_runs_files_and_parse(tmp_path: Path) -> None:
         f'FEDFRAUD_API_TOKEN="$(cat {q(str(out / "api-token"))})"   # in each terminal',
         f"  fedfraud --set features.repo_dir={q(str(out / 'feature_repo'))} serve --registry "
         f"{q(str(out / 'registry'))}   # prints \"embedded Tansu broker at HOST:PORT\"",
-        f"  fedfraud stream --source {q(str(out / 'data'))} --bank 0 --rate 100 --bootstrap-servers HOST:PORT",
+        f"  fedfraud stream --data {q(str(out / 'data'))} --bank 0 --rate 100 --bootstrap-servers HOST:PORT",
         f"  fedfraud console --bootstrap-servers HOST:PORT --registry {q(str(out / 'registry'))} --repo "
         f"{q(str(out / 'feature_repo'))}",
         "  then open http://127.0.0.1:8600/ and log in with the API token (docs/console.md)",
