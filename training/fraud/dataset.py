@@ -15,7 +15,7 @@ import tempfile
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import pandas as pd
@@ -145,3 +145,19 @@ def dataset_features(
         bank: bank_features(root, bank, fraud_cfg, encoder_cfg, privacy_cfg, scorer)
         for bank in tqdm(ids, desc="banks", disable=not progress)
     }
+
+
+def labelled_banks(root: Path, data: Path | str) -> dict[int, Any]:
+    """Every bank's frame of a dataset that the federated evaluations can use: at least 2 banks, all labelled."""
+    from fedfraud.core.errors import UserError
+    from fedfraud.feature_store.layout import list_banks, read_bank
+
+    ids = list_banks(root)
+    if len(ids) < 2:
+        raise UserError(f"{data} holds {len(ids)} bank; the federated variants need at least 2 (use --banks)")
+    frames = {b: read_bank(root, b) for b in ids}
+    for b, f in frames.items():
+        if f["is_fraud"].isna().any():
+            raise UserError(f"evaluation needs labels: {int(f['is_fraud'].isna().sum())} transactions of bank "
+                            f"{b} have no is_fraud (scoring works without labels; training and evaluation do not)")
+    return frames

@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 
 from fedfraud.feature_store.privacy import feature_ldp_card
-from fedfraud.training.fraud.dataset import dataset_features, materialize
+from fedfraud.training.fraud.dataset import dataset_features, labelled_banks, materialize
 from fedfraud.training.fraud.features import ANOMALY_FEATURE, PREVIOUS_FEATURES, TRANSITION_FEATURE, FraudFeatures
 from fedfraud.training.fraud.metrics import classification_metrics
 from fedfraud.training.registry import ModelRegistry, ModelVersion
@@ -65,6 +65,7 @@ def load_fraud_banks(cfg: FedfraudConfig, data: Path, registry: Path, anomaly_ve
     return banks, info
 
 
+
 def stacking_study(cfg: FedfraudConfig, data: Path, registry: Path, anomaly_version: str = "latest",
                    anomaly_source: str = "crossfit", controls: bool = True, with_bagging: bool = False,
                    seeds: int | None = None, reps: int | None = None, num_cpus: int = 2) -> StudyReport:
@@ -75,7 +76,6 @@ def stacking_study(cfg: FedfraudConfig, data: Path, registry: Path, anomaly_vers
     training cardholders, kept only for comparison) or ``none``.
     """
     from fedfraud.core.errors import UserError
-    from fedfraud.feature_store.layout import list_banks, read_bank
     from fedfraud.training.fraud.dataset import anomaly_scores_for, bank_features
     from fedfraud.training.fraud.evaluate import run_study
     from fedfraud.training.fraud.stacking import (
@@ -92,14 +92,8 @@ def stacking_study(cfg: FedfraudConfig, data: Path, registry: Path, anomaly_vers
     seeds = fc.eval_seeds if seeds is None else seeds
     with ExitStack() as stack:
         root = stack.enter_context(materialize(data, cfg.ingest))
-        ids = list_banks(root)
-        if len(ids) < 2:
-            raise UserError(f"{data} holds {len(ids)} bank; the federated variants need at least 2 (use --banks)")
-        frames = {b: read_bank(root, b) for b in ids}
-        for b, f in frames.items():
-            if f["is_fraud"].isna().any():
-                raise UserError(f"evaluation needs labels: {int(f['is_fraud'].isna().sum())} transactions of bank "
-                                f"{b} have no is_fraud (scoring works without labels; training and evaluation do not)")
+        frames = labelled_banks(root, data)
+        ids = list(frames)
         banks = {b: bank_features(root, b, fc, cfg.encoder, cfg.privacy, None) for b in ids}
         folds = cardholder_folds({b: f["cardholder_id"].astype(str).to_numpy() for b, f in frames.items()},
                                  fc.stacking_folds, fc.seed)

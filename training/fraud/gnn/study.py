@@ -350,22 +350,14 @@ def variants_study(cfg: Any, data: Any, *, seeds: int = 2, reps: int | None = No
     from contextlib import ExitStack
     from pathlib import Path
 
-    from fedfraud.core.errors import UserError
-    from fedfraud.feature_store.layout import list_banks, read_bank
-    from fedfraud.training.fraud.dataset import bank_features, materialize
+    from fedfraud.training.fraud.dataset import bank_features, labelled_banks, materialize
 
     fc = cfg.fraud
     t0 = time.perf_counter()
     with ExitStack() as stack:
         root = stack.enter_context(materialize(Path(data), cfg.ingest))
-        ids = list_banks(root)
-        if len(ids) < 2:
-            raise UserError(f"{data} holds {len(ids)} bank; the federated variants need at least 2 (use --banks)")
-        frames = {b: read_bank(root, b) for b in ids}
-        for b, f in frames.items():
-            if f["is_fraud"].isna().any():
-                raise UserError(f"evaluation needs labels: {int(f['is_fraud'].isna().sum())} transactions of bank "
-                                f"{b} have no is_fraud")
+        frames = labelled_banks(root, data)
+        ids = list(frames)
         banks = {b: bank_features(root, b, fc, cfg.encoder, cfg.privacy, None) for b in ids}
         if fc.merchant_risk_features:
             from fedfraud.training.merchant_risk.features import dataset_columns, with_merchant_columns
