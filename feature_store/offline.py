@@ -38,6 +38,8 @@ from fedfraud.feature_store.privacy import PrivateFeaturizer
 __all__ = [
     "CARDHOLDER_FILE",
     "MERCHANT_FILE",
+    "HIN2VEC_FILE",
+    "HIN2VEC_SCHEMA",
     "MERCHANT_RISK_FILE",
     "BankTables",
     "OfflineReport",
@@ -56,6 +58,13 @@ MERCHANT_RISK_FILE = "merchant_risk.parquet"
 MERCHANT_RISK_SCHEMA = pa.schema([
     ("bank", pa.int64()), ("merchant_bucket", pa.int64()), ("release_day", pa.int64()),
     ("merchant_bank", pa.list_(pa.float32())), ("merchant_fed", pa.list_(pa.float32())),
+    ("event_timestamp", pa.timestamp("us", tz="UTC")), ("created", pa.timestamp("us", tz="UTC")),
+])
+#: The ``cardholder_hin2vec`` view's batch source: the scorer writes the online store only, so it stays empty.
+HIN2VEC_FILE = "cardholder_hin2vec.parquet"
+HIN2VEC_SCHEMA = pa.schema([
+    ("cardholder", pa.string()), ("hin2vec", pa.list_(pa.float32())), ("hin2vec_model", pa.string()),
+    ("state_version", pa.int64()),
     ("event_timestamp", pa.timestamp("us", tz="UTC")), ("created", pa.timestamp("us", tz="UTC")),
 ])
 _TS = pa.timestamp("us", tz="UTC")
@@ -179,8 +188,9 @@ def write_offline(
     chosen = banks if banks is not None else list_banks(Path(data_dir))
     out = Path(repo_dir) / DATA_DIR
     out.mkdir(parents=True, exist_ok=True)
-    if not (out / MERCHANT_RISK_FILE).exists():
-        pq.write_table(MERCHANT_RISK_SCHEMA.empty_table(), out / MERCHANT_RISK_FILE)
+    for name, schema in ((MERCHANT_RISK_FILE, MERCHANT_RISK_SCHEMA), (HIN2VEC_FILE, HIN2VEC_SCHEMA)):
+        if not (out / name).exists():
+            pq.write_table(schema.empty_table(), out / name)
     paths = [out / CARDHOLDER_FILE, out / MERCHANT_FILE]
     writers: list[pq.ParquetWriter | None] = [None, None]
     created_base = int(datetime.now(UTC).timestamp() * 1_000_000)

@@ -47,7 +47,8 @@ if TYPE_CHECKING:
 
     from fedfraud.feature_store.redis_store import MultiViewRedisOnlineStore
 
-__all__ = ["CARDHOLDER_VIEWS", "MERCHANT_RISK_VIEW", "MERCHANT_VIEW", "OnlineStateClient", "RiskRow"]
+__all__ = ["CARDHOLDER_VIEWS", "HIN2VEC_VIEW", "MERCHANT_RISK_VIEW", "MERCHANT_VIEW", "Hin2VecRow", "OnlineStateClient",
+           "RiskRow"]
 
 logger = logging.getLogger(__name__)
 
@@ -58,6 +59,8 @@ CARDHOLDER_VIEWS: tuple[str, ...] = ("cardholder_ego_state", "cardholder_time", 
 MERCHANT_VIEW = "merchant_location"
 #: The daily merchant-risk release and the bank's own counts, per (bank, merchant bucket).
 MERCHANT_RISK_VIEW = "merchant_risk"
+#: The latest G-HIN2Vec embedding per cardholder, written by a scorer whose fraud model reads it.
+HIN2VEC_VIEW = "cardholder_hin2vec"
 
 
 def _from_us(us: int) -> datetime:
@@ -69,6 +72,8 @@ def _from_us(us: int) -> datetime:
 Entity = str | tuple[int, str] | tuple[int, int]
 #: A ``merchant_risk`` row: release day, the bank's own columns, the federation's columns (None: no row yet).
 RiskRow = dict[str, Any] | None
+#: A ``cardholder_hin2vec`` row: (card token, embedding ``[dim]``, hin2vec model tag, state version, last seen µs).
+Hin2VecRow = tuple[str, Any, str, int, int]
 #: Rows of one view: (entity, feature name → Python value, event time, created time).
 ViewRows = list[tuple[Entity, dict[str, Any], datetime, datetime]]
 #: Python values of one view per entity, None for an entity the store has no row of.
@@ -277,6 +282,10 @@ class OnlineStateClient:
                 f"feature repo {self.store.repo_path} is not applied ({exc.__class__.__name__}); "
                 "run `fedfraud features apply`"
             ) from None
+        try:  # optional: a repo applied before the view existed serves every model without hin2vec columns
+            self._views[HIN2VEC_VIEW] = self.store.get_feature_view(HIN2VEC_VIEW)
+        except Exception:  # FeatureViewNotFoundException
+            self._views.pop(HIN2VEC_VIEW, None)
         self._io.forget_views()
         self._cardholder_tables = [
             (self._views[name], tuple(f.name for f in self._views[name].features)) for name in CARDHOLDER_VIEWS
@@ -381,14 +390,36 @@ class OnlineStateClient:
         if merchants:
             self._io.write([(self._views[MERCHANT_VIEW], merchants)])
 
-    def push(self, states: Sequence[CardholderState], bank: int, batch: PreparedBatch, rows: Sequence[int]) -> None:
-        """:meth:`push_states` and :meth:`push_merchants` in one write (one pipeline on Redis): serving's hot path."""
+    def push(self, states: Sequence[CardholderState], bank: int, batch: PreparedBatch, rows: Sequence[int],
+             hin2vec: Sequence[Hin2VecRow] = ()) -> None:
+        """:meth:`push_states` and :meth:`push_merchants` in one write (one pipeline on Redis): serving's hot path;
+        with ``hin2vec``, the cardholders' latest G-HIN2Vec embeddings (``cardholder_hin2vec``) in the same write.
+        """
         views = self._cardholder_rows(states) if states else []
         merchants = self._merchant_rows(bank, batch, rows)
         if merchants:
             views.append((self._views[MERCHANT_VIEW], merchants))
+        if hin2vec:
+            views.append((self.hin2vec_view(), self._hin2vec_rows(hin2vec)))
         if views:
             self._io.write(views)
+
+    def hin2vec_view(self) -> FeatureView:
+        """The applied ``cardholder_hin2vec`` view; a one-line error when the repo predates it."""
+        from fedfraud.core.errors import UserError
+
+        view = self._views.get(HIN2VEC_VIEW)
+        if view is None:
+            raise UserError(f"feature repo {self.store.repo_path} has no {HIN2VEC_VIEW} view: run "
+                            "`fedfraud features apply` to serve a fraud model with hin2vec columns")
+        return view
+
+    @staticmethod
+    def _hin2vec_rows(rows: Sequence[Hin2VecRow]) -> ViewRows:
+        now = datetime.now(UTC)
+        return [(holder, {"hin2vec": vector, "hin2vec_model": tag, "state_version": int(version)},
+                 _from_us(last_us) if last_us else now, now)
+                for holder, vector, tag, version, last_us in rows]
 
     def push_merchant_risk(self, bank: int, release_day: int, buckets: Sequence[int], own: Any, fed: Any) -> None:
         """Write ``merchant_risk`` rows of ``bank`` for release ``release_day``: per bucket, the bank's own columns

@@ -10,6 +10,9 @@ tests call it. Per micro-batch, in event-time order::
     ──> q = embed(graphs) (in runs of at most ``max_nodes`` graph nodes)
     ──> AS = 1 − f(q_{t-1}, q_t) ──> rings and q_t updated in memory
     ──> a :class:`fedfraud.serving.scored.ScoredBatch` for :class:`fedfraud.serving.fraud_stage.FraudStage`
+        (with the G-HIN2Vec columns when the fraud model reads them: each fresh row's cardholder graph before it,
+        embedded by ``fedfraud.training.embeddings.embed.embed_cardholders``, the function batch features use;
+        the node tables they need in the KV table ``hin2vec``, read and written in the same round trips)
 
 The hot path then writes the batch once (:meth:`AnomalyStage.write`): score rings with the fraud stage's rows in
 one KV write, then the states in one push.
@@ -37,6 +40,7 @@ same object ``fedfraud score`` scores with, so there is no serving-side wrapper.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -59,13 +63,17 @@ from fedfraud.serving.side_work import guarded
 from fedfraud.training.anomaly.model import GraphBatch, collate_views
 
 if TYPE_CHECKING:
-    from fedfraud.feature_store.online import OnlineStateClient
+    from fedfraud.feature_store.online import Hin2VecRow, OnlineStateClient
+    from fedfraud.training.embeddings.graph import HinGraph, HinState
+    from fedfraud.training.embeddings.publish import Hin2VecModel
     from fedfraud.training.registry import ModelRegistry
 
 __all__ = ["OFF_TAG", "AnomalyStage", "AnomalyWork", "GraphScorer", "load_anomaly_scorer"]
 
 #: The anomaly model tag of decisions made with the stage switched off (``serving.anomaly_stage: false``).
 OFF_TAG = "off"
+
+log = logging.getLogger(__name__)
 
 
 class GraphScorer(Protocol):
@@ -129,6 +137,11 @@ class AnomalyWork:
     changed: list[CardholderState] = field(default_factory=list)  # states to push, with their new q_t
     shadow: GraphScorer | None = None  # the challenger GNN, when one shadows (this batch's, fixed at begin)
     merchant_risk: list[dict[str, Any] | None] | None = None  # per row: its merchant's merchant_risk row
+    hin2vec: Hin2VecModel | None = None  # the G-HIN2Vec encoder of this batch (fixed at begin), None: no columns
+    hin_states: dict[str, HinState] = field(default_factory=dict)  # cardholder → its ego graph + node table
+    hin_before: dict[int, HinGraph] = field(default_factory=dict)  # row → hetero ego graph before the row
+    hin_changed: set[str] = field(default_factory=set)  # cardholders whose node table gained a node
+    hin_latest: list[Hin2VecRow] = field(default_factory=list)  # the cardholder_hin2vec rows to push
 
     @property
     def holders(self) -> list[str]:
@@ -164,10 +177,12 @@ class AnomalyStage:
         self.fresh = FreshCache()
         self.features = CachedFeatures(featurizer)
         self.shadow: GraphScorer | None = None  # the challenger GNN while one shadows (HotPath sets it)
+        #: The G-HIN2Vec encoder whose columns the fraud model reads (HotPath sets it; None: none computed, no cost).
+        self.hin2vec: Hin2VecModel | None = None
 
     def begin(self, frame: pd.DataFrame, produced_us: np.ndarray, source: str = "kafka") -> AnomalyWork:
         """Read states, apply every transaction, collect the graphs to embed (no model call yet)."""
-        model = self.model  # one version per micro-batch, even if a swap lands meanwhile
+        model, hin2vec = self.model, self.hin2vec  # one version per micro-batch, even if a swap lands meanwhile
         clock = self.clock
         with clock.section("anomaly.prepare"):
             batch = prepare_batch(frame, self.featurizer)
@@ -179,13 +194,18 @@ class AnomalyStage:
             # the merchant-risk rows of the batch's merchants come with the states: no extra round trip
             read, risk = self.client.read_batch(holders, self.bank_id, distinct)
             states = dict(zip(holders, read, strict=True))
-            blobs, fraud = self.kv.get_tables(("scores", "fraud"), holders)  # the fraud stage's too: one round trip
+            # the fraud stage's rows (and the hin2vec node tables, when its model reads them) too: one round trip
+            tables = ("scores", "fraud", "hin2vec") if hin2vec is not None else ("scores", "fraud")
+            blobs, fraud, *info = self.kv.get_tables(tables, holders)
             rings = {h: (json_value(b) if b else []) for h, b in zip(holders, blobs, strict=True)}
         by_bucket = dict(zip(distinct, risk, strict=True))
         with clock.section("anomaly.graphs"):
-            return self._apply(AnomalyWork(batch, frame, produced_us, source, model, states, rings,
-                                           dict(zip(holders, fraud, strict=True)), shadow=self.shadow,
-                                           merchant_risk=[by_bucket[b] for b in buckets] if buckets else None))
+            work = AnomalyWork(batch, frame, produced_us, source, model, states, rings,
+                               dict(zip(holders, fraud, strict=True)), shadow=self.shadow,
+                               merchant_risk=[by_bucket[b] for b in buckets] if buckets else None, hin2vec=hin2vec)
+            if hin2vec is not None:
+                work.hin_states = _hin_states(states, info[0])
+            return self._apply(work)
 
     def _apply(self, work: AnomalyWork) -> AnomalyWork:
         """Fold each transaction into its state and collect G_t (and a stale G_{t-1}) to embed."""
@@ -216,9 +236,19 @@ class AnomalyStage:
                 else:
                     snapshot(ego, eps)
                     prev = len(work.graphs) - 1
+            hin = work.hin_states.get(holder)
+            if hin is not None:  # the hetero graph before the row, with the same state the GNN reads
+                before = _hin_graph(hin, work.hin2vec)
+                if before is not None:
+                    work.hin_before[i] = before
             applied = state.apply(batch, i, self.cell_deg)
             if applied:
                 work.events[i] = (ego.prior, ego.last_event)  # type: ignore[assignment]
+                if hin is not None:  # CardholderState.apply updated the ego graph: record the new node's info
+                    known = len(hin.node_info)
+                    hin.observe(batch, i)
+                    if len(hin.node_info) != known:
+                        work.hin_changed.add(holder)
             work.redelivered.append(not applied)
             work.prev_graph.append(prev)
             snapshot(ego, eps)
@@ -240,8 +270,35 @@ class AnomalyStage:
         with self.clock.section("anomaly.gnn_score"):
             scores = _gnn_scores(work, q, model)
             self._remember(work, q, scores)
+        extra: dict[str, Any] = {}
+        if work.hin2vec is not None:
+            with self.clock.section("anomaly.hin2vec"):
+                extra = {"hin2vec": self._hin2vec_columns(work), "hin2vec_model": work.hin2vec.tag}
         return _scored(work.source, work.frame, batch, scores, work.redelivered, work.produced_us, model.tag,
-                       fraud_blobs=work.fraud_blobs, merchant_risk=work.merchant_risk)
+                       fraud_blobs=work.fraud_blobs, merchant_risk=work.merchant_risk, **extra)
+
+    @staticmethod
+    def _hin2vec_columns(work: AnomalyWork) -> np.ndarray:
+        """Per row, the embedding of its cardholder's ego graph before it (NaN: none, or a redelivery), and each
+        changed cardholder's embedding after the batch (the ``cardholder_hin2vec`` rows), in one model call of
+        :func:`~fedfraud.training.embeddings.embed.embed_cardholders`, the function batch features use.
+        """
+        from fedfraud.training.embeddings.embed import embed_cardholders
+
+        h2v = work.hin2vec
+        assert h2v is not None
+        rows = sorted(work.hin_before)
+        after: list[tuple[CardholderState, HinGraph]] = []
+        for state in work.changed:  # the states this batch applied a row to
+            graph = _hin_graph(work.hin_states[state.cardholder], h2v)
+            if graph is not None:
+                after.append((state, graph))
+        emb = embed_cardholders(h2v.model, [work.hin_before[i] for i in rows] + [g for _, g in after])
+        cols = np.full((len(work.batch), h2v.cfg.dim), np.nan, dtype=np.float32)
+        cols[rows] = emb[: len(rows)]
+        work.hin_latest = [(s.cardholder, emb[len(rows) + k], h2v.tag, s.version, s.activity.last_seen_us)
+                           for k, (s, _) in enumerate(after)]
+        return cols
 
     def _remember(self, work: AnomalyWork, q: np.ndarray, scores: np.ndarray) -> None:
         """Append fresh scores to the rings, fill redelivered rows' scores from them, set each state's q_t."""
@@ -270,10 +327,13 @@ class AnomalyStage:
         Rings first: after a crash between the two writes, a redelivery finds its transaction in the ego state's
         recent keys and re-emits the score its ring kept; a crash before both leaves nothing, and it is scored anew.
         """
+        hin = [("hin2vec", [(h, work.hin_states[h].info_bytes()) for h in work.hin_changed])] if work.hin_changed \
+            else []  # the node tables that gained a node (none without hin2vec columns)
         with self.clock.section("state.kv_write"):
-            self.kv.put_tables([("scores", [(h, json_bytes(work.rings[h])) for h in work.touched]), *also])
+            self.kv.put_tables([("scores", [(h, json_bytes(work.rings[h])) for h in work.touched]), *also, *hin])
         with self.clock.section("state.push"):
-            self.client.push(work.changed, self.bank_id, work.batch, work.applied_rows)
+            extra = {"hin2vec": work.hin_latest} if work.hin_latest else {}  # cardholder_hin2vec, same write
+            self.client.push(work.changed, self.bank_id, work.batch, work.applied_rows, **extra)
         for state in work.changed:
             self.fresh.put(state.cardholder, state.version, work.model.tag)
 
@@ -333,6 +393,35 @@ class AnomalyStage:
         return _gnn_scores(work, self._embed_with(work.shadow, work), work.shadow)
 
 
+def _hin_states(states: dict[str, CardholderState], blobs: Sequence[bytes | None]) -> dict[str, HinState]:
+    """Each cardholder's G-HIN2Vec view: its ego graph (the same object the stage updates) and its node table
+    from the KV store (a corrupt table is logged and dropped: that cardholder embeds as no graph until its nodes
+    are renewed, never a failed batch).
+    """
+    from fedfraud.training.embeddings.graph import HinState
+
+    out: dict[str, HinState] = {}
+    for (holder, state), blob in zip(states.items(), blobs, strict=True):
+        hin = out[holder] = HinState(ego=state.ego)
+        if blob:
+            try:
+                hin.load_info(blob)
+            except ValueError as exc:
+                log.warning("corrupt_hin2vec_nodes cardholder=%s reason=%s; dropped", holder, exc)
+    return out
+
+
+def _hin_graph(hin: HinState, h2v: Hin2VecModel | None) -> HinGraph | None:
+    """The hetero ego graph of ``hin`` now; None without a merchant, or while a node lacks its category and L'
+    (an ego graph older than its node table embeds as no graph: NaN columns, as on a first transaction).
+    """
+    assert h2v is not None
+    if not hin.complete():
+        return None
+    cfg = h2v.cfg
+    return hin.graph(cfg.merchant_buckets, cfg.cell_deg, cfg.cardholder_summary)
+
+
 def _gnn_scores(work: AnomalyWork, q: np.ndarray, model: GraphScorer) -> np.ndarray:
     """AS of every row of ``work`` with a G_{t-1} and a G_t, from the embeddings ``q`` of ``work.graphs``."""
     scores = np.full(len(work.batch), np.nan, dtype=np.float64)
@@ -378,6 +467,7 @@ def _scored(source: str, frame: pd.DataFrame, batch: PreparedBatch, scores: np.n
         amount=batch.amount,
         mcc=batch.mcc,
         merchant=batch.features.merchant,
+        merchant_hash=np.asarray(batch.merchant_hash, dtype=np.uint64),
         location=batch.features.location,
         time=batch.features.time,
         anomaly_score=scores,

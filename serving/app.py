@@ -391,7 +391,9 @@ def build_app(args: ScoringArgs | dict[str, Any]) -> Application:
 
     registry = ModelRegistry(s.registry_root)
     registry.get("anomaly", s.anomaly_version)  # fail fast, one line, if nothing is registered
-    registry.get("fraud", s.fraud_version)
+    from fedfraud.serving.graph_fraud import fraud_kind
+
+    registry.get(fraud_kind(cfg.fraud.variant), s.fraud_version)
     api_token(s.auth)  # ... and if no API token is configured (each replica reads it again, where it runs)
     replica = _ReplicaArgs(config=cfg, bootstrap_servers=args.bootstrap_servers, consume=args.consume,
                            anomaly_loader=args.anomaly_loader)

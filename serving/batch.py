@@ -4,7 +4,9 @@ The same code serves both paths: each cardholder's transactions are replayed
 through :class:`fedfraud.feature_store.egograph.EgoGraphState` (what serving folds per
 transaction) and scored by :class:`fedfraud.training.anomaly.scorer.AnomalyScorer`
 (what serving loads); the fraud model, when the registry has one, gets the
-same :class:`fedfraud.training.fraud.features.FraudFeatureState` rows serving builds.
+same :class:`fedfraud.training.fraud.features.FraudFeatureState` rows serving builds (a model trained with
+``--features +hin2vec`` also the columns of :func:`~fedfraud.training.embeddings.embed.causal_embeddings`, equal
+to serving's: ``tests/integration/test_hin2vec_serving.py``).
 A test checks that serving and batch scoring give identical anomaly scores.
 
 Memory is bounded: a bank is scored in groups of whole cardholders of about
@@ -92,8 +94,8 @@ def _cardholder_chunks(frame: pd.DataFrame, chunk_rows: int) -> Iterator[pd.Data
         yield part
 
 
-def _merchant_columns(registry: Path, data: Path, encoder_cfg: Any, privacy_cfg: PrivacyConfig
-                      ) -> dict[int, np.ndarray] | None:
+def _merchant_columns(registry: Path, data: Path, encoder_cfg: Any, privacy_cfg: PrivacyConfig,
+                      fraud_kind: str = "fraud") -> dict[int, np.ndarray] | None:
     """Per bank (file order), the merchant-risk columns a fraud model trained with them reads; None for a model
     without. The releases are replayed over the scored data (its banks), as training replays them.
     """
@@ -103,7 +105,7 @@ def _merchant_columns(registry: Path, data: Path, encoder_cfg: Any, privacy_cfg:
     from fedfraud.training.registry import ModelRegistry, RegistryError
 
     try:
-        config = ModelRegistry(registry).get("fraud", "champion").config
+        config = ModelRegistry(registry).get(fraud_kind, "champion").config
     except RegistryError:
         return None
     risk = merchant_risk_for(config)
@@ -113,10 +115,9 @@ def _merchant_columns(registry: Path, data: Path, encoder_cfg: Any, privacy_cfg:
     return dataset_columns(data, encoder_cfg, privacy_cfg, risk, noise)
 
 
-def _load_models(registry: Path) -> tuple[Any, Any, Any, dict[str, str]]:
-    from fedfraud.serving.fraud_stage import fraud_config_for
+def _load_models(registry: Path, fraud_kind: str = "fraud") -> tuple[Any, Any, Any, dict[str, str]]:
+    from fedfraud.serving.fraud_stage import fraud_config_for, load_fraud_model
     from fedfraud.training.anomaly.scorer import AnomalyScorer
-    from fedfraud.training.fraud.model import FraudModel
     from fedfraud.training.registry import ModelRegistry, RegistryError
 
     reg = ModelRegistry(registry)
@@ -127,14 +128,24 @@ def _load_models(registry: Path) -> tuple[Any, Any, Any, dict[str, str]]:
     models = {"anomaly": scorer.tag}
     fraud = fraud_cfg = None
     try:
-        fraud_version = reg.get("fraud", "champion")
+        fraud_version = reg.get(fraud_kind, "champion")
     except RegistryError:
-        logger.info("score registry=%s has no fraud model: writing the anomaly score alone", registry)
+        logger.info("score registry=%s has no %s model: writing the anomaly score alone", registry, fraud_kind)
     else:
-        fraud = FraudModel.from_registry(reg, fraud_version.version)
+        fraud, _ = load_fraud_model(reg, str(fraud_version.version), fraud_kind)  # serving's loader
         fraud_cfg = fraud_config_for(fraud_version.config, None)
         models["fraud"] = fraud_version.tag
     return scorer, fraud, fraud_cfg, models
+
+
+def _hin2vec_model(registry: Path, fraud_kind: str, encoder_dim: int) -> Any:
+    """The G-HIN2Vec encoder the champion fraud model's columns come from (the version its registry config pins,
+    the one serving loads), None for a model without them.
+    """
+    from fedfraud.training.embeddings.features import pinned_hin2vec
+    from fedfraud.training.registry import ModelRegistry
+
+    return pinned_hin2vec(registry, ModelRegistry(registry).get(fraud_kind, "champion").config, encoder_dim)
 
 
 _WORKER: dict[str, Any] = {}
@@ -146,17 +157,19 @@ def _init_worker(registry: Path, privacy: dict[str, Any]) -> None:
 
     torch.set_num_threads(1)
     scorer, fraud, fraud_cfg, _ = _load_models(registry)
-    _WORKER.update(scorer=scorer, fraud=fraud, fraud_cfg=fraud_cfg, privacy=PrivacyConfig.model_validate(privacy))
+    hin2vec = _hin2vec_model(registry, "fraud", scorer.encoder_cfg.dim) if fraud is not None else None
+    _WORKER.update(scorer=scorer, fraud=fraud, fraud_cfg=fraud_cfg, hin2vec=hin2vec,
+                   privacy=PrivacyConfig.model_validate(privacy))
 
 
 def _score_in_worker(part: pd.DataFrame, bank: int, merchant: np.ndarray | None) -> pd.DataFrame:
     w = _WORKER
-    return _score_chunk(part, bank, w["scorer"], w["fraud"], w["fraud_cfg"], w["privacy"], merchant)
+    return _score_chunk(part, bank, w["scorer"], w["fraud"], w["fraud_cfg"], w["privacy"], merchant, w["hin2vec"])
 
 
 def _score_chunk(
     part: pd.DataFrame, bank: int, scorer: Any, fraud: Any, fraud_cfg: Any, privacy_cfg: PrivacyConfig,
-    merchant: np.ndarray | None = None,
+    merchant: np.ndarray | None = None, hin2vec: Any = None,
 ) -> pd.DataFrame:
     featurizer = PrivateFeaturizer.for_bank(scorer.encoder_cfg, privacy_cfg, bank)
     anomaly = scorer.score_frame(part, featurizer)
@@ -175,7 +188,11 @@ def _score_chunk(
         private = featurizer.transform(part)
         features = build_features(part, private, fraud_cfg, anomaly, transitions=fraud.transitions)
         X = features.X if merchant is None else np.hstack([features.X, merchant]).astype(np.float32)
-        decisions = fraud.predict_batch(X)
+        if hin2vec is not None:  # last, as training's with_embeddings; a chunk holds whole cardholders (causal)
+            from fedfraud.training.embeddings.embed import causal_embeddings
+
+            X = np.hstack([X, causal_embeddings(part, featurizer, hin2vec.model, scorer.ego_cfg)])
+        decisions = _decide(fraud, X, part, featurizer)
         out["fraud_score"] = [d.score for d in decisions]
         out["decision"] = ["fraud" if d.decision else "legit" for d in decisions]
         out["top_reasons"] = [
@@ -185,14 +202,37 @@ def _score_chunk(
     return out
 
 
+def _decide(fraud: Any, X: np.ndarray, part: pd.DataFrame, featurizer: PrivateFeaturizer) -> list[Any]:
+    """The fraud model's decisions of ``part``'s rows (file order). A GNN replays them in arrival order through
+    the scorer serving restores per micro-batch (:class:`~fedfraud.training.fraud.gnn.online.OnlineGraphScorer`);
+    ``part`` is then the whole bank, so every merchant neighbourhood is complete.
+    """
+    from fedfraud.serving.graph_fraud import reads_neighbours
+
+    if not reads_neighbours(fraud):
+        return fraud.predict_batch(X)
+    from fedfraud.feature_store.cardholder import merchant_key
+    from fedfraud.feature_store.encoders import timestamps_us
+    from fedfraud.training.fraud.gnn.online import OnlineGraphScorer
+
+    order = np.lexsort((part["transaction_id"].astype(str).to_numpy(), timestamps_us(part["timestamp"])))
+    holders = featurizer.pseudonyms(part["cardholder_id"].astype(str))
+    merchants = [merchant_key(int(h)) for h in featurizer.merchant_hash(part["merchant_id"].astype(str))]
+    decided = OnlineGraphScorer(fraud).decide(X[order], [holders[i] for i in order], [merchants[i] for i in order])
+    out: list[Any] = [None] * len(order)
+    for k, i in enumerate(order):
+        out[i] = decided[k]
+    return out
+
+
 def _ordered(
     chunks: Iterator[tuple[pd.DataFrame, int, np.ndarray | None]], pool: Any, workers: int, scorer: Any, fraud: Any,
-    fraud_cfg: Any, privacy_cfg: PrivacyConfig,
+    fraud_cfg: Any, privacy_cfg: PrivacyConfig, hin2vec: Any = None,
 ) -> Iterator[pd.DataFrame]:
     """Scored chunks in input order: in this process, or ``2 × workers`` at a time in the pool."""
     if pool is None:
         for part, bank, merchant in chunks:
-            yield _score_chunk(part, bank, scorer, fraud, fraud_cfg, privacy_cfg, merchant)
+            yield _score_chunk(part, bank, scorer, fraud, fraud_cfg, privacy_cfg, merchant, hin2vec)
         return
     from collections import deque
 
@@ -215,11 +255,14 @@ def score_path(
     chunk_rows: int = 50_000,
     workers: int = 1,
     progress: bool = True,
+    fraud_kind: str = "fraud",
 ) -> ScoreReport:
     """Score a CSV (as bank ``bank``'s data) or an ingested dataset directory into ``out`` (.csv or .parquet).
 
     ``workers`` > 1 scores chunks of whole cardholders in that many processes
-    (each loads the models once); rows are still written in chunk order.
+    (each loads the models once); rows are still written in chunk order. ``fraud_kind``: the registry kind that
+    decides (:func:`fedfraud.serving.graph_fraud.fraud_kind` of ``fraud.variant``); a GNN (``fraud-gnn``) reads
+    its merchants' neighbours across cardholders, so it scores each bank whole, in this process.
     """
     path, out = Path(path), Path(out)
     if out.suffix not in _SUFFIXES:
@@ -227,7 +270,12 @@ def score_path(
     if not path.exists():
         raise UserError(f"{path} does not exist")
     privacy_cfg = privacy_cfg or PrivacyConfig()
-    scorer, fraud, fraud_cfg, models = _load_models(Path(registry))
+    scorer, fraud, fraud_cfg, models = _load_models(Path(registry), fraud_kind)
+    hin2vec = _hin2vec_model(Path(registry), fraud_kind, scorer.encoder_cfg.dim) if fraud is not None else None
+    if hin2vec is not None:
+        models["hin2vec"] = hin2vec.tag
+    if fraud_kind != "fraud" and fraud is not None:
+        chunk_rows, workers = 2**62, 1  # whole banks: merchant neighbourhoods span cardholders
     from fedfraud.training.registry import ModelRegistry
 
     reg = ModelRegistry(registry)
@@ -253,7 +301,7 @@ def score_path(
             raise UserError(f"{path}: nothing was ingested")
         writer = _Writer(out)
         total = sum(pq.ParquetFile(data / f"bank_{b}" / "transactions.parquet").metadata.num_rows for b in banks)
-        merchant = (_merchant_columns(Path(registry), data, scorer.encoder_cfg, privacy_cfg)
+        merchant = (_merchant_columns(Path(registry), data, scorer.encoder_cfg, privacy_cfg, fraud_kind)
                     if fraud is not None else None)
         chunks = (
             (part, bank if not path.is_dir() else k, None if merchant is None else merchant[k][part.index.to_numpy()])
@@ -271,7 +319,7 @@ def score_path(
             )
         try:
             with tqdm(total=total, unit="tx", desc="score", disable=not progress) as bar:
-                for scored in _ordered(chunks, pool, workers, scorer, fraud, fraud_cfg, privacy_cfg):
+                for scored in _ordered(chunks, pool, workers, scorer, fraud, fraud_cfg, privacy_cfg, hin2vec):
                     writer.write(scored)
                     report.rows += len(scored)
                     report.scored += int(np.isfinite(scored["anomaly_score"]).sum())

@@ -19,11 +19,14 @@ __all__ = ["FOLLOWED", "moved"]
 FOLLOWED = ("champion", "latest")
 
 
-def moved(registry: ModelRegistry, follow: Mapping[str, str], loaded: Mapping[str, str]) -> dict[str, ModelVersion]:
-    """Per kind whose followed name (``follow[kind]``) points at a tag other than ``loaded[kind]``, that version.
+def moved(registry: ModelRegistry, follow: Mapping[str, str], loaded: Mapping[str, str],
+          kinds: Mapping[str, str] | None = None) -> dict[str, ModelVersion]:
+    """Per role whose followed name (``follow[role]``) points at a tag other than ``loaded[role]``, that version.
 
-    Kinds following a pinned version are skipped; a missing kind or name raises
-    :class:`fedfraud.training.registry.RegistryError` (the caller keeps what it serves).
+    A role is read from the registry kind of the same name, or from ``kinds[role]`` (a replica deciding with a
+    GNN reads its ``fraud`` role from kind ``fraud-gnn``). Roles following a pinned version are skipped; a missing
+    kind or name raises :class:`fedfraud.training.registry.RegistryError` (the caller keeps what it serves).
     """
-    targets = {kind: registry.get(kind, name) for kind, name in follow.items() if name in FOLLOWED}
-    return {kind: target for kind, target in targets.items() if target.tag != loaded[kind]}
+    kinds = kinds or {}
+    targets = {role: registry.get(kinds.get(role, role), name) for role, name in follow.items() if name in FOLLOWED}
+    return {role: target for role, target in targets.items() if target.tag != loaded[role]}

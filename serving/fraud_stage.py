@@ -1,4 +1,8 @@
-"""The fraud stage: fraud features + XGBoost decision per transaction (one instance per scorer replica).
+"""The fraud stage: fraud features + the fraud model's decision per transaction (one instance per scorer replica).
+
+The model is XGBoost (kind ``fraud``), or a GNN (kind ``fraud-gnn``) for a replica deployed with
+``fraud.variant: fedavg-gnn | fedrpda``, which also reads its transactions' neighbourhoods
+(:mod:`fedfraud.serving.graph_fraud`); both give the same decision record.
 
 A plain class: the hot path (:mod:`fedfraud.serving.hotpath`) runs it, benchmarks and
 tests call it. Per micro-batch, it takes the anomaly stage's
@@ -33,11 +37,12 @@ import logging
 import math
 import struct
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from fedfraud.serving.graph_fraud import GraphDecisions, reads_neighbours
 from fedfraud.serving.kafka import confirm_sent, json_bytes, json_value, now_us
 from fedfraud.serving.kvstore import KVStore
 from fedfraud.serving.metrics import StageClock
@@ -73,13 +78,25 @@ class Decided:
     records: list[dict[str, Any] | None]
     writes: list[tuple[str, bytes]]
     shadow: list[dict[str, Any]]
+    #: Other KV tables' rows written in the same round trip (a GNN fraud model's neighbourhoods).
+    tables: list[tuple[str, list[tuple[str, bytes]]]] = field(default_factory=list)
+
+    def kv_writes(self) -> list[tuple[str, list[tuple[str, bytes]]]]:
+        """Every KV row of the batch by table: the ``fraud`` states and decision rings first."""
+        return [("fraud", self.writes), *self.tables]
 
 
-def load_fraud_model(registry: ModelRegistry, version: str = "latest") -> tuple[FraudModel, str]:
-    """The fraud model of ``version`` and its registry tag."""
+def load_fraud_model(registry: ModelRegistry, version: str = "latest", kind: str = "fraud") -> tuple[Any, str]:
+    """The fraud model of ``version`` and its registry tag: XGBoost (kind ``fraud``) or a GNN (``fraud-gnn``,
+    :func:`fedfraud.serving.graph_fraud.fraud_kind`).
+    """
+    found = registry.get(kind, version)
+    if kind == "fraud-gnn":
+        from fedfraud.training.fraud.gnn.artifact import GnnFraudModel
+
+        return GnnFraudModel.from_registry(registry, str(found.version)), found.tag
     from fedfraud.training.fraud.model import FraudModel
 
-    found = registry.get("fraud", version)
     return FraudModel.from_registry(registry, str(found.version)), found.tag
 
 
@@ -102,11 +119,6 @@ def fraud_config_for(version_config: dict[str, Any], fallback: Any) -> Any:
                 found = FraudConfig.model_validate(fields)
             except ValidationError:
                 continue
-            if found.extra_features:  # serving and batch scoring do not compute them yet: every row would fail
-                from fedfraud.core.errors import UserError
-
-                raise UserError(f"this fraud model was trained with --features +{', +'.join(found.extra_features)}, "
-                                "which serving and batch scoring do not compute yet; serve a model trained without")
             return found
     return fallback if fallback is not None else FraudConfig()
 
@@ -159,6 +171,7 @@ class FraudStage:
         risk: MerchantRiskConfig | None = None,
     ) -> None:
         self.kv = kv
+        self.graph = GraphDecisions(kv)  # a GNN fraud model's neighbourhoods (unused with XGBoost)
         self.risk = risk  # the merchant-risk columns the row ends with (None: the row has none)
         self.model = model
         self.model_tag = model_tag
@@ -190,7 +203,7 @@ class FraudStage:
         """Where each of ``model.input_names`` sits in the row this stage builds (the model's own feature list)."""
         from fedfraud.training.fraud.features import feature_names
 
-        names = self.row_names = feature_names(self.row_cfg) + self._merchant_names()
+        names = self.row_names = feature_names(self.row_cfg) + self._merchant_names() + _embedding_names(model)
         missing = [n for n in model.input_names if n not in names]
         if missing:
             raise ValueError(
@@ -211,7 +224,12 @@ class FraudStage:
         self.model, self.model_tag, self._columns = model, tag, columns
 
     def set_shadow(self, shadow: tuple[FraudModel, str] | None) -> None:
-        """Score every fresh transaction with this challenger too (None stops shadowing); it never decides."""
+        """Score every fresh transaction with this challenger too (None stops shadowing); it never decides.
+
+        A GNN (champion or challenger) is not shadowed: its neighbourhoods would need a state of their own.
+        """
+        if shadow is not None and (reads_neighbours(shadow[0]) or reads_neighbours(self.model)):
+            raise ValueError("shadowing is not supported with a GNN fraud model (fraud-gnn)")
         if shadow is not None:
             self._shadow_columns = self._columns_of(shadow[0])
         self.shadow = shadow
@@ -257,6 +275,7 @@ class FraudStage:
                 )
                 fresh_rows.append(i)
         shadow_out: list[dict[str, Any]] = []
+        tables: list[tuple[str, list[tuple[str, bytes]]]] = []
         if fresh_rows:
             full = np.stack(features)
             if self.risk is not None:  # the merchant's risk row, read with the states (training's columns)
@@ -264,9 +283,16 @@ class FraudStage:
 
                 rows = scored.merchant_risk or [None] * len(scored)
                 full = np.hstack([full, row_columns([rows[i] for i in fresh_rows], self.risk)])
+            if scored.hin2vec is not None:  # G-HIN2Vec columns last, as training's with_embeddings appends them
+                full = np.hstack([full, scored.hin2vec[fresh_rows]])
             X = full[:, columns]  # the champion's own feature list
             with clock.section("fraud.model"):
-                decisions = model.predict_batch(X, top_k=self.top_k, reasons_for=self.reasons_for)
+                if reads_neighbours(model):  # a GNN: the rows and their cardholders' and merchants' past
+                    decisions, tables = self.graph.decide(
+                        model, tag, X, [scored.cardholder[i] for i in fresh_rows],
+                        _merchant_keys(scored, fresh_rows), self.top_k, self.reasons_for)
+                else:
+                    decisions = model.predict_batch(X, top_k=self.top_k, reasons_for=self.reasons_for)
             with clock.section("fraud.records"):
                 self._records(scored, fresh_rows, decisions, tag, rings, records)
             # monitoring and shadowing never fail a decision: an error costs this batch's figures, not its records
@@ -279,7 +305,7 @@ class FraudStage:
                                                                                   tag)) or []
         touched = {scored.cardholder[i] for i in fresh_rows}
         writes = [(h, pack_fraud_state(states[h].to_bytes(), rings[h])) for h in touched]
-        return Decided(records, writes, shadow_out)
+        return Decided(records, writes, shadow_out, tables)
 
     def emit(self, scored: ScoredBatch, decided: Decided, sends: list[Any] | None = None) -> list[dict[str, Any]]:
         """Send the decisions with the anomaly scores (and shadow scores), once the batch's state is written.
@@ -421,6 +447,14 @@ class FraudStage:
         return futures
 
 
+def _merchant_keys(scored: ScoredBatch, rows: list[int]) -> list[str]:
+    """The keyed merchant hash of each row (a GNN's merchant neighbourhood); the bucket if the batch has none."""
+    from fedfraud.feature_store.cardholder import merchant_key
+
+    keys = scored.merchant if scored.merchant_hash is None else scored.merchant_hash
+    return [merchant_key(int(keys[i])) for i in rows]
+
+
 def _public(record: dict[str, Any]) -> dict[str, Any]:
     """A ring entry without its private bookkeeping (the content hash stays in the bank's state)."""
     return {k: v for k, v in record.items() if k != "content"} if "content" in record else record
@@ -428,3 +462,12 @@ def _public(record: dict[str, Any]) -> dict[str, Any]:
 
 def _finite(value: float) -> float | None:
     return None if math.isnan(value) else float(value)
+
+
+def _embedding_names(model: Any) -> tuple[str, ...]:
+    """The G-HIN2Vec columns that end the row (``ScoredBatch.hin2vec``, in training's ``with_embeddings`` order):
+    as many as ``model`` reads, none for a model trained without ``--features +hin2vec``.
+    """
+    from fedfraud.training.embeddings.embed import embedding_dim_of, embedding_names
+
+    return embedding_names(embedding_dim_of(model.input_names))

@@ -30,6 +30,7 @@ from fedfraud.serving.metrics import StageClock
 if TYPE_CHECKING:
     from fedfraud.serving.anomaly_stage import GraphScorer
     from fedfraud.serving.config import ScorerConfig
+    from fedfraud.training.embeddings.publish import Hin2VecModel
     from fedfraud.training.fraud.model import FraudModel
 
 __all__ = ["HotPath"]
@@ -45,6 +46,7 @@ class HotPath:
         from fedfraud.feature_store.privacy import PrivateFeaturizer
         from fedfraud.serving.anomaly_stage import AnomalyStage
         from fedfraud.serving.fraud_stage import FraudStage, fraud_config_for, load_fraud_model, merchant_risk_for
+        from fedfraud.serving.graph_fraud import fraud_kind
         from fedfraud.serving.kafka import make_producer
         from fedfraud.serving.kvstore import open_kv
         from fedfraud.training.registry import ModelRegistry
@@ -54,7 +56,9 @@ class HotPath:
         self.registry = ModelRegistry(s.registry_root)
         loader: Callable[[ModelRegistry, str], GraphScorer] = _resolve(anomaly_loader)
         self._load_anomaly: Callable[[str], GraphScorer] = lambda v: loader(self.registry, v)
-        self._load_fraud: Callable[[str], tuple[FraudModel, str]] = lambda v: load_fraud_model(self.registry, v)
+        self.fraud_kind = fraud_kind(cfg.fraud.variant)  # XGBoost ("fraud") or a GNN variant ("fraud-gnn")
+        self._load_fraud: Callable[[str], tuple[FraudModel, str]] = lambda v: load_fraud_model(self.registry, v,
+                                                                                               self.fraud_kind)
         self.clock = StageClock()
         self.privacy = cfg.privacy
         kv = open_kv(s.fraud_state_path, Path(cfg.features.repo_dir), s.fraud_state_password_env,
@@ -87,6 +91,8 @@ class HotPath:
                         "score")
         self.retrain = cfg.retrain
         self.fraud.drift = self._drift_monitor(tag)
+        self.encoder_dim = cfg.encoder.dim
+        self.anomaly.hin2vec = self._load_hin2vec(trained)  # None (no cost) unless the fraud model reads hin2vec
         self._shadow_tags: tuple[str, str] | None = None
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -108,7 +114,7 @@ class HotPath:
             scored.content = list(content or [])
             decided = self.fraud.decide(scored)
             # the batch's state, written once: both stages' KV rows in one round trip, then the online-store push
-            self.anomaly.write(work, also=[("fraud", decided.writes)])
+            self.anomaly.write(work, also=decided.kv_writes())
             return self.fraud.emit(scored, decided, sends)
 
     def _score_without_anomaly(self, frame: Any, produced_us: np.ndarray, content: list[str] | None, source: str,
@@ -118,8 +124,24 @@ class HotPath:
         scored.content = list(content or [])
         decided = self.fraud.decide(scored)
         with self.clock.section("state.kv_write"):
-            self.anomaly.kv.put_tables([("fraud", decided.writes)])
+            self.anomaly.kv.put_tables(decided.kv_writes())
         return self.fraud.emit(scored, decided, sends)
+
+    def _load_hin2vec(self, trained: dict[str, Any]) -> Hin2VecModel | None:
+        """The G-HIN2Vec encoder a fraud model's columns come from (the exact version its registry config pins),
+        None for a model without them.
+        """
+        from fedfraud.training.embeddings.features import pinned_hin2vec
+
+        h2v = pinned_hin2vec(self.registry.root, trained, self.encoder_dim)
+        if h2v is None:
+            return None
+        if not self.anomaly_on:
+            raise ValueError("serving.anomaly_stage=false keeps no ego graph, so it cannot serve a fraud model with "
+                             f"hin2vec columns ({h2v.tag})")
+        self._check_features("hin2vec", h2v.tag)
+        log.info("hin2vec columns from %s (dim %d)", h2v.tag, h2v.cfg.dim)
+        return h2v
 
     def _check_features(self, kind: str, tag: str) -> None:
         """The model's card must name this replica's feature mechanism (L′/T′ differ between them)."""
@@ -191,7 +213,7 @@ class HotPath:
         current = {"anomaly": self.anomaly.model.tag, "fraud": self.fraud.model_tag}
         follow = {"anomaly": s.anomaly_version, "fraud": s.fraud_version}
         try:
-            changed = moved(self.registry, follow, current)
+            changed = moved(self.registry, follow, current, {"fraud": self.fraud_kind})
             if not changed:
                 return
             loaded: dict[str, Any] = {}
@@ -203,6 +225,7 @@ class HotPath:
                 self._check_features("fraud", tag)
                 self.fraud.check_layout(model)
                 loaded["fraud"] = (model, tag, self._drift_monitor(tag))
+                loaded["hin2vec"] = self._load_hin2vec(self.registry.get_ref(tag).config)  # swapped with it
         except Exception:  # keep serving the old pair if a new model cannot be read
             log.exception("reload failed; keeping %s", current)
             return
@@ -213,6 +236,7 @@ class HotPath:
                 model, tag, drift = loaded["fraud"]
                 self.fraud.swap(model, tag)
                 self.fraud.drift = drift
+                self.anomaly.hin2vec = loaded["hin2vec"]
         for kind, target in changed.items():
             log.info("hot_swap kind=%s from=%s to=%s (%s)", kind, current[kind], target.tag, follow[kind])
 
@@ -221,6 +245,8 @@ class HotPath:
         with its champion); stop when it is promoted or retired. Both models are loaded and checked before
         either is installed, so a bad challenger leaves the previous shadow state whole.
         """
+        if self.fraud_kind != "fraud":  # a GNN fraud model is not shadowed (FraudStage.set_shadow)
+            return
         try:
             aliases = {k: self.registry.aliases(k).get("challenger") for k in ("anomaly", "fraud")}
             if all(v is None for v in aliases.values()):
@@ -241,6 +267,10 @@ class HotPath:
                 if found is not None:
                     self._check_features(kind, found.tag)
             self.fraud.check_layout(f_model[0])
+            if f is not None and _hin2vec_tag(self.registry, f.config) != _hin2vec_tag(
+                    self.registry, self.registry.get_ref(self.fraud.model_tag).config):
+                raise ValueError(f"{f.tag} reads another hin2vec encoder than the champion's: its columns are not "
+                                 "computed")
         except Exception:  # a challenger that cannot be read never stops the champion
             log.exception("challenger could not be loaded; shadow state unchanged")
             return
@@ -254,6 +284,14 @@ class HotPath:
         self._stop.set()
         if self.fraud.producer is not None:
             self.fraud.producer.close(timeout=5)
+
+
+def _hin2vec_tag(registry: Any, trained: dict[str, Any]) -> str | None:
+    """The tag of the hin2vec encoder a fraud model's registry config pins (None: the model reads none)."""
+    from fedfraud.training.embeddings.features import hin2vec_version_for
+
+    version = hin2vec_version_for(trained)
+    return None if version is None else str(registry.get("hin2vec", version).tag)
 
 
 def _resolve(path: str) -> Any:

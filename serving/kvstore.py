@@ -10,6 +10,9 @@ interface with two backends (``sqlite`` path or ``redis://`` URL, STYLE §6):
 * ``fraud``: :class:`fedfraud.training.fraud.features.FraudFeatureState` bytes plus the
   last few decisions, so a redelivered transaction re-emits its decision
   identically instead of updating the fraud features twice;
+* ``hin2vec``: per merchant node of the ego graph, the category slot and L′ the G-HIN2Vec graph needs
+  (:meth:`fedfraud.training.embeddings.graph.HinState.info_bytes`), kept only while the fraud model reads hin2vec
+  columns;
 * ``counters``: each replica's delivery counters (:mod:`fedfraud.serving.metrics`), so
   totals survive a restart and add up across replicas.
 """
@@ -31,7 +34,7 @@ __all__ = ["REDIS_PASSWORD_ENV", "KVStore", "RedisKV", "SqliteKV", "open_kv"]
 #: Default environment variable of the Redis password (the same server as Feast's online store, db 1).
 REDIS_PASSWORD_ENV = "FEDFRAUD_REDIS_PASSWORD"
 
-TABLES = ("scores", "fraud", "counters", "metrics")
+TABLES = ("scores", "fraud", "hin2vec", "counters", "metrics", "gnn_card", "gnn_merchant")
 
 
 class KVStore(ABC):

@@ -42,6 +42,13 @@ class ScoredBatch:
     #: Per row, the ``merchant_risk`` row of its merchant read in the same online read (None: no row); None when
     #: the replica does not read merchant risk.
     merchant_risk: list[dict[str, Any] | None] | None = None
+    #: Per row, the 64-bit keyed merchant hash (``merchant`` is its bucket, which merchants share): what a GNN fraud
+    #: model's merchant neighbourhood is keyed by. None: not given (the bucket is used).
+    merchant_hash: np.ndarray | None = None
+    #: Per row, the G-HIN2Vec embedding of its cardholder's ego graph *before* the row, float32 ``[n, dim]`` (NaN
+    #: rows: no graph yet, or a redelivery); None when the replica's fraud model reads no hin2vec columns.
+    hin2vec: np.ndarray | None = None
+    hin2vec_model: str = ""  # the hin2vec model's tag when ``hin2vec`` is set
 
     def __post_init__(self) -> None:
         n = len(self.transaction_id)
@@ -49,6 +56,8 @@ class ScoredBatch:
                      "redelivered", "produced_us"):
             if len(getattr(self, name)) != n:
                 raise ValueError(f"ScoredBatch.{name} has {len(getattr(self, name))} rows, expected {n}")
+        if self.hin2vec is not None and (self.hin2vec.ndim != 2 or len(self.hin2vec) != n):
+            raise ValueError(f"ScoredBatch.hin2vec has shape {self.hin2vec.shape}, expected ({n}, dim)")
 
     def __len__(self) -> int:
         return len(self.transaction_id)

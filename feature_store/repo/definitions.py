@@ -58,9 +58,17 @@ merchant_risk_source = FileSource(
     created_timestamp_column="created",
     description="one row per bank, bucket and daily release: the bank's own counts and the federation's release",
 )
+hin2vec_source = FileSource(
+    name="cardholder_hin2vec_rows",
+    path="data/cardholder_hin2vec.parquet",
+    timestamp_field="event_timestamp",
+    created_timestamp_column="created",
+    description="written online only, by the scorer (empty offline): the latest G-HIN2Vec embedding per cardholder",
+)
 cardholder_push = PushSource(name="cardholder_push", batch_source=cardholder_source)
 merchant_push = PushSource(name="merchant_push", batch_source=merchant_source)
 merchant_risk_push = PushSource(name="merchant_risk_push", batch_source=merchant_risk_source)
+hin2vec_push = PushSource(name="cardholder_hin2vec_push", batch_source=hin2vec_source)
 
 # ---------------------------------------------------------------- feature views
 cardholder_ego_state = FeatureView(
@@ -144,6 +152,22 @@ merchant_risk = FeatureView(
     source=merchant_risk_push,
     online=True,
     tags={"owner": "merchant_risk", "privacy": "bank-internal + DP release (SecAgg+, Skellam)"},
+)
+
+cardholder_hin2vec = FeatureView(
+    name="cardholder_hin2vec",
+    entities=[cardholder],
+    ttl=timedelta(0),
+    schema=[
+        Field(name="cardholder", dtype=String),
+        Field(name="hin2vec", dtype=Array(Float32),
+              description="G-HIN2Vec h_G of the cardholder's ego graph after its latest transaction"),
+        Field(name="hin2vec_model", dtype=String, description="the registry tag of the encoder (hin2vec:vN)"),
+        Field(name="state_version", dtype=Int64, description="transactions applied to the ego graph it embeds"),
+    ],
+    source=hin2vec_push,
+    online=True,
+    tags={"owner": "serving", "privacy": "bank-internal (embedding of ldp-noised inputs)"},
 )
 
 # ---------------------------------------------------------------- services (versioned)

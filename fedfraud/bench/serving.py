@@ -27,9 +27,10 @@ processes on a busy machine do not inflate it) and wall ms per micro-batch.
 
 With ``--peers`` (:func:`run_peer_bench`, issue 42) the bench instead measures the hot path against what a user would
 run instead, in the same run: the plain peer (:mod:`fedfraud.bench.peer`: consumer → XGBoost on the same features →
-producer), the hot path with its anomaly stage off (``serving.anomaly_stage: false``) and the full hot path,
-alternated A B C per round so the machine's drift hits all three alike; every figure is also given as a ratio to the
-peer's.
+producer), the hot path with its anomaly stage off (``serving.anomaly_stage: false``), the full hot path, and the
+full hot path deciding with the GNN fraud model (``fraud.variant: fedrpda``, issue 38) instead of XGBoost,
+alternated A B C D per round so the machine's drift hits all of them alike; every figure is also given as a ratio to
+the peer's.
 
 Online store: the config's ``features.profile``. With ``redis`` the bench uses
 its own database (:data:`BENCH_REDIS_DB`, flushed at start because replayed
@@ -347,8 +348,8 @@ def load_block(rt: Any, chunk: Any, rate: float, timeout_s: float = 600.0) -> tu
 
 
 def publish_bench_models(reg: Any, train: Any, cfg: Any) -> None:
-    """A fraud model fitted on ``train`` and an untrained anomaly model (same cost to run as a trained one),
-    each published unless ``reg`` already holds one.
+    """A fraud model fitted on ``train``, an untrained GNN fraud model (kind ``fraud-gnn``, variant ``fedrpda``) and
+    an untrained anomaly model (same cost to run as trained ones), each published unless ``reg`` already holds one.
     """
     import torch
 
@@ -357,12 +358,23 @@ def publish_bench_models(reg: Any, train: Any, cfg: Any) -> None:
     from fedfraud.training.fraud.features import build_features, fit_transitions
     from fedfraud.training.fraud.model import fit_model
 
+    fcfg = FraudConfig(nthread=1)  # the production size (200 trees): the reasons' cost grows with it
+    private = PrivateFeaturizer.for_bank(cfg.encoder, cfg.privacy, 0).transform(train)
+    table = fit_transitions(train, private.cardholder, np.ones(len(train), dtype=bool))
+    feats = build_features(train, private, fcfg, transitions=table)
     if reg.latest("fraud") is None:
-        fcfg = FraudConfig(nthread=1)  # the production size (200 trees): the reasons' cost grows with it
-        private = PrivateFeaturizer.for_bank(cfg.encoder, cfg.privacy, 0).transform(train)
-        table = fit_transitions(train, private.cardholder, np.ones(len(train), dtype=bool))
-        feats = build_features(train, private, fcfg, transitions=table)
         fit_model(feats, feats, True, fcfg, "centralized").publish(reg, config={"fraud": fcfg.model_dump()}, metrics={})
+    if reg.latest("fraud-gnn") is None:
+        from fedfraud.training.fraud.gnn.artifact import GnnFraudModel
+        from fedfraud.training.fraud.gnn.model import ScalerSums
+        from fedfraud.training.fraud.gnn.task import build_model, state_arrays
+        from fedfraud.training.fraud.gnn.trainer import gnn_used_features
+
+        used = gnn_used_features(feats.names, True)
+        net = build_model(feats.names, used, fcfg.gnn, 0)  # the production size (cfg.fraud.gnn)
+        net.set_scaler(ScalerSums.of(net.layout.numeric_values(feats.X)))
+        GnnFraudModel(state_arrays(net), feats.names, used, fcfg.gnn, 0.5, "fedrpda", transitions=table).publish(
+            reg, config={"fraud": fcfg.model_copy(update={"variant": "fedrpda"}).model_dump()}, metrics={})
     if reg.latest("anomaly") is None:
         from fedfraud.training.anomaly.config import AnomalyConfig
         from fedfraud.training.anomaly.model import AnomalyModel
@@ -420,7 +432,8 @@ def _bench_redis(serving: Any, features: Any) -> tuple[Any, Any]:
 
 # ---------------------------------------------------------------------------------------------- peers (issue 42)
 #: The variants of ``--peers``, alternated in this order every round; the first is the reference of every ratio.
-PEER_VARIANTS = ("plain peer: consumer → XGBoost → producer", "hot path, GNN stage off", "full hot path")
+PEER_VARIANTS = ("plain peer: consumer → XGBoost → producer", "hot path, GNN stage off", "full hot path",
+                 "full hot path, GNN fraud model (fedrpda)")
 
 
 @dataclass
@@ -460,7 +473,7 @@ class PeersResult:
             "",
             f"{self.cpus} CPUs, load average {self.load_avg[0]:.1f} at start and {self.load_avg[1]:.1f} at end; online "
             f"store {self.store}; {self.partitions} partition(s), a fresh embedded Tansu broker per block, the same "
-            f"librdkafka client settings and load generator for all three; A B C alternated {rounds} time(s), each "
+            f"librdkafka client settings and load generator for all of them; A B C D alternated {rounds} time(s), each "
             f"block: warm-up, a {self.backlog:,} tx backlog, then {self.seconds:g} s at each offered load. Each cell: "
             "the median over the variant's blocks, then (×) its ratio to the plain peer's median.",
             "",
@@ -495,6 +508,12 @@ class PeersResult:
             else:
                 verdict = f"missed by {ratio / bound - 1:.0%} over the bound (×{bound:.2f})"
             lines.append(f"| {name} | ×{ratio:.2f} | {verdict} |")
+        gnn = self._median(PEER_VARIANTS[3], "cpu_ms_tx") / self._median(PEER_VARIANTS[2], "cpu_ms_tx")
+        verdict = "met (bound ×2.00)" if gnn <= 2.0 else f"missed by {gnn / 2.0 - 1:.0%} over the bound (×2.00)"
+        lines += ["", "Issue 38's target (the GNN fraud model against XGBoost, both on the full hot path, this run):",
+                  "", "| target | ratio | |", "|---|---|---|",
+                  "| replica CPU per transaction with the GNN fraud model ≤ 2× with XGBoost | "
+                  f"×{gnn:.2f} | {verdict} |"]
         return "\n".join(lines) + "\n"
 
     def _blocks_markdown(self) -> str:
@@ -650,11 +669,13 @@ def run_peer_bench(config: Any = None, rounds: int = 2, backlog: int = 2000, loa
                         producer.close(timeout=5)
             else:
                 serving = s.model_copy(update={"registry_root": str(reg.root), "bootstrap_servers": None,
-                                               "auth": per_run_token(s.auth, tmp), "anomaly_stage": k == 2})
+                                               "auth": per_run_token(s.auth, tmp), "anomaly_stage": k >= 2})
                 features = cfg.features.model_copy(update={"repo_dir": str(tmp / f"repo-{r}-{k}")})
+                fraud = cfg.fraud.model_copy(update={"variant": "fedrpda" if k == 3 else "federated"})
                 if store == "redis":
                     serving, features = _bench_redis(serving, features)
-                rt = start(cfg.model_copy(update={"serving": serving, "features": features}), replay_source=True)
+                rt = start(cfg.model_copy(update={"serving": serving, "features": features, "fraud": fraud}),
+                           replay_source=True)
                 try:
                     def profile(reset: bool, _rt: Any = rt) -> dict[str, dict[str, float]]:
                         merged: dict[str, dict[str, float]] = {}  # the replicas' sections, summed by name

@@ -153,11 +153,12 @@ def serving(
                            "merchant-risk read, alternated in one run")
     ] = False,
     rounds: Annotated[
-        int, typer.Option("--rounds", min=1, help="A/B (or A/B/C) rounds (with --merchant-risk-ab or --peers)")
+        int, typer.Option("--rounds", min=1, help="A/B (or A/B/C/D) rounds (with --merchant-risk-ab or --peers)")
     ] = 2,
     peers: Annotated[
         bool, typer.Option("--peers", help="instead: the plain consumer → XGBoost → producer peer, the hot path with "
-                           "its GNN stage off and the full hot path, alternated in one run; throughput, p50/p99 at "
+                           "its GNN stage off, the full hot path and the full hot path deciding with the GNN fraud "
+                           "model (fedrpda), alternated in one run; throughput, p50/p99 at "
                            "250 and 1,000 tx/s and CPU per transaction, each as a ratio to the peer")
     ] = False,
     out: OutOption = None,
@@ -166,7 +167,8 @@ def serving(
     if peers:
         from fedfraud.bench.serving import run_peer_bench
 
-        emit(run_peer_bench(config_of(ctx), rounds=rounds, backlog=backlog, seconds=seconds).to_markdown(), out)
+        result = run_peer_bench(config_of(ctx), rounds=rounds, backlog=backlog, seconds=seconds)
+        emit(result.to_markdown(), out, result)
         return
     if merchant_risk_ab:
         from fedfraud.bench.merchant_ab import run_merchant_risk_ab

@@ -31,10 +31,12 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Score every transaction: anomaly score; fraud score, decision and reasons when a fraud model exists."""
         from fedfraud.serving.batch import score_path
+        from fedfraud.serving.graph_fraud import fraud_kind
 
         cfg = config_of(ctx, needs_secret=True)
         report = score_path(
-            path, registry, out, bank=bank, privacy_cfg=cfg.privacy, chunk_rows=chunk_rows, workers=workers
+            path, registry, out, bank=bank, privacy_cfg=cfg.privacy, chunk_rows=chunk_rows, workers=workers,
+            fraud_kind=fraud_kind(cfg.fraud.variant),
         )
         models = ", ".join(f"{k}={v}" for k, v in report.models.items())
         typer.echo(

@@ -179,3 +179,36 @@ def test_batch_scoring_gives_a_merchant_risk_model_the_columns_it_was_trained_on
     got = mine.loc[frame["transaction_id"].astype(str), "fraud_score"].to_numpy()
     np.testing.assert_allclose(got, expected, rtol=0, atol=1e-6)
     assert np.nanstd(merchant[0][:, 0]) > 0  # the columns carry something (the test is not vacuous)
+
+
+def test_batch_scoring_with_a_gnn_fraud_model_equals_the_offline_graph(published: tuple[Path, Path],
+                                                                       tmp_path: Path) -> None:
+    """``fedfraud score`` with ``fraud.variant: fedrpda`` (kind ``fraud-gnn``) replays each bank whole through the
+    scorer serving uses: its fraud scores equal the offline transaction graph's, row for row.
+    """
+    import shutil
+
+    from fedfraud.bench.serving import COLUMNS, publish_bench_models
+    from fedfraud.feature_store.privacy import PrivateFeaturizer
+    from fedfraud.serving.batch import score_path
+    from fedfraud.training.fraud.features import build_features
+    from fedfraud.training.fraud.gnn.artifact import GnnFraudModel
+    from fedfraud.training.fraud.gnn.graph import build_graph
+
+    data, registry = published
+    reg = ModelRegistry(shutil.copytree(registry, tmp_path / "registry"))  # the module's registry stays GNN-free
+    frame0 = read_bank(data, 0)
+    publish_bench_models(reg, frame0[COLUMNS].head(400), CFG)
+    out = tmp_path / "gnn.parquet"
+    report = score_path(data, reg.root, out, progress=False, fraud_kind="fraud-gnn", chunk_rows=50, workers=2)
+    assert report.models["fraud"] == "fraud-gnn:v1"
+    scored = pd.read_parquet(out)
+    bank0 = scored[scored["bank"] == 0].set_index("transaction_id").loc[frame0["transaction_id"].astype(str)]
+    model = GnnFraudModel.from_registry(reg, "latest")
+    fcfg = CFG.fraud
+    private = PrivateFeaturizer.for_bank(CFG.encoder, CFG.privacy, 0).transform(frame0)
+    feats = build_features(frame0, private, fcfg, bank0["anomaly_score"].to_numpy(), transitions=model.transitions)
+    offline = model.scores(build_graph(feats, frame0, model.cfg.neighbors, 0))
+    np.testing.assert_allclose(bank0["fraud_score"].to_numpy(), offline, rtol=0, atol=1e-5)
+    assert set(bank0["decision"]) <= {"fraud", "legit"}
+    assert all(len(json.loads(r)) == 3 for r in bank0["top_reasons"])

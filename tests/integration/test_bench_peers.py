@@ -131,3 +131,42 @@ def test_gnn_off_switch_skips_the_anomaly_stage(frame, tmp_path: Path) -> None:
         hot.score(frame.iloc[360:380].reset_index(drop=True), produced[:20])
     assert spy.calls >= 1
     hot.close()
+
+
+def test_hot_path_deployed_with_a_gnn_variant_decides_with_the_gnn_fraud_model(frame, tmp_path: Path) -> None:
+    """``fraud.variant: fedrpda``: the replica loads kind ``fraud-gnn``, decides with it on the full hot path (the
+    anomaly stage on), keeps the neighbourhoods in its KV store and re-emits a redelivery from the ring.
+    """
+    from fedfraud.bench.serving import publish_bench_models
+    from fedfraud.config import FedfraudConfig
+    from fedfraud.feature_store.feast_store import apply_repo, open_store
+    from fedfraud.serving.config import ScorerConfig
+    from fedfraud.serving.graph_fraud import GNN_TABLES
+    from fedfraud.serving.hotpath import HotPath
+    from fedfraud.training.registry import ModelRegistry
+
+    cfg = FedfraudConfig()
+    reg = ModelRegistry(tmp_path / "registry")
+    publish_bench_models(reg, frame.head(300), cfg)
+    features = cfg.features.model_copy(update={"repo_dir": str(tmp_path / "repo")})
+    serving = cfg.serving.model_copy(update={"registry_root": str(reg.root), "reasons_for": "all"})
+    fraud = cfg.fraud.model_copy(update={"variant": "fedrpda"})
+    cfg = cfg.model_copy(update={"serving": serving, "features": features, "fraud": fraud})
+    apply_repo(open_store(cfg.features))
+    hot = HotPath(ScorerConfig.of(cfg), None, "fedfraud.serving.anomaly_stage:load_anomaly_scorer")
+    try:
+        assert hot.models()["fraud"] == "fraud-gnn:v1" and hot.fraud_kind == "fraud-gnn"
+        rows = frame.iloc[300:360].reset_index(drop=True)
+        produced = np.arange(1, len(rows) + 1, dtype=np.int64)
+        records = hot.score(rows, produced)
+        assert len(records) == len(rows) and {r["models"]["fraud"] for r in records} == {"fraud-gnn:v1"}
+        assert all(0.0 <= r["score"] <= 1.0 and r["decision"] in ("fraud", "legit") and len(r["top_reasons"]) == 3
+                   for r in records)
+        assert any(r["anomaly_score"] is not None for r in records)  # the anomaly stage ran before it
+        kv = hot.anomaly.kv
+        holders = list(dict.fromkeys(r["cardholder"] for r in records))
+        assert all(kv.get_many(GNN_TABLES[0], holders))  # every cardholder's neighbourhood was written
+        again = hot.score(rows, produced)
+        assert all(r["redelivered"] for r in again) and [r["score"] for r in again] == [r["score"] for r in records]
+    finally:
+        hot.close()

@@ -280,3 +280,61 @@ def test_one_transaction_at_a_time_scores_as_the_offline_graph(tiny, trained):
     assert all(len(q) <= cfg.gnn.neighbors for q in scorer.recent[0].values())
     one = scorer.score(g.features.X[order[0]], "someone-new", "somewhere-new")
     assert 0.0 <= one <= 1.0
+
+
+def test_serving_decides_with_the_gnn_as_the_offline_graph_scores(tiny, trained, tmp_path):
+    """The fraud stage of a replica deployed with ``fraud.variant: fedrpda``: micro-batches of a bank, the
+    neighbourhoods written to and read back from the KV store between them, give the offline graph's scores, and
+    each decision record has XGBoost's shape (score, decision, top reasons, the model tags).
+    """
+    from fedfraud.feature_store.encoders import timestamps_us
+    from fedfraud.feature_store.privacy import PrivateFeaturizer
+    from fedfraud.serving.fraud_stage import FraudStage, fraud_config_for, load_fraud_model
+    from fedfraud.serving.graph_fraud import GNN_TABLES, fraud_kind
+    from fedfraud.serving.kvstore import SqliteKV
+    from fedfraud.serving.scored import ScoredBatch
+    from fedfraud.training.registry import ModelRegistry
+
+    cfg, graphs, frames = tiny
+    bank = 1
+    g, frame = graphs[bank], frames[bank]
+    trained_model = trained[1]["fedrpda#0"]
+    trained_model.transitions = g.features.transitions  # what publishing does with the serving bank's table
+    version = trained_model.publish(ModelRegistry(tmp_path / "reg"), config={"fraud": cfg.model_dump()}, metrics={})
+    assert fraud_kind("fedrpda") == fraud_kind("fedavg-gnn") == version.kind == "fraud-gnn"
+    model, tag = load_fraud_model(ModelRegistry(tmp_path / "reg"), "latest", fraud_kind("fedrpda"))
+    assert tag == "fraud-gnn:v1" and model.transitions == g.features.transitions
+
+    from fedfraud.config import load_config
+
+    full = load_config(None, [])
+    featurizer = PrivateFeaturizer.for_bank(full.encoder, full.privacy, bank)
+    kv = SqliteKV(tmp_path / "kv.sqlite")
+    stage = FraudStage(kv, model, tag, fraud_config_for({"fraud": cfg.model_dump()}, None), full.encoder.dim, ring=4,
+                       reasons_for="all")
+    ts = timestamps_us(frame["timestamp"])
+    arrival = np.lexsort((frame["transaction_id"].to_numpy(), ts))
+    scores = np.full(len(frame), np.nan)
+    for start in range(0, len(arrival), 9):
+        idx = arrival[start:start + 9]
+        part = frame.iloc[idx]
+        private = featurizer.transform(part)
+        scored = ScoredBatch("test", part["transaction_id"].tolist(), list(private.cardholder), ts[idx].tolist(),
+                             part["amount"].tolist(), part["mcc"].astype(str).tolist(), private.merchant,
+                             private.location, private.time, np.full(len(idx), np.nan), np.zeros(len(idx), bool),
+                             np.zeros(len(idx), dtype=np.int64), "anomaly:v1",
+                             merchant_hash=featurizer.merchant_hash(part["merchant_id"]))
+        decided = stage.decide(scored)
+        kv.put_tables(decided.kv_writes())  # what the hot path writes between micro-batches
+        scores[idx] = [r["score"] for r in decided.records]
+    np.testing.assert_allclose(scores, model.scores(g), rtol=0, atol=1e-5)
+    assert {t for t, rows in decided.kv_writes() if rows} == {"fraud", *GNN_TABLES}
+    record = decided.records[-1]
+    assert record["models"] == {"anomaly": "anomaly:v1", "fraud": "fraud-gnn:v1"}
+    assert record["decision"] == ("fraud" if record["score"] >= model.threshold else "legit")
+    reasons = record["top_reasons"]
+    assert len(reasons) == 3 and all(set(r) == {"feature", "value", "contribution"} for r in reasons)
+    assert {r["feature"] for r in reasons} <= {*model.used, "hour_utc", "card_neighbours", "merchant_neighbours"}
+    # a redelivered transaction is re-emitted from the ring, its neighbourhoods untouched
+    again = stage.decide(scored)
+    assert again.records[-1] == {**record, "redelivered": True} and not again.tables

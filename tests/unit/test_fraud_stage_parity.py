@@ -158,9 +158,7 @@ def test_merchant_risk_rows_read_online_give_the_training_columns_and_the_shadow
     np.testing.assert_allclose(shadow, challenger.scores(feats.X), rtol=0, atol=1e-6)
 
 
-def test_a_model_with_features_serving_does_not_compute_is_refused_in_one_line() -> None:
-    from fedfraud.core.errors import UserError
-
+def test_a_hin2vec_model_keeps_its_extra_features() -> None:
+    """Serving computes the hin2vec columns (tests/integration/test_hin2vec_serving.py): no refusal any more."""
     trained = {"fraud": CFG.model_copy(update={"extra_features": ("hin2vec",)}).model_dump()}
-    with pytest.raises(UserError, match=r"--features \+hin2vec"):
-        fraud_config_for(trained, None)
+    assert fraud_config_for(trained, None).extra_features == ("hin2vec",)

@@ -24,7 +24,7 @@ from fedfraud.feature_store.schema import event_order
 from fedfraud.training.embeddings.graph import HinGraph, HinState, collate
 from fedfraud.training.embeddings.model import Hin2Vec
 
-__all__ = ["causal_embeddings", "embed_cardholders", "embedding_names", "sample_graphs"]
+__all__ = ["causal_embeddings", "embed_cardholders", "embedding_dim_of", "embedding_names", "sample_graphs"]
 
 logger = logging.getLogger(__name__)
 
@@ -32,6 +32,12 @@ logger = logging.getLogger(__name__)
 def embedding_names(dim: int) -> tuple[str, ...]:
     """Column names of the embedding in a fraud-feature row."""
     return tuple(f"hin2vec_{i}" for i in range(dim))
+
+
+def embedding_dim_of(names: Sequence[str]) -> int:
+    """How many embedding columns a feature list holds (0: none); they are always ``embedding_names(dim)``."""
+    present = set(names)
+    return sum(1 for n in embedding_names(len(names)) if n in present)
 
 
 def embed_cardholders(model: Hin2Vec, states: Sequence[HinState | HinGraph | None], chunk: int = 512) -> np.ndarray:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -21,12 +22,35 @@ from fedfraud.training.embeddings.embed import causal_embeddings, embedding_name
 from fedfraud.training.embeddings.model import Hin2Vec
 from fedfraud.training.fraud.features import FraudFeatures
 
-__all__ = ["HIN2VEC_FEATURE", "bank_embedding_columns", "with_embeddings"]
+if TYPE_CHECKING:
+    from fedfraud.training.embeddings.publish import Hin2VecModel
+
+__all__ = ["HIN2VEC_FEATURE", "HIN2VEC_MODEL_KEY", "bank_embedding_columns", "hin2vec_version_for", "pinned_hin2vec",
+           "with_embeddings"]
 
 logger = logging.getLogger(__name__)
 
 #: The name of the feature set in ``fraud.extra_features`` / ``--features +hin2vec``.
 HIN2VEC_FEATURE = "hin2vec"
+#: The fraud model's registry-config key naming the exact hin2vec version (``hin2vec:v3``) its columns came from.
+HIN2VEC_MODEL_KEY = "hin2vec_model"
+
+
+def hin2vec_version_for(version_config: dict[str, Any]) -> str | None:
+    """The hin2vec version a fraud model's columns must be computed with (its registry config), None without them.
+
+    Why pinned: ``latest`` moves when a new encoder is published, and a fraud model read with another encoder's
+    columns scores off-distribution. A model trained before the tag was recorded falls back to the
+    ``fraud.hin2vec_version`` it was trained with.
+    """
+    fraud = version_config.get("fraud")
+    extra = fraud.get("extra_features") if isinstance(fraud, dict) else None
+    if not extra or HIN2VEC_FEATURE not in extra:
+        return None
+    tag = version_config.get(HIN2VEC_MODEL_KEY)
+    if isinstance(tag, str) and ":v" in tag:
+        return tag.split(":", 1)[1]
+    return str(fraud.get("hin2vec_version") or "latest")
 
 
 def bank_embedding_columns(root: Path, bank: int, model: Hin2Vec, encoder_cfg: EncoderConfig,
@@ -50,3 +74,19 @@ def with_embeddings(base: FraudFeatures, cols: np.ndarray) -> FraudFeatures:
         raise ValueError(f"embedding columns have shape {cols.shape}, features {len(base)} rows")
     names = (*base.names, *embedding_names(cols.shape[1]))
     return dataclasses.replace(base, X=np.hstack([base.X, cols]).astype(np.float32), names=names)
+
+
+def pinned_hin2vec(root: Path | str, version_config: dict[str, Any], encoder_dim: int) -> Hin2VecModel | None:
+    """The encoder a fraud model's hin2vec columns must be computed with (:func:`hin2vec_version_for`), loaded, or
+    None for a model without them: what serving and batch scoring both load, so their columns are training's.
+    """
+    from fedfraud.training.embeddings.publish import load_hin2vec
+
+    version = hin2vec_version_for(version_config)
+    if version is None:
+        return None
+    h2v = load_hin2vec(root, version)
+    if h2v.encoder_dim != encoder_dim:
+        raise UserError(f"{h2v.tag} reads L' of size {h2v.encoder_dim}, the features here use encoder.dim "
+                        f"{encoder_dim}: train them with the same encoder.dim")
+    return h2v

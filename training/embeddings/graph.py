@@ -20,6 +20,8 @@ No cardholder identifier, raw coordinate, amount or timestamp is in a :class:`Hi
 from __future__ import annotations
 
 import math
+import struct
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -32,6 +34,11 @@ from fedfraud.feature_store.egograph import EgoGraphState
 from fedfraud.feature_store.events import SUMMARY_SIZE, category_slot, history_summary
 
 __all__ = ["EDGE_TYPES", "NODE_TYPES", "HinBatch", "HinGraph", "HinState", "collate"]
+
+_INFO_MAGIC = b"H2VN"
+_INFO_VERSION = 1
+_INFO_HEAD = struct.Struct("<4sHII")  # magic, version, nodes, L' size
+_CRC = struct.Struct("<I")
 
 NODE_TYPES = ("cardholder", "merchant", "category", "location")
 #: (source type, relation, destination type); the index is the relation's id in the triplet model.
@@ -115,6 +122,44 @@ class HinState:
         if len(self.node_info) > 2 * ego.cfg.max_nodes:
             live = set(ego.node_key)
             self.node_info = {k: v for k, v in self.node_info.items() if k in live}
+
+    def complete(self) -> bool:
+        """Every node of the ego graph has its category and L' here (a state built by :meth:`apply` always has;
+        serving's may not: an ego graph pushed before its node table was kept embeds as no graph until then).
+        """
+        info = self.node_info
+        return all(k in info for k in self.ego.node_key)
+
+    def info_bytes(self) -> bytes:
+        """The node table of the live nodes, for serving's KV store (bank-internal: category slots and L').
+
+        Layout: magic, version, node count, L' size, then keys (uint64), slots (int16), L' rows (float32), CRC32.
+        """
+        live = [k for k in self.ego.node_key if k in self.node_info]
+        d = len(self.node_info[live[0]][1]) if live else 0
+        keys = np.asarray(live, dtype=np.uint64)
+        slots = np.asarray([self.node_info[k][0] for k in live], dtype=np.int16)
+        loc = np.stack([self.node_info[k][1] for k in live]).astype(np.float32) if live else np.zeros(0, np.float32)
+        body = _INFO_HEAD.pack(_INFO_MAGIC, _INFO_VERSION, len(live), d) + keys.tobytes() + slots.tobytes() + \
+            loc.tobytes()
+        return body + _CRC.pack(zlib.crc32(body))
+
+    def load_info(self, blob: bytes) -> None:
+        """Merge a node table written by :meth:`info_bytes`; raises ``ValueError`` on a corrupt or foreign blob."""
+        if len(blob) < _INFO_HEAD.size + _CRC.size:
+            raise ValueError("hin2vec node table: truncated")
+        body, (crc,) = blob[:-_CRC.size], _CRC.unpack(blob[-_CRC.size:])
+        magic, version, n, d = _INFO_HEAD.unpack_from(body)
+        if magic != _INFO_MAGIC or version != _INFO_VERSION:
+            raise ValueError(f"hin2vec node table: unknown header {magic!r} v{version}")
+        if zlib.crc32(body) != crc or len(body) != _INFO_HEAD.size + n * (8 + 2 + 4 * d):
+            raise ValueError("hin2vec node table: bad length or checksum")
+        at = _INFO_HEAD.size
+        keys = np.frombuffer(body, np.uint64, n, at)
+        slots = np.frombuffer(body, np.int16, n, at + 8 * n)
+        loc = np.frombuffer(body, np.float32, n * d, at + 10 * n).reshape(n, d)
+        for k, c, v in zip(keys.tolist(), slots.tolist(), loc, strict=True):
+            self.node_info.setdefault(int(k), (int(c), v.copy()))
 
     def graph(self, buckets: int, cell_deg: float, summary: bool = True) -> HinGraph | None:
         """The heterogeneous view of the ego graph now; None while it has no merchant."""

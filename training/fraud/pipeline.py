@@ -55,6 +55,9 @@ def load_fraud_banks(cfg: FedfraudConfig, data: Path, registry: Path, anomaly_ve
         encoder = getattr(scorer, "encoder_cfg", cfg.encoder)
         banks = {b: with_embeddings(f, bank_embedding_columns(root, b, h2v.model, encoder, cfg.privacy, cfg.egograph))
                  for b, f in banks.items()}
+        hin2vec_tag = h2v.tag
+    else:
+        hin2vec_tag = None
     rows = sum(len(b) for b in banks.values())
     col = next(iter(banks.values())).names.index(ANOMALY_FEATURE)
     info: dict[str, Any] = {
@@ -62,6 +65,8 @@ def load_fraud_banks(cfg: FedfraudConfig, data: Path, registry: Path, anomaly_ve
         "frauds": int(sum(np.nansum(b.label) for b in banks.values())),
         "as_coverage": float(sum(np.isfinite(b.X[:, col]).sum() for b in banks.values()) / max(rows, 1)),
     }
+    if hin2vec_tag is not None:  # the exact encoder: serving and batch scoring load this one, not `latest`
+        info["hin2vec_model"] = hin2vec_tag
     return banks, info
 
 
@@ -286,6 +291,10 @@ def train_and_publish(cfg: FedfraudConfig, data: Path, out: Path, bank: int = 0,
                 metrics[f"bank{bank}_test_frauds"] = int(own.label.sum())
         config = {"fraud": cfg.fraud.model_dump(), "encoder": cfg.encoder.model_dump(),
                   "anomaly_model": info["anomaly_model"], "data": info["data"], "banks": sorted(banks)}
+        if "hin2vec_model" in info:  # the exact encoder, read back by hin2vec_version_for (serving, batch scoring)
+            from fedfraud.training.embeddings.features import HIN2VEC_MODEL_KEY
+
+            config[HIN2VEC_MODEL_KEY] = info["hin2vec_model"]
         if cfg.fraud.merchant_risk_features:  # serving reads the same columns (serving.fraud_stage.merchant_risk_for)
             config["merchant_risk"] = cfg.merchant_risk.model_dump(mode="json")
             config["merchant_noise"] = cfg.merchant_noise.model_dump(mode="json")

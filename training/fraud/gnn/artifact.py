@@ -2,8 +2,8 @@
 
 Files of a version: ``gnn_weights.npz`` (the state dict as arrays, loaded with ``allow_pickle=False``: nothing in
 it can run code) and ``gnn_model.json`` (layout, settings, threshold, variant, provenance). It is published under
-its own kind, ``fraud-gnn``, so the serving path, which loads kind ``fraud`` as an XGBoost booster, keeps deciding
-with the XGBoost model until it learns to build a transaction's graph neighbourhood.
+its own kind, ``fraud-gnn``, beside the XGBoost model (kind ``fraud``); a replica deployed with ``fraud.variant``
+``fedavg-gnn`` or ``fedrpda`` decides with it (:mod:`fedfraud.serving.graph_fraud`).
 """
 
 from __future__ import annotations
@@ -12,10 +12,11 @@ import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
+from fedfraud.training.fraud.features import CategoryTransitions
 from fedfraud.training.fraud.gnn.config import GnnConfig
 from fedfraud.training.fraud.gnn.graph import TransactionGraph
 from fedfraud.training.registry import ModelRegistry, ModelVersion
@@ -31,7 +32,11 @@ META_FILE = "gnn_model.json"
 
 @dataclass
 class GnnFraudModel:
-    """The global model of one federated GNN job (``score >= threshold`` is fraud)."""
+    """The global model of one federated GNN job (``score >= threshold`` is fraud).
+
+    ``transitions``: the serving bank's category-transition table its ``mcc_transition_surprise`` column was
+    computed with (serving passes it to ``FraudFeatureState.update``, as for XGBoost).
+    """
 
     arrays: dict[str, np.ndarray]
     names: tuple[str, ...]
@@ -40,6 +45,14 @@ class GnnFraudModel:
     threshold: float
     variant: str
     meta: dict[str, Any] = field(default_factory=dict)
+    transitions: CategoryTransitions | None = None
+    #: Its registry kind; serving tells a GNN from an XGBoost model by it (``serving.graph_fraud``).
+    kind: ClassVar[str] = KIND
+
+    @property
+    def input_names(self) -> tuple[str, ...]:
+        """The feature row layout the model reads (what the fraud stage hands it)."""
+        return self.names
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.threshold <= 1.0:
@@ -70,6 +83,8 @@ class GnnFraudModel:
         np.savez(folder / WEIGHTS_FILE, **self.arrays)
         meta = {"names": list(self.names), "used": list(self.used), "gnn": self.cfg.model_dump(),
                 "threshold": self.threshold, "variant": self.variant, "meta": self.meta}
+        if self.transitions is not None:
+            meta["category_transitions"] = self.transitions.to_json()
         (folder / META_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True), encoding="utf-8")
 
     @classmethod
@@ -78,8 +93,10 @@ class GnnFraudModel:
         meta = json.loads((folder / META_FILE).read_text(encoding="utf-8"))
         with np.load(folder / WEIGHTS_FILE, allow_pickle=False) as z:
             arrays = {k: z[k] for k in z.files}
+        table = meta.get("category_transitions")
         return cls(arrays, tuple(meta["names"]), tuple(meta["used"]), GnnConfig.model_validate(meta["gnn"]),
-                   float(meta["threshold"]), str(meta["variant"]), dict(meta.get("meta", {})))
+                   float(meta["threshold"]), str(meta["variant"]), dict(meta.get("meta", {})),
+                   None if table is None else CategoryTransitions.from_json(table))
 
     def publish(self, registry: ModelRegistry, *, config: dict[str, Any], metrics: dict[str, Any],
                 privacy: dict[str, Any] | None = None) -> ModelVersion:

@@ -4,7 +4,7 @@ The same inputs as the XGBoost path (:func:`fedfraud.training.fraud.pipeline.loa
 with the registry's anomaly score and the merchant-risk columns), each bank's rows made into its transaction graph
 (:mod:`.graph`); one federated job (``fraud.gnn``; the simulation engine by default); test metrics on every bank's
 test cardholders; the model goes to the registry under kind ``fraud-gnn``, beside (not instead of) the XGBoost
-model that serving loads.
+model, with the serving bank's category-transition table; a replica with the same ``fraud.variant`` serves it.
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ def train_and_publish_gnn(cfg: FedfraudConfig, banks: dict[int, FraudFeatures], 
     fc = cfg.fraud
     graphs = {b: build_graph(f, read_bank(info["root"], b), fc.gnn.neighbors, b) for b, f in banks.items()}
     model = train_gnn_jobs(graphs, fc, [variant_job(fc.variant, 0, name=fc.variant)])[fc.variant]
+    model.transitions = banks[bank].transitions if bank in banks else None  # what serving computes its column with
     order = sorted(graphs)
     tests = {b: graphs[b].mask("test") for b in order}
     scores = np.concatenate([model.scores(graphs[b], tests[b]) for b in order])
