@@ -23,8 +23,8 @@ from typing import Any
 from fedfraud.bench.machine import load_average
 
 __all__ = [
-    "README_BEGIN", "README_END", "ROOT", "build_record", "latest_records", "render_benchmarks", "render_readme",
-    "write_pages", "write_record",
+    "MORE", "README_BEGIN", "README_END", "ROOT", "build_record", "latest_records", "render_benchmarks",
+    "render_readme", "write_pages", "write_record",
 ]
 
 logger = logging.getLogger(__name__)
@@ -33,6 +33,8 @@ ROOT = Path(__file__).resolve().parents[2]
 RESULTS = Path("docs/results")
 README_BEGIN = "<!-- headline results: rendered by `python -m fedfraud.bench.records` from docs/results -->"
 README_END = "<!-- end of headline results -->"
+#: A line in a record's block after which its detail (every block, per-role tables) stays in the record only.
+MORE = "<!-- more in the record -->"
 RERENDER = "python -m fedfraud.bench.records"
 _OLD_PAGE = "918463b"
 
@@ -40,18 +42,15 @@ _INTRO = f"""# Benchmarks
 
 <!-- Rendered by `{RERENDER}` from docs/results/*/*.json: edit the records, not this page. -->
 
-The newest result of every bench: its title, when, on which commit and at which load average it ran, its command,
-its targets and its figures. Each result is a JSON record, `results/<bench>/<date>-<commit>.json`; older runs are
-the older records and their git history. `fedfraud bench --record NAME <bench> ...` (or `--json FILE`) writes one:
-the exact command line, the commit and whether the tree was dirty, the UTC time, the machine (cores, memory, CPU,
-GPU, Python), the load average before and after, the printed block, and the targets of the bench's previous record.
-Then run `{RERENDER}` and commit the record with this page and the README.
-
-*Imported* records come from the dated log this page used to be, with the date, command, commit and load it stated
-(blank where it stated none) and its figures verbatim: `git show {_OLD_PAGE}:docs/benchmarks.md` shows the whole
-log. Test-split looks are logged in [test-split-looks.md](test-split-looks.md). Unless a record says otherwise the
-machine is the shared 2-core / 24 GiB development machine, no GPU, whose speed varies 2× between days: compare
-wall-clock figures within one record only.
+The newest result of every bench, one JSON record each (`results/<bench>/<date>-<commit>.json`; older runs are the
+older records and their git history): the exact command, the commit (and whether the tree was dirty), the UTC time,
+the machine, the load average before and after, the printed block and the targets. `fedfraud bench --record NAME
+<bench> ...` (or `--json FILE`) writes one; then run `{RERENDER}` and commit it with this page and the README. A
+block's detail tables after its "more" marker stay in the record. *Imported* records were copied from the dated
+log this page used to be (`git show {_OLD_PAGE}:docs/benchmarks.md`) or from a doc page's table, with the date,
+command, commit and load stated there. Test-split looks: [test-split-looks.md](test-split-looks.md). The machine is
+the shared 2-core / 24 GiB development machine without GPU unless a record says otherwise; its speed varies 2×
+between days, so compare wall-clock figures within one record only.
 """
 
 
@@ -171,7 +170,9 @@ def render_benchmarks(records: dict[str, dict[str, Any]]) -> str:
     for name in sorted(records):
         r = records[name]
         targets = " Targets: " + "; ".join(r["targets"]) + "." if r.get("targets") else ""
-        out += [f"## {name}", _run_line(r) + targets + "\\", f"`{r['command']}`", "", r["markdown"].strip("\n"), ""]
+        body, more, _ = r["markdown"].partition(MORE)
+        tail = " More of the run's tables are in its record." if more else ""
+        out += [f"## {name}", _run_line(r) + targets + tail + "\\", f"`{r['command']}`", "", body.strip("\n"), ""]
     return "\n".join(out).rstrip("\n") + "\n"
 
 

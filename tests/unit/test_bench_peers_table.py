@@ -13,12 +13,12 @@ def _block(variant: str, rnd: int, tx_s: float, cpu: float, p99: float) -> dict:
 
 
 def test_ratios_are_medians_over_the_peers_median_and_targets_say_met_or_missed() -> None:
-    peer, off, full, gnn = PEER_VARIANTS
+    peer, off, full, gnn, h2v = PEER_VARIANTS
     result = PeersResult(blocks=[
         _block(peer, 0, 1000, 0.1, 10), _block(off, 0, 900, 0.15, 12), _block(full, 0, 700, 0.3, 15),
-        _block(gnn, 0, 600, 0.5, 16),
+        _block(gnn, 0, 600, 0.5, 16), _block(h2v, 0, 650, 0.4, 15),
         _block(peer, 1, 3000, 0.1, 30), _block(off, 1, 1000, 0.15, 40), _block(full, 1, 500, 0.1, 50),
-        _block(gnn, 1, 400, 0.3, 60),
+        _block(gnn, 1, 400, 0.3, 60), _block(h2v, 1, 450, 0.2, 55),
     ], backlog=100, seconds=1)
     r = result.ratios(full)
     assert r["sustained_tx_s"] == 600 / 2000  # medians: 600 against 2,000
@@ -30,3 +30,4 @@ def test_ratios_are_medians_over_the_peers_median_and_targets_say_met_or_missed(
     assert "| replica CPU per transaction ≤ 2× the peer's | ×2.00 | met" in text
     # issue 38: the GNN fraud model against XGBoost on the full hot path (medians 0.4 against 0.2)
     assert "| replica CPU per transaction with the GNN fraud model ≤ 2× with XGBoost | ×2.00 | met" in text
+    assert "| replica CPU per transaction with G-HIN2Vec columns, against XGBoost alone | ×1.50 | no target |" in text
