@@ -35,12 +35,30 @@ def variants(
         str, typer.Option("--engine", help="loopback (the Flower apps in this process) or simulation (Ray)",
                           click_type=click.Choice(["loopback", "simulation"]))
     ] = "loopback",
+    hin2vec: Annotated[
+        bool, typer.Option("--hin2vec/--no-hin2vec", help="also federated XGBoost + G-HIN2Vec columns (trains the "
+                           "encoder federated first, a few minutes)")
+    ] = True,
     out: Annotated[Path | None, typer.Option("--out", help="also write the markdown block here")] = None,
+    record: Annotated[
+        str | None, typer.Option("--record", metavar="NAME", help="also write the run's record to "
+                                 "docs/results/NAME/<date>-<commit>.json, as `fedfraud bench --record` does")
+    ] = None,
 ) -> None:
-    """Federated XGBoost, FedAvg-GNN, FedRPDA and each ablation: pooled and per bank, 95 % cardholder intervals."""
+    """Federated XGBoost (+ hin2vec), FedAvg-GNN, FedRPDA and each ablation: pooled and per bank, 95 % intervals."""
+    import re
+
+    from fedfraud.bench.machine import load_average
     from fedfraud.cli.bench import emit
     from fedfraud.cli.common import parse_shares
+    from fedfraud.core.errors import UserError
     from fedfraud.training.fraud.gnn.study import variants_study
+
+    if record is not None:
+        if not re.fullmatch(r"[a-z0-9][a-z0-9-]*", record):
+            raise UserError(f"--record {record!r}: a name of lowercase letters, digits and dashes, e.g. "
+                            "fraud-variants-handbook")
+        ctx.meta["bench_record"] = (record, True, None, load_average())
 
     shares = parse_shares(bank_shares)
     if shares is not None and banks is None:
@@ -48,7 +66,7 @@ def variants(
     cfg = update_section(config_of(ctx, needs_secret=True), "ingest", format=fmt, banks=banks, bank_shares=shares)
     gnn = cfg.fraud.gnn.model_copy(update={"engine": engine, **({"rounds": rounds} if rounds else {})})
     cfg = update_section(cfg, "fraud", gnn=gnn)
-    report = variants_study(cfg, data, seeds=seeds, reps=reps, tune=tune)
+    report = variants_study(cfg, data, seeds=seeds, reps=reps, tune=tune, hin2vec=hin2vec)
     emit(report.to_markdown(), out)
 
 

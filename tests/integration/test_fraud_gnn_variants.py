@@ -1,6 +1,7 @@
 """The GNN fraud variants through the CLI (minutes: ``make test-long``).
 
-* ``eval variants`` on a generated Sparkov-layout CSV prints the comparison (every row, pooled and per bank);
+* ``eval variants`` on a generated Sparkov-layout CSV prints the comparison (every row, federated XGBoost + hin2vec
+  included, pooled and per bank);
 * ``train fraud --variant fedrpda`` (Flower's simulation engine on Ray) and ``--variant fedavg-gnn`` (loopback)
   publish kind ``fraud-gnn``, which loads and scores; kind ``fraud`` (what serving loads) is left alone.
 """
@@ -41,11 +42,14 @@ def world(tmp_path_factory):
 
 
 def test_eval_variants_prints_every_row_pooled_and_per_bank(world, capsys):
-    code = main(["--log-level", "WARNING", *FAST, "eval", "variants", "--data", str(world["csv"]), "--format",
-                 "sparkov", "--bank-shares", "0.7,0.3", "--seeds", "1", "--reps", "50", "--no-tune"])
+    code = main(["--log-level", "WARNING", *FAST, "--set", "hin2vec.rounds=1", "eval", "variants", "--data",
+                 str(world["csv"]), "--format", "sparkov", "--bank-shares", "0.7,0.3", "--seeds", "1", "--reps", "50",
+                 "--no-tune"])
     out = capsys.readouterr().out
     assert code == 0, out
-    for row in ("| federated XGBoost |", "| FedAvg-GNN |", "| FedRPDA |", "| FedRPDA − RA |", "| FedRPDA − DRA |",
+    for row in ("| federated XGBoost |", "| federated XGBoost + hin2vec |",
+                "| federated XGBoost + hin2vec − federated XGBoost |", "the hin2vec columns add", "| FedAvg-GNN |",
+                "| FedRPDA |", "| FedRPDA − RA |", "| FedRPDA − DRA |",
                 "| FedRPDA − FedAvg-GNN |", "| RA only (FedRPDA − DRA) − FedAvg-GNN |", "**Per bank, PR-AUC**",
                 "**Per bank, recall@1%FPR**", "**Per bank, F1-macro**", "**The paper's claims, in plain numbers**",
                 "test frauds=", "bank shares 0.7,0.3", "on the smallest bank (1, 30%)"):

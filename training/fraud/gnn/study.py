@@ -6,6 +6,8 @@ model) and the same split by cardholder; the GNNs add each bank's transaction gr
 
 * ``federated XGBoost``: the shipped default, histogram federation
   (:func:`fedfraud.training.fraud.federated.hist.federated_hist_train`), the config's XGBoost settings;
+* ``federated XGBoost + hin2vec`` (with ``hin2vec``): the same federation, in the same job, on the same rows plus
+  the 16 G-HIN2Vec columns of :mod:`fedfraud.training.embeddings` (trained federated first, unsupervised);
 * ``FedAvg-GNN``: the GNN with both FedRPDA strategies off;
 * ``FedRPDA``: both on; ``FedRPDA − RA`` without risk-aware aggregation (diversified-risk augmentation only),
   ``FedRPDA − DRA`` without the augmentation and prototype loss (risk-aware aggregation only).
@@ -42,6 +44,7 @@ __all__ = ["LABELS", "METRICS", "VariantsReport", "macro_f1", "run_variants"]
 logger = logging.getLogger(__name__)
 
 XGB = "federated XGBoost"
+XGB_H2V = "federated XGBoost + hin2vec"
 #: Row label of each GNN variant.
 LABELS = {"fedavg-gnn": "FedAvg-GNN", "fedrpda": "FedRPDA", "fedrpda-no-ra": "FedRPDA − RA",
           "fedrpda-no-dra": "FedRPDA − DRA"}
@@ -54,6 +57,7 @@ COMPARISONS = [
     ("DRA only (FedRPDA − RA) − FedAvg-GNN", "FedRPDA − RA", "FedAvg-GNN"),
     ("FedRPDA − federated XGBoost", "FedRPDA", XGB),
     ("FedAvg-GNN − federated XGBoost", "FedAvg-GNN", XGB),
+    ("federated XGBoost + hin2vec − federated XGBoost", XGB_H2V, XGB),
 ]
 #: Validation grids (the paper searched λ in {0.1, 0.2, 0.5, 1, 2, 5}).
 LAMBDA_GRID = (0.1, 0.5, 2.0)
@@ -118,6 +122,11 @@ class VariantsReport:
                           ("FedRPDA beats FedAvg-GNN on PR-AUC", "FedRPDA − FedAvg-GNN")):
             d = self.pooled_diff[key]["pr_auc"]
             out.append((name + " (pooled)", f"{d.fmt(100, 2, True)} points", verdict(d)))
+        h2v = self.pooled_diff.get("federated XGBoost + hin2vec − federated XGBoost")
+        if h2v is not None:
+            d = h2v["pr_auc"]
+            out.append(("the hin2vec columns add >= +0.5 PR-AUC points to federated XGBoost (pooled, interval above 0)",
+                        f"{d.fmt(100, 2, True)} points", "met" if d.point >= 0.005 and d.low > 0 else "NOT met"))
         small = min(self.bank_info, key=lambda b: self.bank_info[b]["cardholders"])
         d = self.bank_diff[small]["FedRPDA − FedAvg-GNN"]["pr_auc"]
         out.append((f"on the smallest bank ({small}, {self.bank_info[small]['share']}), FedRPDA >= FedAvg-GNN (PR-AUC)",
@@ -129,7 +138,7 @@ class VariantsReport:
     def to_markdown(self) -> str:
         i = self.info
         lines = [
-            "### Fraud variants: federated XGBoost, FedAvg-GNN, FedRPDA and its ablations",
+            "### Fraud variants: federated XGBoost (+ hin2vec), FedAvg-GNN, FedRPDA and its ablations",
             "",
             f"Data: {i.get('data', '?')}; banks={len(self.per_bank)}; rows={i.get('rows', '?')}; test cardholders="
             f"{i.get('test_cardholders', '?')}; **test frauds={i.get('test_frauds', '?')}**; GNN seeds="
@@ -191,6 +200,7 @@ def run_variants(
     tune: bool = True,
     shares: Sequence[float] | None = None,
     info: dict[str, Any] | None = None,
+    hin2vec_banks: Mapping[int, FraudFeatures] | None = None,
 ) -> VariantsReport:
     """Train every variant on train/valid cardholders, score every bank's test cardholders, bootstrap.
 
@@ -203,6 +213,8 @@ def run_variants(
         tune: choose λ and α on validation cardholders (else the config's).
         shares: the banks' cardholder shares (printed).
         info: provenance for the header.
+        hin2vec_banks: ``banks`` with the G-HIN2Vec columns appended (same rows): adds ``federated XGBoost +
+            hin2vec``, trained in the same federation job as ``federated XGBoost`` (which drops those columns).
     """
     from fedfraud.training.fraud.federated.hist import HistJob, federated_hist_train
     from fedfraud.training.fraud.gnn.graph import build_graph
@@ -220,8 +232,12 @@ def run_variants(
 
     # --- federated XGBoost, the shipped default (no anomaly score: every variant reads the same columns)
     t0 = time.perf_counter()
-    xgb = federated_hist_train(banks, cfg.model_copy(update={"nthread": 1}), [HistJob("FL", None, cfg.seed)],
-                               tls=cfg.federated_tls, timeout_s=cfg.federated_timeout_s)["FL"]
+    xgb_banks = banks if hin2vec_banks is None else hin2vec_banks
+    extra = [n for n in next(iter(xgb_banks.values())).names if n not in next(iter(banks.values())).names]
+    jobs = [HistJob("FL", None, cfg.seed, drop=tuple(extra))]
+    jobs += [HistJob("FL+hin2vec", None, cfg.seed)] if extra else []
+    xgbs = federated_hist_train(xgb_banks, cfg.model_copy(update={"nthread": 1}), jobs, tls=cfg.federated_tls,
+                                timeout_s=cfg.federated_timeout_s)
     xgb_seconds = time.perf_counter() - t0
 
     # --- GNN jobs: tuning on validation (seed 0), then the remaining seeds with the choices
@@ -260,15 +276,17 @@ def run_variants(
         train(pending)
 
     # --- test scores of every variant and seed
-    variants = (XGB, *LABELS.values())
+    xgb_runs = {XGB: xgbs["FL"], **({XGB_H2V: xgbs["FL+hin2vec"]} if extra else {})}
+    variants = (*xgb_runs, *LABELS.values())
     tests = {b: graphs[b].mask("test") for b in order}
     label = np.concatenate([banks[b].label[tests[b]] for b in order])
     bank_of_row = np.concatenate([np.full(int(tests[b].sum()), b) for b in order])
     codes, holders = pd.factorize(np.concatenate([banks[b].cardholder[tests[b]] for b in order]).astype(str))
     counts = bootstrap_counts(len(holders), reps, cfg.seed)
     runs: dict[str, list[tuple[np.ndarray, float]]] = {
-        XGB: [(np.concatenate([xgb.scores(banks[b].X[tests[b]]) for b in order]), xgb.threshold)]}
-    train_seconds: dict[str, float] = {XGB: xgb_seconds}
+        v: [(np.concatenate([m.scores(xgb_banks[b].X[tests[b]]) for b in order]), m.threshold)]
+        for v, m in xgb_runs.items()}
+    train_seconds: dict[str, float] = {v: xgb_seconds / len(xgb_runs) for v in xgb_runs}
     for key, lab in LABELS.items():
         models = [trained[f"{key}#{k}"] for k in range(seeds)]
         runs[lab] = [(np.concatenate([m.scores(graphs[b], tests[b]) for b in order]), m.threshold) for m in models]
@@ -299,6 +317,8 @@ def run_variants(
         single = {v: {m: interval([p[m] for p in points[v]], draws[v][m]) for m in METRICS} for v in variants}
         diffs: dict[str, dict[str, Interval]] = {}
         for name, a, b in COMPARISONS:
+            if a not in points or b not in points:
+                continue
             pa, pb = points[a], points[b]
             if len(pb) == 1 and len(pa) > 1:  # XGBoost: one model against every GNN seed
                 pb = pb * len(pa)
@@ -340,12 +360,14 @@ def run_variants(
     return report
 
 
-def variants_study(cfg: Any, data: Any, *, seeds: int = 2, reps: int | None = None, tune: bool = True
-                   ) -> VariantsReport:
+def variants_study(cfg: Any, data: Any, *, seeds: int = 2, reps: int | None = None, tune: bool = True,
+                   hin2vec: bool = True) -> VariantsReport:
     """``fedfraud eval variants`` on a dataset folder or a labelled CSV (``cfg``: the whole ``FedfraudConfig``).
 
     Features per bank as the XGBoost path builds them (no anomaly score), with the merchant-risk columns when
-    ``fraud.merchant_risk_features`` is on; the canonical rows give the graphs' cardholders and merchants.
+    ``fraud.merchant_risk_features`` is on; the canonical rows give the graphs' cardholders and merchants. With
+    ``hin2vec``, G-HIN2Vec is first trained federated on the same banks (``cfg.hin2vec``, a temporary registry)
+    and its columns are computed for every row (:func:`hin2vec_columns`).
     """
     from contextlib import ExitStack
     from pathlib import Path
@@ -364,6 +386,7 @@ def variants_study(cfg: Any, data: Any, *, seeds: int = 2, reps: int | None = No
 
             merchant = dataset_columns(root, cfg.encoder, cfg.privacy, cfg.merchant_risk, cfg.merchant_noise)
             banks = {b: with_merchant_columns(f, merchant[b], cfg.merchant_risk) for b, f in banks.items()}
+        h2v_banks = hin2vec_columns(cfg, root, banks, stack) if hin2vec else None
         feature_seconds = time.perf_counter() - t0
         shares = cfg.ingest.bank_shares
         info = {"data": f"{data}" + (f" (bank shares {','.join(f'{s:g}' for s in shares)})"
@@ -371,7 +394,33 @@ def variants_study(cfg: Any, data: Any, *, seeds: int = 2, reps: int | None = No
                 "feature_seconds": feature_seconds,
                 "features": f"{len(next(iter(banks.values())).names) - 1} columns (no anomaly score; merchant-risk "
                             f"columns {'on' if fc.merchant_risk_features else 'off'})"}
+        if h2v_banks is not None:
+            extra = len(next(iter(h2v_banks.values())).names) - len(next(iter(banks.values())).names)
+            info["features"] += f"; + hin2vec: {extra} G-HIN2Vec columns, the encoder trained federated first"
         report = run_variants(banks, frames, fc, seeds=seeds, reps=reps, tune=tune,
-                              shares=shares if shares and not Path(data).is_dir() else None, info=info)
+                              shares=shares if shares and not Path(data).is_dir() else None, info=info,
+                              hin2vec_banks=h2v_banks)
     report.info["seconds"] = float(report.info["seconds"]) + feature_seconds
     return report
+
+
+def hin2vec_columns(cfg: Any, root: Any, banks: Mapping[int, FraudFeatures], stack: Any) -> dict[int, FraudFeatures]:
+    """``banks`` with the G-HIN2Vec columns appended: the encoder trained federated on ``root``'s banks (Flower
+    simulation, ``cfg.hin2vec``) into a temporary registry that ``stack`` removes, then each row's embedding of its
+    cardholder's ego graph before it (the columns ``train fraud --features +hin2vec`` reads).
+    """
+    import tempfile
+    from pathlib import Path
+
+    from fedfraud.training.embeddings.features import bank_embedding_columns, with_embeddings
+    from fedfraud.training.embeddings.publish import load_hin2vec
+    from fedfraud.training.embeddings.trainer import train_embeddings
+
+    registry = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="fedfraud-variants-h2v-")))
+    t0 = time.perf_counter()
+    train_embeddings(Path(root), registry, cfg.hin2vec, cfg.encoder, cfg.privacy, cfg.egograph)
+    model = load_hin2vec(registry)
+    out = {b: with_embeddings(f, bank_embedding_columns(Path(root), b, model.model, cfg.encoder, cfg.privacy,
+                                                        cfg.egograph, progress=True)) for b, f in banks.items()}
+    logger.info("variants_hin2vec model=%s seconds=%.0f", model.tag, time.perf_counter() - t0)
+    return out
