@@ -135,7 +135,10 @@ class VariantsReport:
                                                               else "")))
         return out
 
-    def to_markdown(self) -> str:
+    def to_markdown(self, more: str = "") -> str:
+        """The block; ``more``: a line put after the pooled table and the claims (the benchmark records' marker
+        after which detail stays in the record).
+        """
         i = self.info
         lines = [
             "### Fraud variants: federated XGBoost (+ hin2vec), FedAvg-GNN, FedRPDA and its ablations",
@@ -157,7 +160,10 @@ class VariantsReport:
         for v in self.variants:
             lines.append(f"| {v} | " + " | ".join(self.pooled[v][m].fmt() for m in METRICS)
                          + f" | {float(seconds.get(v, math.nan)):.0f} |")
-        lines += ["", "**Paired differences, pooled** (points)", "",
+        lines += ["", "**The paper's claims and the issue's targets, in plain numbers**", ""]
+        for name, measured, verdict in self.claims():
+            lines.append(f"- {name}: {measured} → **{verdict}**")
+        lines += ["", *([more, ""] if more else []), "**Paired differences, pooled** (points)", "",
                   "| comparison | " + " | ".join(TITLES[m] for m in METRICS) + " |", "|---|" + "---:|" * len(METRICS)]
         for name, d in self.pooled_diff.items():
             lines.append(f"| {name} | " + " | ".join(d[m].fmt(100, 2, True) for m in METRICS) + " |")
@@ -180,9 +186,6 @@ class VariantsReport:
             for t in self.tuning:
                 lines.append(f"| {t['job']} | {t['setting']} | {t['valid_pr_auc']:.4f} | "
                              f"{'yes' if t['chosen'] else ''} |")
-        lines += ["", "**The paper's claims, in plain numbers**", ""]
-        for name, measured, verdict in self.claims():
-            lines.append(f"- {name}: {measured} → **{verdict}**")
         return "\n".join(lines) + "\n"
 
 
