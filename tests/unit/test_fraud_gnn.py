@@ -282,8 +282,9 @@ def test_one_transaction_at_a_time_scores_as_the_offline_graph(tiny, trained):
     assert 0.0 <= one <= 1.0
 
 
-def test_serving_decides_with_the_gnn_as_the_offline_graph_scores(tiny, trained, tmp_path):
-    """The fraud stage of a replica deployed with ``fraud.variant: fedrpda``: micro-batches of a bank, the
+@pytest.mark.parametrize("variant", ["fedrpda", "fedavg-gnn"])
+def test_serving_decides_with_the_gnn_as_the_offline_graph_scores(tiny, trained, tmp_path, variant):
+    """The fraud stage of a replica deployed with ``fraud.variant: <variant>``: micro-batches of a bank, the
     neighbourhoods written to and read back from the KV store between them, give the offline graph's scores, and
     each decision record has XGBoost's shape (score, decision, top reasons, the model tags).
     """
@@ -298,11 +299,11 @@ def test_serving_decides_with_the_gnn_as_the_offline_graph_scores(tiny, trained,
     cfg, graphs, frames = tiny
     bank = 1
     g, frame = graphs[bank], frames[bank]
-    trained_model = trained[1]["fedrpda#0"]
+    trained_model = trained[1][f"{variant}#0"]
     trained_model.transitions = g.features.transitions  # what publishing does with the serving bank's table
     version = trained_model.publish(ModelRegistry(tmp_path / "reg"), config={"fraud": cfg.model_dump()}, metrics={})
-    assert fraud_kind("fedrpda") == fraud_kind("fedavg-gnn") == version.kind == "fraud-gnn"
-    model, tag = load_fraud_model(ModelRegistry(tmp_path / "reg"), "latest", fraud_kind("fedrpda"))
+    assert fraud_kind(variant) == version.kind == "fraud-gnn" and fraud_kind("federated") == "fraud"
+    model, tag = load_fraud_model(ModelRegistry(tmp_path / "reg"), "latest", fraud_kind(variant))
     assert tag == "fraud-gnn:v1" and model.transitions == g.features.transitions
 
     from fedfraud.config import load_config
