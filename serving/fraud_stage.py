@@ -87,10 +87,14 @@ class Decided:
 
 
 def load_fraud_model(registry: ModelRegistry, version: str = "latest", kind: str = "fraud") -> tuple[Any, str]:
-    """The fraud model of ``version`` and its registry tag: XGBoost (kind ``fraud``) or a GNN (``fraud-gnn``,
-    :func:`fedfraud.serving.graph_fraud.fraud_kind`).
+    """The fraud model of ``version`` and its registry tag: XGBoost (kind ``fraud``), a GNN (``fraud-gnn``) or a
+    bank's FED-SPFD model (``fraud-spfd``), by :func:`fedfraud.serving.graph_fraud.fraud_kind`.
     """
     found = registry.get(kind, version)
+    if kind == "fraud-spfd":  # FED-SPFD (issue 39): the serving bank's model, FraudModel's interface
+        from fedfraud.training.fraud.spfd.artifact import SpfdFraudModel
+
+        return SpfdFraudModel.from_registry(registry, str(found.version)), found.tag
     if kind == "fraud-gnn":
         from fedfraud.training.fraud.gnn.artifact import GnnFraudModel
 

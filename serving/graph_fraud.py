@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from fedfraud.training.fraud.gnn.online import OnlineGraphScorer
     from fedfraud.training.fraud.model import FraudDecision
 
-__all__ = ["GNN_TABLES", "GNN_VARIANTS", "GraphDecisions", "fraud_kind", "reads_neighbours"]
+__all__ = ["GNN_TABLES", "GNN_VARIANTS", "SPFD_VARIANTS", "GraphDecisions", "fraud_kind", "reads_neighbours"]
 
 log = logging.getLogger(__name__)
 
@@ -37,8 +37,15 @@ GNN_TABLES: tuple[str, ...] = ("gnn_card", "gnn_merchant")
 GNN_VARIANTS: tuple[str, ...] = ("fedavg-gnn", "fedrpda")
 
 
+#: ``fraud.variant`` values whose model is a per-bank FED-SPFD model (kind ``fraud-spfd``, issue 39): it reads
+#: only its row, so it decides like XGBoost (``predict_batch``), never through the neighbourhoods below.
+SPFD_VARIANTS: tuple[str, ...] = ("fed-spfd",)
+
+
 def fraud_kind(variant: str) -> str:
     """The registry kind a replica deployed with ``fraud.variant`` decides with."""
+    if variant in SPFD_VARIANTS:
+        return "fraud-spfd"
     return "fraud-gnn" if variant in GNN_VARIANTS else "fraud"
 
 
