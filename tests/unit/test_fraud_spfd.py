@@ -168,21 +168,21 @@ def hetero(tmp_path_factory):
                              "banks.1.private_features=[demographics]", "banks.2.private_features=[merchant_history]"])
     banks = {b: bank_features(root, b, cfg.fraud, cfg.encoder, cfg.privacy, None) for b in list_banks(root)}
     tables, private = heterogeneous_tables(cfg, banks, root)
-    return cfg, root, tables, private
+    return cfg, root, tables, private, banks
 
 
 @pytest.fixture(scope="module")
 def trained(hetero):
     from fedfraud.training.fraud.spfd.trainer import spfd_job, train_spfd_jobs
 
-    cfg, _, tables, private = hetero
+    cfg, _, tables, private, _ = hetero
     return train_spfd_jobs(tables, private, cfg.fraud, [spfd_job(v) for v in ("fed-spfd", "fedavg", "fedper")])
 
 
 def test_tables_hold_each_banks_own_columns(hetero):
     from fedfraud.training.fraud.spfd.columns import shared_columns
 
-    _, _, tables, private = hetero
+    _, _, tables, private, _ = hetero
     assert private == {0: (), 1: ("age_years", "gender_f", "city_pop", "job_code"),
                        2: ("merchant_new", "merchant_visits")}
     assert tables[0].names == tables[2].names and tables[1].names == (*tables[0].names, *private[1])
@@ -193,7 +193,7 @@ def test_tables_hold_each_banks_own_columns(hetero):
 
 
 def test_tiny_federated_run_trains_every_bank_and_keeps_private_parts_at_home(hetero, trained):
-    _, _, tables, private = hetero
+    _, _, tables, private, _ = hetero
     spfd, fedavg, fedper = trained["fed-spfd#0"], trained["fedavg#0"], trained["fedper#0"]
     for b, table in tables.items():
         m = spfd[b]
@@ -230,7 +230,7 @@ def test_serving_decides_with_a_banks_published_fed_spfd_model(hetero, trained, 
     from fedfraud.serving.scored import ScoredBatch
     from fedfraud.training.registry import ModelRegistry
 
-    cfg, root, tables, _ = hetero
+    cfg, root, tables, _, _ = hetero
     bank = 2
     version = trained["fed-spfd#0"][bank].publish(ModelRegistry(tmp_path / "reg"),
                                                   config={"fraud": cfg.fraud.model_dump()}, metrics={})
@@ -274,10 +274,45 @@ def test_a_demographics_bank_is_refused_by_serving_with_the_missing_columns(hete
     from fedfraud.serving.fraud_stage import FraudStage, fraud_config_for
     from fedfraud.serving.kvstore import SqliteKV
 
-    cfg, _, _, _ = hetero
+    cfg, _, _, _, _ = hetero
     with pytest.raises(ValueError, match="age_years"):
         FraudStage(SqliteKV(tmp_path / "kv.sqlite"), trained["fed-spfd#0"][1], "fraud-spfd:v1",
                    fraud_config_for({"fraud": cfg.fraud.model_dump()}, None), load_config(None, []).encoder.dim, ring=4)
+
+
+def test_train_and_publish_records_pooled_and_serving_bank_metrics(hetero, tmp_path):
+    """What ``train fraud --variant fed-spfd --bank 2`` runs once the banks' rows are loaded."""
+    from fedfraud.training.fraud.spfd.publish import train_and_publish_spfd
+
+    cfg, root, _, _, banks = hetero
+    version, metrics = train_and_publish_spfd(cfg, banks, {"root": root, "anomaly_model": None, "data": str(root)},
+                                              tmp_path / "reg", bank=2)
+    assert version.tag == "fraud-spfd:v1" and version.extra["bank"] == 2
+    assert version.config["bank_layout"] == {"0": [], "1": ["demographics"], "2": ["merchant_history"]}
+    assert 0 <= metrics["test_pr_auc"] <= 1 and 0 <= metrics["bank2_pr_auc"] <= 1 and metrics["test_frauds"] > 0
+
+
+def test_eval_heterogeneous_compares_every_variant_through_the_cli(hetero, tmp_path, capsys):
+    """The comparison on the tiny banks (numbers meaningless at this size): every variant, pooled and per bank;
+    a layout the data cannot give is one line of error."""
+    from fedfraud.cli.app import main
+    from fedfraud.training.fraud.spfd.study import LABELS
+
+    _, root, _, _, _ = hetero
+    common = ["--set", "fraud.spfd.rounds=2", "--set", "fraud.spfd.warm_rounds=1", "--set", "fraud.spfd.hidden=16",
+              "--set", "fraud.threshold_bins=100", "--set", "fraud.merchant_risk_features=false",
+              "--set", "fraud.num_boost_round=10", "--set", "banks.1.private_features=[demographics]"]
+    run = ["eval", "heterogeneous", "--data", str(root), "--seeds", "1", "--reps", "50"]
+    assert main([*common, "--set", "banks.2.private_features=[demographics]", *run]) != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert any("bank 2 holds demographics" in line for line in err)
+    assert main([*common, "--set", "banks.2.private_features=[merchant_history]", *run, "--no-tune",
+                 "--out", str(tmp_path / "h.md")]) == 0
+    text = (tmp_path / "h.md").read_text()
+    for variant in ("federated XGBoost (shared)", "local XGBoost (all columns)", *LABELS.values()):
+        assert f"| {variant} | " in text
+    assert "| 2 | merchant_new, merchant_visits |" in text and "| 0 | — |" in text
+    assert "FED-SPFD − FedPer" in text and "FED-SPFD − local XGBoost (all columns)" in text
 
 
 def test_unknown_variant_is_refused():
