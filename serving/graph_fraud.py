@@ -27,7 +27,8 @@ if TYPE_CHECKING:
     from fedfraud.training.fraud.gnn.online import OnlineGraphScorer
     from fedfraud.training.fraud.model import FraudDecision
 
-__all__ = ["GNN_TABLES", "GNN_VARIANTS", "SPFD_VARIANTS", "GraphDecisions", "fraud_kind", "reads_neighbours"]
+__all__ = ["GNN_TABLES", "GNN_VARIANTS", "SPFD_VARIANTS", "GraphDecisions", "for_bank", "fraud_kind",
+           "reads_neighbours"]
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +48,18 @@ def fraud_kind(variant: str) -> str:
     if variant in SPFD_VARIANTS:
         return "fraud-spfd"
     return "fraud-gnn" if variant in GNN_VARIANTS else "fraud"
+
+
+def for_bank(loaded: tuple[Any, str], bank: int) -> tuple[Any, str]:
+    """``loaded`` (a model and its tag) unless it is another bank's per-bank model: a FED-SPFD model holds one
+    bank's private autoencoder and reads that bank's private columns, so only that bank's replicas decide with it.
+    """
+    model, tag = loaded
+    owner = getattr(model, "bank", None)
+    if owner is not None and int(owner) != int(bank):
+        raise ValueError(f"{tag} is bank {owner}'s FED-SPFD model; this replica serves bank {bank} (serving.bank_id): "
+                         f"follow a registry of bank {bank}'s versions or pin serving.fraud_version to one")
+    return loaded
 
 
 def reads_neighbours(model: Any) -> bool:

@@ -46,7 +46,7 @@ class HotPath:
         from fedfraud.feature_store.privacy import PrivateFeaturizer
         from fedfraud.serving.anomaly_stage import AnomalyStage
         from fedfraud.serving.fraud_stage import FraudStage, fraud_config_for, load_fraud_model, merchant_risk_for
-        from fedfraud.serving.graph_fraud import fraud_kind
+        from fedfraud.serving.graph_fraud import for_bank, fraud_kind
         from fedfraud.serving.kafka import make_producer
         from fedfraud.serving.kvstore import open_kv
         from fedfraud.training.registry import ModelRegistry
@@ -56,9 +56,9 @@ class HotPath:
         self.registry = ModelRegistry(s.registry_root)
         loader: Callable[[ModelRegistry, str], GraphScorer] = _resolve(anomaly_loader)
         self._load_anomaly: Callable[[str], GraphScorer] = lambda v: loader(self.registry, v)
-        self.fraud_kind = fraud_kind(cfg.fraud.variant)  # XGBoost ("fraud") or a GNN variant ("fraud-gnn")
-        self._load_fraud: Callable[[str], tuple[FraudModel, str]] = lambda v: load_fraud_model(self.registry, v,
-                                                                                               self.fraud_kind)
+        self.fraud_kind = fraud_kind(cfg.fraud.variant)  # XGBoost ("fraud"), a GNN ("fraud-gnn"), FED-SPFD
+        self._load_fraud: Callable[[str], tuple[FraudModel, str]] = lambda v: for_bank(
+            load_fraud_model(self.registry, v, self.fraud_kind), s.bank_id)
         self.clock = StageClock()
         self.privacy = cfg.privacy
         kv = open_kv(s.fraud_state_path, Path(cfg.features.repo_dir), s.fraud_state_password_env,
@@ -245,7 +245,7 @@ class HotPath:
         with its champion); stop when it is promoted or retired. Both models are loaded and checked before
         either is installed, so a bad challenger leaves the previous shadow state whole.
         """
-        if self.fraud_kind != "fraud":  # a GNN fraud model is not shadowed (FraudStage.set_shadow)
+        if self.fraud_kind != "fraud":  # a GNN or FED-SPFD fraud model is not shadowed (FraudStage.set_shadow)
             return
         try:
             aliases = {k: self.registry.aliases(k).get("challenger") for k in ("anomaly", "fraud")}

@@ -225,7 +225,7 @@ def test_serving_decides_with_a_banks_published_fed_spfd_model(hetero, trained, 
     from fedfraud.feature_store.layout import read_bank
     from fedfraud.feature_store.privacy import PrivateFeaturizer
     from fedfraud.serving.fraud_stage import FraudStage, fraud_config_for, load_fraud_model
-    from fedfraud.serving.graph_fraud import fraud_kind
+    from fedfraud.serving.graph_fraud import for_bank, fraud_kind
     from fedfraud.serving.kvstore import SqliteKV
     from fedfraud.serving.scored import ScoredBatch
     from fedfraud.training.registry import ModelRegistry
@@ -239,6 +239,9 @@ def test_serving_decides_with_a_banks_published_fed_spfd_model(hetero, trained, 
     model, tag = load_fraud_model(ModelRegistry(tmp_path / "reg"), "latest", fraud_kind("fed-spfd"))
     assert tag == "fraud-spfd:v1" and model.bank == bank and model.transitions == tables[bank].transitions
     assert model.input_names[-2:] == ("merchant_new", "merchant_visits") and model.used == model.input_names
+    assert for_bank((model, tag), bank) == (model, tag)  # what the hot path's loader checks (serving.bank_id)
+    with pytest.raises(ValueError, match="bank 2's FED-SPFD model; this replica serves bank 0"):
+        for_bank((model, tag), 0)
 
     full = load_config(None, [])
     frame = read_bank(root, bank)
