@@ -29,7 +29,7 @@ from fedfraud.training.fraud.spfd.task import (
     validation_histograms,
     warm_train,
 )
-from fedfraud.training.fraud.spfd.model import SpfdNet
+from fedfraud.training.fraud.spfd.model import EmbeddingSums, SpfdNet
 
 __all__ = ["app"]
 
@@ -65,9 +65,10 @@ def _net(msg: Message, context: Context, data: BankData) -> tuple[SpfdNet, SpfdJ
     return net, job, key
 
 
-def _sums_metrics(sums: object) -> dict[str, object]:
-    return {"emb-count": float(sums.count), "emb-total": sums.total.tolist(),  # type: ignore[attr-defined]
-            "emb-outer": sums.outer.reshape(-1).tolist()}  # type: ignore[attr-defined]
+def _sums_metrics(sums: EmbeddingSums) -> dict[str, float | list[float]]:
+    """A bank's embedding sums as reply metrics (MetricRecord values: floats and lists of floats)."""
+    return {"emb-count": float(sums.count), "emb-total": sums.total.tolist(),
+            "emb-outer": sums.outer.reshape(-1).tolist()}
 
 
 @app.query()
@@ -90,7 +91,7 @@ def query(msg: Message, context: Context) -> Message:
     else:
         net, _, _ = _net(msg, context, data)
         content = RecordDict({"metrics": MetricRecord({"num-examples": int(train.sum()),
-                                                       **_sums_metrics(embedding_sums(net, data))})})  # type: ignore[dict-item]
+                                                       **_sums_metrics(embedding_sums(net, data))})})
     return Message(content=content, reply_to=msg)
 
 
@@ -104,7 +105,7 @@ def train(msg: Message, context: Context) -> Message:
     server_round = int(cfg["server-round"])
     partition = int(context.node_config.get("partition-id", 0))
     seed = job.seed * 1_000_003 + server_round * 1009 + partition
-    metrics: dict[str, object] = {"num-examples": int(data.mask("train").sum())}
+    metrics: dict[str, int | float | list[float]] = {"num-examples": int(data.mask("train").sum())}
     if str(cfg["phase"]) == "warm":
         metrics["loss-warm"] = warm_train(net, data, scfg, seed)
     else:
@@ -117,7 +118,7 @@ def train(msg: Message, context: Context) -> Message:
     context.state[key] = ArrayRecord({k: Array(v) for k, v in local_arrays(net, job).items()})
     content = RecordDict({
         "arrays": ArrayRecord({k: Array(v) for k, v in federated_arrays(net, job).items()}),
-        "metrics": MetricRecord(metrics),  # type: ignore[arg-type]
+        "metrics": MetricRecord(metrics),  # type: ignore[arg-type]  # MetricRecord's value type is invariant
     })
     return Message(content=content, reply_to=msg)
 

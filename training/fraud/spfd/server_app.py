@@ -89,7 +89,7 @@ class SpfdFedAvg(FedAvg):
         self.history.append({"round": server_round, **losses})
         log.info("spfd_round job=%s round=%d %s", self.job.name, server_round,
                  " ".join(f"{k}={v:.4f}" for k, v in losses.items()))
-        return arrays, MetricRecord(losses)
+        return arrays, MetricRecord(dict(losses))
 
 
 @dataclass(frozen=True)

@@ -118,7 +118,7 @@ def save_bank(folder: Path, bank: int, table: FraudFeatures, private: tuple[str,
     (Path(folder) / f"bank_{bank}.private.json").write_text(json.dumps(list(private)), encoding="utf-8")
 
 
-def bank_model_file(folder: Path, bank: int | None, job: str) -> Path:
+def bank_model_file(folder: Path | str, bank: int | None, job: str) -> Path:
     """Where a bank writes its trained model of ``job`` (its own folder; ``bank`` None: a deployed SuperNode)."""
     stem = "fraud-spfd" if bank is None else f"bank_{bank}"
     return Path(folder) / f"{stem}.{job.replace('#', '-')}.model.npz"

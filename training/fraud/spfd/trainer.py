@@ -13,7 +13,7 @@ import json
 import logging
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -49,7 +49,7 @@ def spfd_job(variant: str, seed: int = 0, overrides: Sequence[tuple[str, float]]
     return SpfdJob(name or f"{variant}#{seed}", align, private, local_head, seed, tuple(overrides))
 
 
-def train_spfd_jobs(tables: dict[int, FraudFeatures], private: dict[int, tuple[str, ...]], cfg: FraudConfig,
+def train_spfd_jobs(tables: Mapping[int, FraudFeatures], private: Mapping[int, tuple[str, ...]], cfg: FraudConfig,
                     jobs: Sequence[SpfdJob], use_anomaly_score: bool | None = None, engine: str | None = None
                     ) -> dict[str, dict[int, SpfdFraudModel]]:
     """Train every job over the banks; ``job name → bank → that bank's model``.
