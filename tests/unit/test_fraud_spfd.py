@@ -180,7 +180,7 @@ def trained(hetero):
 
 
 def test_tables_hold_each_banks_own_columns(hetero):
-    from fedfraud.training.fraud.spfd.columns import shared_columns
+    from fedfraud.training.fraud.spfd.columns import held_columns, shared_columns
 
     _, _, tables, private, _ = hetero
     assert private == {0: (), 1: ("age_years", "gender_f", "city_pop", "job_code"),
@@ -190,6 +190,9 @@ def test_tables_hold_each_banks_own_columns(hetero):
     assert np.isfinite(age).all() and -30 < age.min() and age.max() < 110
     shared = shared_columns(tables[0].names, use_anomaly_score=False)
     assert "merchant_visits" not in shared and "anomaly_score" not in shared and "amount" in shared
+    own = held_columns(tables[0], shared, private[0])  # what bank 0 alone may read (its local XGBoost)
+    assert own.names == shared and "merchant_visits" not in own.names
+    assert held_columns(tables[2], shared, private[2]).names[-2:] == ("merchant_new", "merchant_visits")
 
 
 def test_tiny_federated_run_trains_every_bank_and_keeps_private_parts_at_home(hetero, trained):

@@ -19,7 +19,7 @@ from fedfraud.core.errors import UserError
 from fedfraud.feature_store.layout import read_cardholders
 from fedfraud.training.fraud.features import ANOMALY_FEATURE, FraudFeatures
 
-__all__ = ["DEMOGRAPHIC_FEATURES", "PRIVATE_COLUMNS", "bank_table", "private_columns", "shared_columns"]
+__all__ = ["DEMOGRAPHIC_FEATURES", "PRIVATE_COLUMNS", "bank_table", "held_columns", "private_columns", "shared_columns"]
 
 #: The demographic columns of a transaction: the cardholder's age at it (years), 1 female / 0 male, the city's
 #: population, the job's hash (a category).
@@ -70,3 +70,14 @@ def bank_table(feats: FraudFeatures, frame: pd.DataFrame, sets: Sequence[str], r
     extra = _demographics(frame, holders).astype(np.float32)
     return FraudFeatures(np.hstack([feats.X, extra]), (*feats.names, *DEMOGRAPHIC_FEATURES), feats.transaction_id,
                          feats.cardholder, feats.label, feats.split, feats.transitions)
+
+
+def held_columns(table: FraudFeatures, shared: Sequence[str], private: Sequence[str]) -> FraudFeatures:
+    """Only the columns the bank holds (``shared`` then its ``private`` ones): what a model of that bank alone may
+    read. A bank's table keeps the whole fraud feature row, whose merchant-history columns are private to the
+    banks that hold them.
+    """
+    names = (*shared, *private)
+    idx = [table.names.index(n) for n in names]
+    return FraudFeatures(table.X[:, idx], names, table.transaction_id, table.cardholder, table.label, table.split,
+                         table.transitions)

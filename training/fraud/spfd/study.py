@@ -5,8 +5,8 @@ sets (``banks.<k>.private_features``); the split is the project's, by cardholder
 
 * ``federated XGBoost (shared)``: histogram federation on the shared columns only
   (:func:`fedfraud.training.fraud.federated.hist.federated_hist_train`), the config's XGBoost settings;
-* ``local XGBoost (all columns)``: each bank alone, on all its columns (shared + private), its threshold chosen on
-  its own validation cardholders (:func:`fedfraud.training.fraud.model.fit_model`);
+* ``local XGBoost (all columns)``: each bank alone, on all the columns it holds (shared + its private), its
+  threshold chosen on its own validation cardholders (:func:`fedfraud.training.fraud.model.fit_model`);
 * ``FedAvg``: the FED-SPFD network without alignment and without the private part (shared columns only);
 * ``FedPer``: the same with the classifier kept at each bank (shared body, private head);
 * ``FED-SPFD − alignment``: FED-SPFD with λ_alg = 0 (the alignment's own effect);
@@ -149,7 +149,7 @@ def run_heterogeneous(
     """
     from fedfraud.training.fraud.federated.hist import HistJob, federated_hist_train
     from fedfraud.training.fraud.model import fit_model
-    from fedfraud.training.fraud.spfd.columns import shared_columns
+    from fedfraud.training.fraud.spfd.columns import held_columns, shared_columns
     from fedfraud.training.fraud.spfd.trainer import spfd_job, train_spfd_jobs
 
     started = time.perf_counter()
@@ -168,8 +168,8 @@ def run_heterogeneous(
                               tls=cfg.federated_tls, timeout_s=cfg.federated_timeout_s)["FL"]
     train_seconds: dict[str, float] = {XGB_FL: time.perf_counter() - t0}
     t0 = time.perf_counter()  # --- local XGBoost on all of each bank's columns
-    local = {b: fit_model(tables[b].of_split("train"), tables[b].of_split("valid"), False, cfg, "local")
-             for b in order}
+    held = {b: held_columns(tables[b], shared, private.get(b, ())) for b in order}
+    local = {b: fit_model(held[b].of_split("train"), held[b].of_split("valid"), False, cfg, "local") for b in order}
     train_seconds[XGB_LOCAL] = (time.perf_counter() - t0) / len(order)
 
     trained: dict[str, dict[int, Any]] = {}
