@@ -336,6 +336,10 @@ def privacy(
         str, typer.Option("--unit", help="unit of privacy: bank (client-level DP on the updates) or cardholder "
                           "(DP-SGD inside each bank; knobs: --set anomaly.cardholder_dp.*)")
     ] = "bank",
+    dsfl: Annotated[
+        bool, typer.Option("--dsfl/--no-dsfl", help="with --unit bank: a DSFL row per ε too (aggregation dsfl, its "
+                           "Laplace noise calibrated to the same ε per bank)")
+    ] = True,
     validation_only: Annotated[
         bool, typer.Option("--validation-only", help="score validation cardholders only (tuning, not a test look)")
     ] = False,
@@ -359,7 +363,7 @@ def privacy(
             overrides[key] = value
     result = run_privacy_bench(
         csv, work, epsilons, overrides=overrides, resamples=resamples, data=data, label=label, calibrated=calibrated,
-        unit=unit, validation_only=validation_only,
+        unit=unit, validation_only=validation_only, dsfl=dsfl,
     )
     emit(result.to_markdown(), out)
 
@@ -375,7 +379,7 @@ def adversary(
     aggregation: Annotated[
         list[str] | None,
         typer.Option("--aggregation", help="rule of a row (repeatable); default all: fedavg fedmedian fedtrimmedavg "
-                     "krum multikrum"),
+                     "krum multikrum dsfl"),
     ] = None,
     attack: Annotated[
         list[str] | None,
