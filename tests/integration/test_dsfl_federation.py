@@ -1,9 +1,10 @@
 """aggregation: dsfl in a real Flower simulation of the anomaly model, checked on the real messages.
 
-One 2-bank, 1-round run: every update a bank sends is its clipped update plus Laplace noise whose scale is
-``l1_clip/epsilon_top`` on a ``top_fraction`` of the coordinates and ``l1_clip/epsilon_rest`` on the others (the
-two scales are 10⁵ apart, so the magnitudes tell the groups apart); the released model is the received one plus
-the contribution-weighted mean of those updates; the card carries DSFL's accountant.
+One 2-bank, 1-round run with the shared public slice: every update a bank sends is its clipped update plus
+Laplace noise whose scale is ``l1_clip/epsilon_top`` on a ``top_fraction`` of the coordinates and
+``l1_clip/epsilon_rest`` on the others (the two scales are 10⁵ apart, so the magnitudes tell the groups apart);
+the released model is the received one plus the contribution-weighted mean of those updates; the card carries
+DSFL's accountant.
 """
 
 import math
@@ -34,6 +35,7 @@ SMALL = {
     "dsfl-epsilon-select": 0.1,
     "dsfl-top-fraction": FRACTION,
     "dsfl-seed": 17,
+    "dsfl-public-cardholders": 8,  # the shared public slice: every bank also trains on it
 }
 
 
@@ -57,7 +59,7 @@ def run(tmp_path_factory):
             seen.append([_flat(r.content["arrays"].to_torch_state_dict()) for r in replies])
 
     result = run_federated(settings, observer=observer)
-    return {"out": out, "result": result, "seen": seen, "received": _flat(received),
+    return {"out": out, "result": result, "seen": seen, "received": _flat(received), "settings": settings,
             "final": Checkpoint.load(checkpoint_dir(out, "federated"))}
 
 
@@ -96,3 +98,10 @@ def test_the_card_carries_dsfls_epsilon(run):
     assert dp["epsilon"] == pytest.approx(dsfl_epsilon(settings, 1, n, 1e-5, "cardholder"))
     assert dp["epsilon_bank"] == pytest.approx(dsfl_epsilon(settings, 1, n, 1e-5, "bank"))
     assert version.privacy["formal_guarantee"].startswith(f"({dp['epsilon']:.3g}, 1e-05)-DP per cardholder")
+
+
+def test_every_bank_trained_on_the_same_public_slice_featurised_as_its_own(run):
+    root = run["settings"].cache_dir / "dsfl-public-8-20230"
+    assert (root / "manifest.json").exists() and (root / "bank_0" / "transactions.parquet").exists()
+    assert (root / "bank_1").is_symlink() and (root / "bank_1" / "transactions.parquet").exists()
+    assert not list(root.parent.glob(".dsfl-public-*"))  # no copy left aside

@@ -146,3 +146,13 @@ def test_dsfl_is_a_run_setting_and_refuses_bank_level_dp():
         RunSettings.from_flat({"aggregation": "dsfl", "dp-enabled": True})
     with pytest.raises(ValueError, match="own noise"):
         dp_sensitivity_factor(FederatedConfig(aggregation="dsfl"), 5)
+
+
+def test_public_slice_only_under_dsfl_and_not_with_dp_sgd(tmp_path):
+    from fedfraud.training.anomaly.federated.task import public_slice
+
+    assert public_slice(RunSettings.from_flat({"dsfl-public-cardholders": 8, "out-dir": str(tmp_path)}), 0) is None
+    assert public_slice(RunSettings.from_flat({"aggregation": "dsfl", "out-dir": str(tmp_path)}), 0) is None
+    assert not list(tmp_path.rglob("*"))  # nothing generated
+    with pytest.raises(ConfigError, match="dsfl-public-cardholders with cardholder-level DP-SGD"):
+        RunSettings.from_flat({"aggregation": "dsfl", "dsfl-public-cardholders": 8, "cardholder-dp-enabled": True})

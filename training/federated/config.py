@@ -49,7 +49,9 @@ class DSFLConfig(BaseModel):
     exponential mechanism (budget ε₁ = ``epsilon_select``, split over the draws) picks the ``top_fraction`` of
     coordinates with the largest |update|; those get Laplace noise of scale ``l1_clip / epsilon_top`` (ε₂), the
     others ``l1_clip / epsilon_rest`` (ε₃). The server weights banks by their contribution
-    (AdaBoost's ½ ln((1 − err)/err)) and keeps the ``keep_banks`` best. Accounting: training/federated/dsfl.py.
+    (AdaBoost's ½ ln((1 − err)/err)) and keeps the ``keep_banks`` best. With ``public_cardholders`` every bank
+    also trains on a public synthetic slice (the paper's shared data S, against client divergence). Accounting:
+    training/federated/dsfl.py.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -68,6 +70,10 @@ class DSFLConfig(BaseModel):
     keep_banks: int = Field(0, ge=0, description="banks kept per round, best contribution first; 0 = every bank "
                             "with a positive weight")
     seed: int = Field(-1, ge=-1, description="noise seed (bank's seed + bank id + round); -1 = OS entropy")
+    public_cardholders: int = Field(
+        0, ge=0, description="the shared public slice (paper's S): cardholders of a slice of the project's own "
+        "generator, public seed, that every bank trains on besides its own data; 0 = none")
+    public_seed: int = Field(20230, ge=0, description="generator seed of the public slice (public, like the slice)")
 
 
 class AttackConfig(BaseModel):
