@@ -198,7 +198,9 @@ def calibrate(cfg: DSFLConfig, rounds: int, coordinates: int) -> DSFLConfig:
 
 
 def dsfl_card(cfg: DSFLConfig, rounds: int, coordinates: int, banks: int) -> dict[str, Any]:
-    """The model card's ``client_dp`` entry of a DSFL run: what ε holds for whom, and what it leaves out."""
+    """The model card's ``client_dp`` entry of a DSFL run of ``rounds`` rounds (every round a bank sent a noised
+    report in, released or not): what ε holds for whom, and what it leaves out.
+    """
     if not cfg.noise:
         return {"dp": "off", "epsilon": "none (dsfl.noise is off: contribution weighting only)",
                 "why": "DSFL run without its Laplace noise"}
@@ -232,7 +234,8 @@ def dsfl_card(cfg: DSFLConfig, rounds: int, coordinates: int, banks: int) -> dic
         "accountant": f"{ACCOUNTANT}; here Laplace RDP (Mironov 2017) + exponential-mechanism zCDP per round, "
         "dp_accounting compute_epsilon, or the pure-DP sum if smaller",
         "not_covered": "scalar metrics (losses, counts, test metrics) leave the banks without noise; non-float "
-        "tensors are sent as trained; the noise comes from numpy's PCG64, not a cryptographic source",
+        "tensors are sent as trained; a round sent again after a crash and resume is charged once; the noise comes "
+        "from numpy's PCG64, not a cryptographic source",
     }
 
 

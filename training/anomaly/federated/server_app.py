@@ -121,7 +121,8 @@ def _client_dp(settings: RunSettings, checkpoint: Checkpoint, banks: int) -> dic
     """
     fed = settings.federated
     dsfl = fed.aggregation == "dsfl"
-    bank_level = (dsfl_card(fed.dsfl, len(checkpoint.dp_ledger), _coordinates(checkpoint), banks) if dsfl
+    # DSFL: every round's reports left the banks noised, released or not, so all the run's rounds are charged
+    bank_level = (dsfl_card(fed.dsfl, fed.rounds, _coordinates(checkpoint), banks) if dsfl
                   else dp_card(checkpoint.dp_ledger, fed.dp.delta, banks))
     plan = cardholder_dp(settings)
     if plan is None:
