@@ -377,3 +377,41 @@ def test_unknown_variant_is_refused():
         spfd_job("pfedme")
     with pytest.raises(ValueError, match="unknown spfd settings"):
         spfd_job("fed-spfd", overrides=[("lambda_nope", 1.0)])
+
+
+def test_batch_scoring_with_a_demographics_banks_model_scores_its_rows_as_training(hetero, trained, tmp_path):
+    """``fedfraud score`` with ``fraud.variant: fed-spfd`` (kind ``fraud-spfd``): the model's own bank only, its
+    demographic columns joined from ``cardholders.parquet`` with the age at each transaction, the columns picked by
+    name: the scores are the training table's rows'.
+    """
+    import torch
+
+    from fedfraud.config import load_config
+    from fedfraud.core.errors import UserError
+    from fedfraud.training.anomaly.config import AnomalyConfig
+    from fedfraud.training.anomaly.model import AnomalyModel
+    from fedfraud.training.anomaly.scorer import publish_anomaly_model
+    from fedfraud.serving.batch import score_path
+    from fedfraud.training.registry import ModelRegistry
+
+    cfg, root, tables, _, _ = hetero
+    full = load_config(None, [])
+    reg = ModelRegistry(tmp_path / "reg")
+    torch.manual_seed(0)
+    acfg = AnomalyConfig()
+    publish_anomaly_model(reg, AnomalyModel(acfg, full.encoder, full.egograph.max_nodes).state_dict(),
+                          anomaly_cfg=acfg, encoder_cfg=full.encoder, ego_cfg=full.egograph, config={}, metrics={},
+                          privacy={}, card="test")  # read by batch scoring; this model does not use its score
+    model = trained["fed-spfd#0"][1]
+    model.publish(reg, config={"fraud": cfg.fraud.model_dump()}, metrics={})
+    out = tmp_path / "scored.parquet"
+    report = score_path(root, reg.root, out, progress=False, fraud_kind="fraud-spfd")
+    scored = pd.read_parquet(out)
+    assert set(scored["bank"]) == {1} and report.models["fraud"] == "fraud-spfd:v1"
+    table = tables[1]
+    offline = model.scores(table.X[:, [table.names.index(n) for n in model.input_names]])
+    got = scored.set_index("transaction_id").loc[table.transaction_id.astype(str), "fraud_score"].to_numpy()
+    np.testing.assert_allclose(got, offline, rtol=0, atol=1e-5)
+    with pytest.raises(UserError, match="is bank 1's model: score this CSV with --bank 1"):
+        score_path(root / "bank_1" / "transactions.parquet", reg.root, tmp_path / "x.csv", progress=False,
+                   fraud_kind="fraud-spfd")  # a CSV is scored as --bank 0's data by default
