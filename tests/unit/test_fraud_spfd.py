@@ -274,16 +274,65 @@ def test_serving_decides_with_a_banks_published_fed_spfd_model(hetero, trained, 
     assert contributions == sorted(contributions, reverse=record["decision"] == "fraud")
 
 
-def test_a_demographics_bank_is_refused_by_serving_with_the_missing_columns(hetero, trained, tmp_path):
-    """Serving builds the row from the transaction stream, which has no demographics: the stage says so."""
+def test_a_demographics_bank_serves_with_its_cardholders_rows_read_from_feast(hetero, trained, tmp_path):
+    """Bank 1 holds demographics: ``features apply`` writes its ``cardholder_demographics`` rows (card token keys),
+    materialisation loads them into the online store, the replica's state read returns them, and the fraud stage
+    takes the age at each transaction: the scores are the offline table's, which training computed with the same
+    function. Without the rows (a repo or stage that does not read them) the stage still decides, on NaN columns.
+    """
     from fedfraud.config import load_config
-    from fedfraud.serving.fraud_stage import FraudStage, fraud_config_for
+    from fedfraud.feature_store.demographics import DEMOGRAPHIC_FEATURES
+    from fedfraud.feature_store.encoders import timestamps_us
+    from fedfraud.feature_store.feast_store import apply_repo, materialize_repo, open_store
+    from fedfraud.feature_store.layout import read_bank
+    from fedfraud.feature_store.offline import write_offline
+    from fedfraud.feature_store.online import OnlineStateClient
+    from fedfraud.feature_store.privacy import PrivateFeaturizer
+    from fedfraud.serving.fraud_stage import FraudStage, fraud_config_for, reads_demographics
     from fedfraud.serving.kvstore import SqliteKV
+    from fedfraud.serving.scored import ScoredBatch
 
-    cfg, _, _, _, _ = hetero
-    with pytest.raises(ValueError, match="age_years"):
-        FraudStage(SqliteKV(tmp_path / "kv.sqlite"), trained["fed-spfd#0"][1], "fraud-spfd:v1",
-                   fraud_config_for({"fraud": cfg.fraud.model_dump()}, None), load_config(None, []).encoder.dim, ring=4)
+    cfg, root, tables, _, _ = hetero
+    bank, model = 1, trained["fed-spfd#0"][1]
+    assert reads_demographics(model) and not reads_demographics(trained["fed-spfd#0"][2])
+    full = load_config(None, [])
+    features = full.features.model_copy(update={"project": "fedfraud_spfd_demographics"})
+    repo = tmp_path / "repo"
+    write_offline(root, repo, full.encoder, full.privacy, full.egograph, features.location_cell_deg, banks=[0, bank],
+                  progress=False)
+    store = open_store(features, repo, "sqlite")
+    apply_repo(store)
+    materialize_repo(store)
+    client = OnlineStateClient(store, full.egograph, features.location_cell_deg)
+
+    frame = read_bank(root, bank)
+    featurizer = PrivateFeaturizer.for_bank(full.encoder, full.privacy, bank)
+    ts = timestamps_us(frame["timestamp"])
+    idx = np.lexsort((frame["transaction_id"].to_numpy(), ts))[:16]
+    part = frame.iloc[idx]
+    private = featurizer.transform(part)
+    holders = list(private.cardholder)
+    states, _ = client.read_batch(list(dict.fromkeys(holders)), bank, demographics=True)
+    rows = {s.cardholder: s.demographics for s in states}
+    assert all(r is not None and set(r) >= {"birth_day", "gender_f", "city_pop", "job_code"} for r in rows.values())
+    stage = FraudStage(SqliteKV(tmp_path / "kv.sqlite"), model, "fraud-spfd:v1",
+                       fraud_config_for({"fraud": cfg.fraud.model_dump()}, None), full.encoder.dim, ring=4)
+
+    def batch(demographics: list | None) -> ScoredBatch:
+        return ScoredBatch("test", part["transaction_id"].tolist(), holders, ts[idx].tolist(), part["amount"].tolist(),
+                           part["mcc"].astype(str).tolist(), private.merchant, private.location, private.time,
+                           np.full(len(idx), np.nan), np.zeros(len(idx), bool), np.zeros(len(idx), dtype=np.int64),
+                           "anomaly:v1", merchant_hash=featurizer.merchant_hash(part["merchant_id"]),
+                           demographics=demographics)
+
+    decided = stage.decide(batch([rows[h] for h in holders]))
+    table = tables[bank]
+    offline = model.scores(table.X[:, [table.names.index(n) for n in model.input_names]][idx])
+    np.testing.assert_allclose([r["score"] for r in decided.records], offline, rtol=0, atol=1e-5)
+    assert set(DEMOGRAPHIC_FEATURES) <= set(model.input_names)
+    other = FraudStage(SqliteKV(tmp_path / "kv2.sqlite"), model, "fraud-spfd:v1",
+                       fraud_config_for({"fraud": cfg.fraud.model_dump()}, None), full.encoder.dim, ring=4)
+    assert all(r["decision"] in ("fraud", "legit") for r in other.decide(batch(None)).records)
 
 
 def test_train_and_publish_records_pooled_and_serving_bank_metrics(hetero, tmp_path):
@@ -328,3 +377,41 @@ def test_unknown_variant_is_refused():
         spfd_job("pfedme")
     with pytest.raises(ValueError, match="unknown spfd settings"):
         spfd_job("fed-spfd", overrides=[("lambda_nope", 1.0)])
+
+
+def test_batch_scoring_with_a_demographics_banks_model_scores_its_rows_as_training(hetero, trained, tmp_path):
+    """``fedfraud score`` with ``fraud.variant: fed-spfd`` (kind ``fraud-spfd``): the model's own bank only, its
+    demographic columns joined from ``cardholders.parquet`` with the age at each transaction, the columns picked by
+    name: the scores are the training table's rows'.
+    """
+    import torch
+
+    from fedfraud.config import load_config
+    from fedfraud.core.errors import UserError
+    from fedfraud.training.anomaly.config import AnomalyConfig
+    from fedfraud.training.anomaly.model import AnomalyModel
+    from fedfraud.training.anomaly.scorer import publish_anomaly_model
+    from fedfraud.serving.batch import score_path
+    from fedfraud.training.registry import ModelRegistry
+
+    cfg, root, tables, _, _ = hetero
+    full = load_config(None, [])
+    reg = ModelRegistry(tmp_path / "reg")
+    torch.manual_seed(0)
+    acfg = AnomalyConfig()
+    publish_anomaly_model(reg, AnomalyModel(acfg, full.encoder, full.egograph.max_nodes).state_dict(),
+                          anomaly_cfg=acfg, encoder_cfg=full.encoder, ego_cfg=full.egograph, config={}, metrics={},
+                          privacy={}, card="test")  # read by batch scoring; this model does not use its score
+    model = trained["fed-spfd#0"][1]
+    model.publish(reg, config={"fraud": cfg.fraud.model_dump()}, metrics={})
+    out = tmp_path / "scored.parquet"
+    report = score_path(root, reg.root, out, progress=False, fraud_kind="fraud-spfd")
+    scored = pd.read_parquet(out)
+    assert set(scored["bank"]) == {1} and report.models["fraud"] == "fraud-spfd:v1"
+    table = tables[1]
+    offline = model.scores(table.X[:, [table.names.index(n) for n in model.input_names]])
+    got = scored.set_index("transaction_id").loc[table.transaction_id.astype(str), "fraud_score"].to_numpy()
+    np.testing.assert_allclose(got, offline, rtol=0, atol=1e-5)
+    with pytest.raises(UserError, match="is bank 1's model: score this CSV with --bank 1"):
+        score_path(root / "bank_1" / "transactions.parquet", reg.root, tmp_path / "x.csv", progress=False,
+                   fraud_kind="fraud-spfd")  # a CSV is scored as --bank 0's data by default

@@ -16,14 +16,13 @@ import numpy as np
 import pandas as pd
 
 from fedfraud.core.errors import UserError
+from fedfraud.feature_store.demographics import DEMOGRAPHIC_FEATURES, DEMOGRAPHIC_FIELDS, demographic_columns
+from fedfraud.feature_store.encoders import timestamps_us
 from fedfraud.feature_store.layout import read_cardholders
 from fedfraud.training.fraud.features import ANOMALY_FEATURE, FraudFeatures
 
 __all__ = ["DEMOGRAPHIC_FEATURES", "PRIVATE_COLUMNS", "bank_table", "held_columns", "private_columns", "shared_columns"]
 
-#: The demographic columns of a transaction: the cardholder's age at it (years), 1 female / 0 male, the city's
-#: population, the job's hash (a category).
-DEMOGRAPHIC_FEATURES: tuple[str, ...] = ("age_years", "gender_f", "city_pop", "job_code")
 #: Private set → its columns.
 PRIVATE_COLUMNS: dict[str, tuple[str, ...]] = {
     "demographics": DEMOGRAPHIC_FEATURES,
@@ -48,9 +47,8 @@ def private_columns(sets: Sequence[str]) -> tuple[str, ...]:
 def _demographics(frame: pd.DataFrame, holders: pd.DataFrame) -> np.ndarray:
     """``[n, 4]`` demographic columns of the canonical rows ``frame`` (NaN where the cardholder has none)."""
     joined = frame[["cardholder_id", "timestamp"]].merge(holders, on="cardholder_id", how="left")
-    ts_day = (pd.to_datetime(joined["timestamp"], utc=True) - pd.Timestamp(0, tz="UTC")) / pd.Timedelta(days=1)
-    age = (ts_day.to_numpy(dtype=np.float64) - joined["birth_day"].to_numpy(dtype=np.float64)) / 365.25
-    return np.column_stack([age, *(joined[c].to_numpy(dtype=np.float64) for c in DEMOGRAPHIC_FEATURES[1:])])
+    stored = np.column_stack([joined[c].to_numpy(dtype=np.float64) for c in DEMOGRAPHIC_FIELDS])
+    return demographic_columns(timestamps_us(joined["timestamp"]), stored)  # serving's function
 
 
 def bank_table(feats: FraudFeatures, frame: pd.DataFrame, sets: Sequence[str], root: Path, bank: int
