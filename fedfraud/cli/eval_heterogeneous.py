@@ -12,6 +12,7 @@ from typing import Annotated
 import click
 import typer
 
+from fedfraud.cli.bench import RecordOption
 from fedfraud.cli.common import config_of
 from fedfraud.config import update_section
 
@@ -32,18 +33,31 @@ def heterogeneous(
         str, typer.Option("--engine", help="loopback (the Flower apps in this process) or simulation (Ray)",
                           click_type=click.Choice(["loopback", "simulation"]))
     ] = "loopback",
+    bank_shares: Annotated[
+        str | None,
+        typer.Option("--bank-shares", help="CSV only: cardholder share per bank, e.g. 0.3,0.25,0.2,0.2,0.05"),
+    ] = None,
     out: Annotated[Path | None, typer.Option("--out", help="also write the markdown block here")] = None,
+    record: RecordOption = None,
 ) -> None:
     """FED-SPFD, FedAvg, FedPer, federated XGBoost (shared columns), local XGBoost (all columns): pooled and per
     bank, PR-AUC and recall@1%FPR with 95 % intervals.
     """
-    from fedfraud.cli.bench import emit
+    from fedfraud.cli.bench import emit, start_record
+    from fedfraud.cli.common import parse_shares
     from fedfraud.training.fraud.spfd.study import heterogeneous_study
 
-    cfg = update_section(config_of(ctx, needs_secret=True), "ingest", format=fmt, banks=banks)
+    if record is not None:
+        start_record(ctx, record, "")
+    shares = parse_shares(bank_shares)
+    if shares is not None and banks is None:
+        banks = len(shares)
+    cfg = update_section(config_of(ctx, needs_secret=True), "ingest", format=fmt, banks=banks, bank_shares=shares)
     spfd = cfg.fraud.spfd.model_copy(update={"engine": engine, **({"rounds": rounds} if rounds else {})})
     cfg = update_section(cfg, "fraud", spfd=spfd)
-    emit(heterogeneous_study(cfg, data, seeds=seeds, reps=reps, tune=tune).to_markdown(), out)
+    from fedfraud.bench.records import MORE
+
+    emit(heterogeneous_study(cfg, data, seeds=seeds, reps=reps, tune=tune).to_markdown(MORE), out)
 
 
 def register(app: typer.Typer) -> None:

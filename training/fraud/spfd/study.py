@@ -77,7 +77,10 @@ class HeterogeneousReport:
     tuning: list[dict[str, Any]]
     info: dict[str, Any] = field(default_factory=dict)
 
-    def to_markdown(self) -> str:
+    def to_markdown(self, more: str = "") -> str:
+        """The block; ``more``: a line after the pooled table (the benchmark records' marker after which detail
+        stays in the record).
+        """
         i = self.info
         lines = [
             "### Heterogeneous banks: FED-SPFD against federated XGBoost, local XGBoost, FedAvg and FedPer",
@@ -96,7 +99,7 @@ class HeterogeneousReport:
         for v in self.variants:
             lines.append(f"| {v} | " + " | ".join(self.pooled[v][m].fmt() for m in METRICS)
                          + f" | {float(seconds.get(v, math.nan)):.0f} |")
-        lines += ["", "**Paired differences, pooled** (points)", "",
+        lines += ["", *([more, ""] if more else []), "**Paired differences, pooled** (points)", "",
                   "| comparison | " + " | ".join(TITLES[m] for m in METRICS) + " |", "|---|" + "---:|" * len(METRICS)]
         for name, d in self.pooled_diff.items():
             lines.append(f"| {name} | " + " | ".join(d[m].fmt(100, 2, True) for m in METRICS) + " |")
