@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from fedfraud.core.errors import ConfigError
 from fedfraud.feature_store.config import EgoGraphConfig, EncoderConfig, PrivacyConfig
 from fedfraud.feature_store.store_config import FeatureStoreConfig
-from fedfraud.training.data.config import GeneratorConfig, IngestConfig
+from fedfraud.training.data.config import BanksConfig, GeneratorConfig, IngestConfig
 from fedfraud.training.embeddings.config import Hin2VecConfig
 from fedfraud.training.fraud.config import FraudConfig
 from fedfraud.training.anomaly.config import AnomalyConfig
@@ -53,6 +53,7 @@ class FedfraudConfig(BaseModel):
     merchant_risk: MerchantRiskConfig = Field(default_factory=MerchantRiskConfig)
     merchant_noise: MerchantNoiseConfig = Field(default_factory=MerchantNoiseConfig)
     hin2vec: Hin2VecConfig = Field(default_factory=Hin2VecConfig)
+    banks: BanksConfig = Field(default_factory=BanksConfig)  # which columns each bank holds (issue 39)
 
 
 def _parse_value(raw: str) -> Any:

@@ -12,6 +12,7 @@ training and serving features cannot drift apart.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -99,6 +100,7 @@ class CardholderState:
         q_t: last graph embedding written by the scorer, float32 ``[k]``; empty until one is set.
         found: the store had a row for this cardholder.
         rebuilt: the stored ego-graph blob was corrupt and the state restarted from empty.
+        demographics: the ``cardholder_demographics`` row, when the read asked for it and the bank holds one.
     """
 
     cardholder: str
@@ -109,6 +111,7 @@ class CardholderState:
     q_t: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.float32))
     found: bool = False
     rebuilt: bool = False
+    demographics: dict[str, Any] | None = None
 
     @classmethod
     def empty(cls, cardholder: str, cfg: EgoGraphConfig) -> CardholderState:

@@ -5,6 +5,8 @@
     DIR/manifest.json              counts per bank, format, partitioning, created_at
     DIR/rejects.jsonl              one JSON object per rejected input row: row, reason, detail
     DIR/bank_<k>/transactions.parquet   canonical rows of bank k (fedfraud.feature_store.schema.ARROW_SCHEMA)
+    DIR/bank_<k>/cardholders.parquet    optional: bank k's private cardholder columns (schema.DEMOGRAPHIC_COLUMNS),
+                                        only for a bank whose ``banks.<k>.private_features`` holds demographics
 
 A bank's rows are sorted by (timestamp, transaction_id). Train/test membership
 is a deterministic function of the cardholder, so every component agrees on it
@@ -23,12 +25,14 @@ import pandas as pd
 from fedfraud.core.errors import UserError
 
 __all__ = [
+    "CARDHOLDERS_FILE",
     "MANIFEST_FILE",
     "REJECTS_FILE",
     "TRANSACTIONS_FILE",
     "bank_dir",
     "list_banks",
     "read_bank",
+    "read_cardholders",
     "read_manifest",
     "split_of",
 ]
@@ -36,6 +40,7 @@ __all__ = [
 MANIFEST_FILE = "manifest.json"
 REJECTS_FILE = "rejects.jsonl"
 TRANSACTIONS_FILE = "transactions.parquet"
+CARDHOLDERS_FILE = "cardholders.parquet"
 
 
 def bank_dir(root: Path, bank: int) -> Path:
@@ -65,6 +70,12 @@ def read_bank(root: Path, bank: int, columns: list[str] | None = None) -> pd.Dat
         raise UserError(f"{path} does not exist")
     frame = pd.read_parquet(path, columns=columns)
     return frame
+
+
+def read_cardholders(root: Path, bank: int) -> pd.DataFrame | None:
+    """Bank ``bank``'s private cardholder columns (one row per cardholder), None when the bank holds none."""
+    path = bank_dir(root, bank) / CARDHOLDERS_FILE
+    return pd.read_parquet(path) if path.exists() else None
 
 
 def read_manifest(root: Path) -> dict[str, Any]:

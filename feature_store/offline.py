@@ -25,6 +25,7 @@ from datetime import datetime, UTC
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 from tqdm.auto import tqdm
@@ -38,6 +39,7 @@ from fedfraud.feature_store.privacy import PrivateFeaturizer
 __all__ = [
     "CARDHOLDER_FILE",
     "MERCHANT_FILE",
+    "DEMOGRAPHICS_FILE",
     "HIN2VEC_FILE",
     "HIN2VEC_SCHEMA",
     "MERCHANT_RISK_FILE",
@@ -60,6 +62,14 @@ MERCHANT_RISK_SCHEMA = pa.schema([
     ("merchant_bank", pa.list_(pa.float32())), ("merchant_fed", pa.list_(pa.float32())),
     ("event_timestamp", pa.timestamp("us", tz="UTC")), ("created", pa.timestamp("us", tz="UTC")),
 ])
+#: The ``cardholder_demographics`` view's batch source: a row per cardholder of a bank holding demographics, timed
+#: at its first transaction (so materialisation's window holds it).
+DEMOGRAPHICS_FILE = "cardholder_demographics.parquet"
+DEMOGRAPHICS_SCHEMA = pa.schema([
+    ("cardholder", pa.string()), ("birth_day", pa.float64()), ("gender_f", pa.float64()), ("city_pop", pa.float64()),
+    ("job_code", pa.float64()),
+    ("event_timestamp", pa.timestamp("us", tz="UTC")), ("created", pa.timestamp("us", tz="UTC")),
+])
 #: The ``cardholder_hin2vec`` view's batch source: the scorer writes the online store only, so it stays empty.
 HIN2VEC_FILE = "cardholder_hin2vec.parquet"
 HIN2VEC_SCHEMA = pa.schema([
@@ -69,6 +79,28 @@ HIN2VEC_SCHEMA = pa.schema([
 ])
 _TS = pa.timestamp("us", tz="UTC")
 _ACTIVITY_TYPES = {int: pa.int64(), float: pa.float64(), str: pa.string()}
+
+
+def demographics_table(data_dir: Path, bank: int, frame: pd.DataFrame, featurizer: PrivateFeaturizer,
+                       created_us: int) -> pa.Table | None:
+    """The ``cardholder_demographics`` rows of a bank that holds demographics (keyed by card token, timed at each
+    cardholder's first transaction), None for a bank without ``cardholders.parquet``.
+    """
+    from fedfraud.feature_store.demographics import DEMOGRAPHIC_FIELDS
+    from fedfraud.feature_store.layout import read_cardholders
+
+    holders = read_cardholders(data_dir, bank)
+    if holders is None or holders.empty:
+        return None
+    first = frame.groupby(frame["cardholder_id"].astype(str))["timestamp"].min()
+    holders = holders.assign(cardholder_id=holders["cardholder_id"].astype(str))
+    holders = holders[holders["cardholder_id"].isin(first.index)]
+    ts = pd.to_datetime(first.loc[holders["cardholder_id"]].to_numpy(), utc=True)
+    columns = {"cardholder": featurizer.pseudonyms(holders["cardholder_id"]),
+               **{f: holders[f].to_numpy(dtype=np.float64) for f in DEMOGRAPHIC_FIELDS},
+               "event_timestamp": ts, "created": pd.to_datetime(np.full(len(holders), created_us), unit="us", utc=True)}
+    return pa.Table.from_pydict({k: list(v) if k == "cardholder" else v for k, v in columns.items()},
+                                schema=DEMOGRAPHICS_SCHEMA)
 
 
 def embedding_column(rows: np.ndarray | list[np.ndarray | None]) -> pa.Array:
@@ -191,16 +223,20 @@ def write_offline(
     for name, schema in ((MERCHANT_RISK_FILE, MERCHANT_RISK_SCHEMA), (HIN2VEC_FILE, HIN2VEC_SCHEMA)):
         if not (out / name).exists():
             pq.write_table(schema.empty_table(), out / name)
-    paths = [out / CARDHOLDER_FILE, out / MERCHANT_FILE]
-    writers: list[pq.ParquetWriter | None] = [None, None]
+    paths = [out / CARDHOLDER_FILE, out / MERCHANT_FILE, out / DEMOGRAPHICS_FILE]
+    writers: list[pq.ParquetWriter | None] = [None, None, pq.ParquetWriter(paths[2], DEMOGRAPHICS_SCHEMA)]
     created_base = int(datetime.now(UTC).timestamp() * 1_000_000)
     rows = holders = 0
     merchants: set[tuple[int, str]] = set()
     try:
         for bank in tqdm(chosen, desc="offline features", disable=not progress):
             featurizer = PrivateFeaturizer.for_bank(encoder_cfg, privacy_cfg, bank)
-            batch = prepare_batch(read_bank(Path(data_dir), bank), featurizer)
+            frame = read_bank(Path(data_dir), bank)
+            batch = prepare_batch(frame, featurizer)
             tables = bank_tables(batch, bank, ego_cfg, cell_deg, created_base + rows)
+            demographics = demographics_table(Path(data_dir), bank, frame, featurizer, created_base + rows)
+            if demographics is not None:
+                writers[2].write_table(demographics)  # type: ignore[union-attr]
             for k, table in enumerate((tables.cardholder, tables.merchant)):
                 if writers[k] is None:
                     writers[k] = pq.ParquetWriter(paths[k], table.schema)

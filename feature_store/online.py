@@ -61,6 +61,8 @@ MERCHANT_VIEW = "merchant_location"
 MERCHANT_RISK_VIEW = "merchant_risk"
 #: The latest G-HIN2Vec embedding per cardholder, written by a scorer whose fraud model reads it.
 HIN2VEC_VIEW = "cardholder_hin2vec"
+#: A bank's private demographics per cardholder (issue 39), read with the states when a model needs them.
+DEMOGRAPHICS_VIEW = "cardholder_demographics"
 
 
 def _from_us(us: int) -> datetime:
@@ -282,10 +284,11 @@ class OnlineStateClient:
                 f"feature repo {self.store.repo_path} is not applied ({exc.__class__.__name__}); "
                 "run `fedfraud features apply`"
             ) from None
-        try:  # optional: a repo applied before the view existed serves every model without hin2vec columns
-            self._views[HIN2VEC_VIEW] = self.store.get_feature_view(HIN2VEC_VIEW)
-        except Exception:  # FeatureViewNotFoundException
-            self._views.pop(HIN2VEC_VIEW, None)
+        for optional in (HIN2VEC_VIEW, DEMOGRAPHICS_VIEW):  # a repo applied before these views existed still serves
+            try:  # every model that does not read them
+                self._views[optional] = self.store.get_feature_view(optional)
+            except Exception:  # FeatureViewNotFoundException
+                self._views.pop(optional, None)
         self._io.forget_views()
         self._cardholder_tables = [
             (self._views[name], tuple(f.name for f in self._views[name].features)) for name in CARDHOLDER_VIEWS
@@ -296,26 +299,41 @@ class OnlineStateClient:
         """States of many cardholders (pseudonyms) in one batched read; unknown ones come back empty."""
         return self.read_batch(cardholders)[0]
 
-    def read_batch(self, cardholders: Sequence[str], bank: int = 0, buckets: Sequence[int] = ()
-                   ) -> tuple[list[CardholderState], list[RiskRow]]:
-        """States of many cardholders and the ``merchant_risk`` rows of ``bank`` at ``buckets``, in one read.
+    def read_batch(self, cardholders: Sequence[str], bank: int = 0, buckets: Sequence[int] = (),
+                   demographics: bool = False) -> tuple[list[CardholderState], list[RiskRow]]:
+        """States of many cardholders and the ``merchant_risk`` rows of ``bank`` at ``buckets``, in one read; with
+        ``demographics``, each state's ``cardholder_demographics`` row too (``CardholderState.demographics``).
 
-        Why together: the fraud model's merchant-risk features then cost no extra round trip, and every read sees
-        the latest release the daily job wrote (no restart, no cache to invalidate).
+        Why together: the fraud model's merchant-risk and demographic columns then cost no extra round trip, and
+        every read sees the latest release the daily job wrote (no restart, no cache to invalidate).
         """
+        tables = self._cardholder_tables + ([self._demographics_table()] if demographics else [])
         if not buckets:
-            return self._states(cardholders, self._io.read(self._cardholder_tables, cardholders)), []
+            return self._states(cardholders, self._io.read(tables, cardholders)), []
         risk_view = self._views[MERCHANT_RISK_VIEW]
         (ego_time_act, (risk,)) = self._io.read_groups([
-            (self._cardholder_tables, cardholders),
+            (tables, cardholders),
             ([(risk_view, ("release_day", "merchant_bank", "merchant_fed"))], [(bank, int(b)) for b in buckets]),
         ])
         return self._states(cardholders, ego_time_act), risk
 
+    def _demographics_table(self) -> tuple[FeatureView, tuple[str, ...]]:
+        """The applied ``cardholder_demographics`` view and its fields; a one-line error when the repo predates it."""
+        from fedfraud.core.errors import UserError
+        from fedfraud.feature_store.demographics import DEMOGRAPHIC_FIELDS
+
+        view = self._views.get(DEMOGRAPHICS_VIEW)
+        if view is None:
+            raise UserError(f"feature repo {self.store.repo_path} has no view {DEMOGRAPHICS_VIEW}: run "
+                            "`fedfraud features apply --data DIR` to serve a model with demographic columns")
+        return view, DEMOGRAPHIC_FIELDS
+
     def _states(self, cardholders: Sequence[str], rows: list[ViewValues]) -> list[CardholderState]:
-        ego_rows, time_rows, act_rows = rows
+        ego_rows, time_rows, act_rows = rows[:3]
+        demo_rows = rows[3] if len(rows) > 3 else [None] * len(cardholders)
         out: list[CardholderState] = []
-        for holder, ego_row, time_row, act_row in zip(cardholders, ego_rows, time_rows, act_rows, strict=True):
+        for holder, ego_row, time_row, act_row, demo_row in zip(cardholders, ego_rows, time_rows, act_rows, demo_rows,
+                                                                strict=True):
             state = CardholderState.empty(holder, self.ego_cfg)
             blob = ego_row.get("ego_state") if ego_row else None
             if blob is not None:
@@ -334,6 +352,7 @@ class OnlineStateClient:
                 state.epsilon = time_row.get("epsilon")
             if act_row:  # activity is its own view: a corrupt ego blob does not invalidate it
                 state.activity = Activity.from_features(act_row)
+            state.demographics = dict(demo_row) if demo_row else None
             out.append(state)
         return out
 

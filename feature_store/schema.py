@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 import re
 import time
+import zlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -27,6 +28,9 @@ import pyarrow as pa
 
 __all__ = [
     "CANONICAL_COLUMNS",
+    "DEMOGRAPHIC_COLUMNS",
+    "DEMOGRAPHIC_SOURCE_COLUMNS",
+    "demographics_of",
     "CARD_TOKEN_PREFIX",
     "CleanRows",
     "COORDINATE_DECIMALS",
@@ -146,6 +150,39 @@ REQUIRED_COLUMNS: tuple[str, ...] = (
 #: Canonical columns in order. ``is_fraud`` is optional (nullable); ``geo_source``
 #: says how lat/lon were obtained (``exact`` for Sparkov, see the TabFormer loader).
 CANONICAL_COLUMNS: tuple[str, ...] = (*REQUIRED_COLUMNS, "is_fraud", "geo_source")
+
+#: Optional cardholder columns of the Sparkov layouts (``dob``, ``gender``, ``city_pop``, ``job``): a bank that
+#: holds them privately (``banks.<k>.private_features: [demographics]``) keeps them per cardholder beside its
+#: transactions (:func:`demographics_of`); they never enter the canonical rows.
+DEMOGRAPHIC_SOURCE_COLUMNS: tuple[str, ...] = ("dob", "gender", "city_pop", "job")
+#: What is kept of them, one row per cardholder: birth date (days since 1970-01-01), 1.0 female / 0.0 male, city
+#: population, a stable hash of the job title (the title itself is not kept).
+DEMOGRAPHIC_COLUMNS: tuple[str, ...] = ("cardholder_id", "birth_day", "gender_f", "city_pop", "job_code")
+
+
+def demographics_of(raw: pd.DataFrame, cardholder_id: pd.Series) -> pd.DataFrame:
+    """The demographic columns of accepted rows (``raw`` aligned with ``cardholder_id``), one row per cardholder.
+
+    Optional columns never reject a row (the transaction is valid without them): a value that does not parse
+    (a date, a population below 0, a gender other than F/M, a blank job) becomes NaN.
+    """
+    n = len(cardholder_id)
+
+    def text(name: str) -> pd.Series:
+        col = raw[name] if name in raw else pd.Series([""] * n)
+        return col.reset_index(drop=True).astype(str).str.strip()
+
+    dob = pd.to_datetime(text("dob"), format="mixed", errors="coerce", utc=True)
+    birth_day = ((dob - pd.Timestamp(0, tz="UTC")) / pd.Timedelta(days=1)).astype("float64")
+    gender = text("gender").str.upper().map({"F": 1.0, "M": 0.0}).astype("float64")
+    pop = pd.to_numeric(text("city_pop"), errors="coerce").astype("float64")
+    pop = pop.where(pop >= 0)
+    job = text("job").str.lower()
+    job_code = job.map(lambda j: float(zlib.crc32(j.encode("utf-8")) % 65521) if j and j != "nan" else np.nan)
+    frame = pd.DataFrame({"cardholder_id": cardholder_id.reset_index(drop=True).astype(str), "birth_day": birth_day,
+                          "gender_f": gender, "city_pop": pop, "job_code": job_code.astype("float64")})
+    return frame.drop_duplicates("cardholder_id", keep="first").reset_index(drop=True)
+
 
 ARROW_SCHEMA = pa.schema(
     [

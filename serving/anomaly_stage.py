@@ -179,6 +179,9 @@ class AnomalyStage:
         self.shadow: GraphScorer | None = None  # the challenger GNN while one shadows (HotPath sets it)
         #: The G-HIN2Vec encoder whose columns the fraud model reads (HotPath sets it; None: none computed, no cost).
         self.hin2vec: Hin2VecModel | None = None
+        #: Read each cardholder's ``cardholder_demographics`` row with its state (HotPath sets it when the fraud
+        #: model reads demographic columns, issue 39; off: no extra field read).
+        self.demographics = False
 
     def begin(self, frame: pd.DataFrame, produced_us: np.ndarray, source: str = "kafka") -> AnomalyWork:
         """Read states, apply every transaction, collect the graphs to embed (no model call yet)."""
@@ -192,7 +195,7 @@ class AnomalyStage:
             buckets = [h % self.risk_buckets for h in batch.merchant_hash] if self.risk_buckets else []
             distinct = list(dict.fromkeys(buckets))
             # the merchant-risk rows of the batch's merchants come with the states: no extra round trip
-            read, risk = self.client.read_batch(holders, self.bank_id, distinct)
+            read, risk = self.client.read_batch(holders, self.bank_id, distinct, demographics=self.demographics)
             states = dict(zip(holders, read, strict=True))
             # the fraud stage's rows (and the hin2vec node tables, when its model reads them) too: one round trip
             tables = ("scores", "fraud", "hin2vec") if hin2vec is not None else ("scores", "fraud")
@@ -271,6 +274,8 @@ class AnomalyStage:
             scores = _gnn_scores(work, q, model)
             self._remember(work, q, scores)
         extra: dict[str, Any] = {}
+        if self.demographics:  # the cardholder's stored row per transaction; the fraud stage takes the age at it
+            extra["demographics"] = [work.states[h].demographics for h in batch.cardholder]
         if work.hin2vec is not None:
             with self.clock.section("anomaly.hin2vec"):
                 extra = {"hin2vec": self._hin2vec_columns(work), "hin2vec_model": work.hin2vec.tag}

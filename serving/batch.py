@@ -37,6 +37,7 @@ from fedfraud.core.errors import UserError
 from fedfraud.feature_store.config import PrivacyConfig
 from fedfraud.feature_store.privacy import PrivateFeaturizer, check_feature_mechanism
 from fedfraud.feature_store.layout import MANIFEST_FILE, REJECTS_FILE, list_banks, read_bank
+from fedfraud.serving.fraud_stage import reads_demographics
 
 __all__ = ["ScoreReport", "score_path"]
 
@@ -95,9 +96,9 @@ def _cardholder_chunks(frame: pd.DataFrame, chunk_rows: int) -> Iterator[pd.Data
 
 
 def _merchant_columns(registry: Path, data: Path, encoder_cfg: Any, privacy_cfg: PrivacyConfig,
-                      fraud_kind: str = "fraud") -> dict[int, np.ndarray] | None:
-    """Per bank (file order), the merchant-risk columns a fraud model trained with them reads; None for a model
-    without. The releases are replayed over the scored data (its banks), as training replays them.
+                      fraud_kind: str = "fraud") -> tuple[dict[int, np.ndarray], tuple[str, ...]] | None:
+    """Per bank (file order), the merchant-risk columns a fraud model trained with them reads, and their names;
+    None for a model without. The releases are replayed over the scored data (its banks), as training replays them.
     """
     from fedfraud.serving.fraud_stage import merchant_risk_for
     from fedfraud.training.merchant_risk.config import MerchantNoiseConfig
@@ -111,8 +112,10 @@ def _merchant_columns(registry: Path, data: Path, encoder_cfg: Any, privacy_cfg:
     risk = merchant_risk_for(config)
     if risk is None:
         return None
+    from fedfraud.training.merchant_risk.features import merchant_names
+
     noise = MerchantNoiseConfig.model_validate(config.get("merchant_noise") or {})
-    return dataset_columns(data, encoder_cfg, privacy_cfg, risk, noise)
+    return dataset_columns(data, encoder_cfg, privacy_cfg, risk, noise), tuple(merchant_names(risk))
 
 
 def _load_models(registry: Path, fraud_kind: str = "fraud") -> tuple[Any, Any, Any, dict[str, str]]:
@@ -162,14 +165,16 @@ def _init_worker(registry: Path, privacy: dict[str, Any]) -> None:
                    privacy=PrivacyConfig.model_validate(privacy))
 
 
-def _score_in_worker(part: pd.DataFrame, bank: int, merchant: np.ndarray | None) -> pd.DataFrame:
+def _score_in_worker(part: pd.DataFrame, bank: int, merchant: np.ndarray | None,
+                     merchant_names: tuple[str, ...] = ()) -> pd.DataFrame:
     w = _WORKER
-    return _score_chunk(part, bank, w["scorer"], w["fraud"], w["fraud_cfg"], w["privacy"], merchant, w["hin2vec"])
+    return _score_chunk(part, bank, w["scorer"], w["fraud"], w["fraud_cfg"], w["privacy"], merchant, w["hin2vec"],
+                        merchant_names)
 
 
 def _score_chunk(
     part: pd.DataFrame, bank: int, scorer: Any, fraud: Any, fraud_cfg: Any, privacy_cfg: PrivacyConfig,
-    merchant: np.ndarray | None = None, hin2vec: Any = None,
+    merchant: np.ndarray | None = None, hin2vec: Any = None, merchant_names: tuple[str, ...] = (),
 ) -> pd.DataFrame:
     featurizer = PrivateFeaturizer.for_bank(scorer.encoder_cfg, privacy_cfg, bank)
     anomaly = scorer.score_frame(part, featurizer)
@@ -188,10 +193,25 @@ def _score_chunk(
         private = featurizer.transform(part)
         features = build_features(part, private, fraud_cfg, anomaly, transitions=fraud.transitions)
         X = features.X if merchant is None else np.hstack([features.X, merchant]).astype(np.float32)
+        names = (*features.names, *(merchant_names if merchant is not None else ()))
         if hin2vec is not None:  # last, as training's with_embeddings; a chunk holds whole cardholders (causal)
-            from fedfraud.training.embeddings.embed import causal_embeddings
+            from fedfraud.training.embeddings.embed import causal_embeddings, embedding_names
 
             X = np.hstack([X, causal_embeddings(part, featurizer, hin2vec.model, scorer.ego_cfg)])
+            names = (*names, *embedding_names(X.shape[1] - len(names)))
+        if reads_demographics(fraud):  # the bank's stored rows (_with_demographics), the age at each transaction
+            from fedfraud.feature_store.demographics import (
+                DEMOGRAPHIC_FEATURES,
+                DEMOGRAPHIC_FIELDS,
+                demographic_columns,
+            )
+            from fedfraud.feature_store.encoders import timestamps_us
+
+            stored = part.reindex(columns=list(DEMOGRAPHIC_FIELDS)).to_numpy(dtype=np.float64)
+            X = np.hstack([X, demographic_columns(timestamps_us(part["timestamp"]), stored)])
+            names = (*names, *DEMOGRAPHIC_FEATURES)
+        if tuple(fraud.input_names) != names:  # a model reading a subset or another order (FED-SPFD): by name
+            X = X[:, [names.index(n) for n in fraud.input_names]]
         decisions = _decide(fraud, X, part, featurizer)
         out["fraud_score"] = [d.score for d in decisions]
         out["decision"] = ["fraud" if d.decision else "legit" for d in decisions]
@@ -200,6 +220,24 @@ def _score_chunk(
             for d in decisions
         ]
     return out
+
+
+def _with_demographics(data: Path, bank: int, fraud: Any) -> pd.DataFrame:
+    """Bank ``bank``'s canonical rows, with its cardholders' stored demographic fields as columns when ``fraud``
+    reads demographic columns (NaN for a cardholder, or a bank, without a row); the rows' index is kept.
+    """
+    frame = read_bank(data, bank)
+    if fraud is None or not reads_demographics(fraud):
+        return frame
+    from fedfraud.feature_store.demographics import DEMOGRAPHIC_FIELDS
+    from fedfraud.feature_store.layout import read_cardholders
+
+    holders = read_cardholders(data, bank)
+    if holders is None:
+        logger.warning("score bank=%d has no cardholders.parquet: its demographic columns are NaN", bank)
+        return frame.assign(**{f: np.nan for f in DEMOGRAPHIC_FIELDS})
+    table = holders.assign(cardholder_id=holders["cardholder_id"].astype(str)).set_index("cardholder_id")
+    return frame.join(table[list(DEMOGRAPHIC_FIELDS)], on=frame["cardholder_id"].astype(str))
 
 
 def _decide(fraud: Any, X: np.ndarray, part: pd.DataFrame, featurizer: PrivateFeaturizer) -> list[Any]:
@@ -227,18 +265,18 @@ def _decide(fraud: Any, X: np.ndarray, part: pd.DataFrame, featurizer: PrivateFe
 
 def _ordered(
     chunks: Iterator[tuple[pd.DataFrame, int, np.ndarray | None]], pool: Any, workers: int, scorer: Any, fraud: Any,
-    fraud_cfg: Any, privacy_cfg: PrivacyConfig, hin2vec: Any = None,
+    fraud_cfg: Any, privacy_cfg: PrivacyConfig, hin2vec: Any = None, merchant_names: tuple[str, ...] = (),
 ) -> Iterator[pd.DataFrame]:
     """Scored chunks in input order: in this process, or ``2 × workers`` at a time in the pool."""
     if pool is None:
         for part, bank, merchant in chunks:
-            yield _score_chunk(part, bank, scorer, fraud, fraud_cfg, privacy_cfg, merchant, hin2vec)
+            yield _score_chunk(part, bank, scorer, fraud, fraud_cfg, privacy_cfg, merchant, hin2vec, merchant_names)
         return
     from collections import deque
 
     in_flight: deque[Any] = deque()
     for part, bank, merchant in chunks:
-        in_flight.append(pool.submit(_score_in_worker, part, bank, merchant))
+        in_flight.append(pool.submit(_score_in_worker, part, bank, merchant, merchant_names))
         if len(in_flight) >= 2 * workers:
             yield in_flight.popleft().result()
     while in_flight:
@@ -274,6 +312,9 @@ def score_path(
     hin2vec = _hin2vec_model(Path(registry), fraud_kind, scorer.encoder_cfg.dim) if fraud is not None else None
     if hin2vec is not None:
         models["hin2vec"] = hin2vec.tag
+    owner = getattr(fraud, "bank", None)
+    if owner is not None and not path.is_dir() and bank != owner:
+        raise UserError(f"{models['fraud']} is bank {owner}'s model: score this CSV with --bank {owner}")
     if fraud_kind != "fraud" and fraud is not None:
         chunk_rows, workers = 2**62, 1  # whole banks: merchant neighbourhoods span cardholders
     from fedfraud.training.registry import ModelRegistry
@@ -299,14 +340,19 @@ def score_path(
             data, banks = Path(tmp), [0]
         if not (data / MANIFEST_FILE).exists() and not path.is_dir():
             raise UserError(f"{path}: nothing was ingested")
+        if owner is not None and path.is_dir():  # a per-bank model (FED-SPFD) scores its own bank's rows only
+            if owner not in banks:
+                raise UserError(f"{models['fraud']} is bank {owner}'s model; {path} has banks {banks}")
+            banks = [owner]
         writer = _Writer(out)
         total = sum(pq.ParquetFile(data / f"bank_{b}" / "transactions.parquet").metadata.num_rows for b in banks)
-        merchant = (_merchant_columns(Path(registry), data, scorer.encoder_cfg, privacy_cfg, fraud_kind)
-                    if fraud is not None else None)
+        found = (_merchant_columns(Path(registry), data, scorer.encoder_cfg, privacy_cfg, fraud_kind)
+                 if fraud is not None else None)
+        merchant, merchant_names = found if found is not None else (None, ())
         chunks = (
             (part, bank if not path.is_dir() else k, None if merchant is None else merchant[k][part.index.to_numpy()])
             for k in banks
-            for part in _cardholder_chunks(read_bank(data, k), chunk_rows)
+            for part in _cardholder_chunks(_with_demographics(data, k, fraud), chunk_rows)
         )
         pool = None
         if workers > 1:
@@ -319,7 +365,8 @@ def score_path(
             )
         try:
             with tqdm(total=total, unit="tx", desc="score", disable=not progress) as bar:
-                for scored in _ordered(chunks, pool, workers, scorer, fraud, fraud_cfg, privacy_cfg, hin2vec):
+                for scored in _ordered(chunks, pool, workers, scorer, fraud, fraud_cfg, privacy_cfg, hin2vec,
+                                       merchant_names):
                     writer.write(scored)
                     report.rows += len(scored)
                     report.scored += int(np.isfinite(scored["anomaly_score"]).sum())

@@ -63,6 +63,7 @@ __all__ = [
     "load_fraud_model",
     "merchant_risk_for",
     "pack_fraud_state",
+    "reads_demographics",
     "unpack_fraud_state",
 ]
 
@@ -87,10 +88,14 @@ class Decided:
 
 
 def load_fraud_model(registry: ModelRegistry, version: str = "latest", kind: str = "fraud") -> tuple[Any, str]:
-    """The fraud model of ``version`` and its registry tag: XGBoost (kind ``fraud``) or a GNN (``fraud-gnn``,
-    :func:`fedfraud.serving.graph_fraud.fraud_kind`).
+    """The fraud model of ``version`` and its registry tag: XGBoost (kind ``fraud``), a GNN (``fraud-gnn``) or a
+    bank's FED-SPFD model (``fraud-spfd``), by :func:`fedfraud.serving.graph_fraud.fraud_kind`.
     """
     found = registry.get(kind, version)
+    if kind == "fraud-spfd":  # FED-SPFD (issue 39): the serving bank's model, FraudModel's interface
+        from fedfraud.training.fraud.spfd.artifact import SpfdFraudModel
+
+        return SpfdFraudModel.from_registry(registry, str(found.version)), found.tag
     if kind == "fraud-gnn":
         from fedfraud.training.fraud.gnn.artifact import GnnFraudModel
 
@@ -203,7 +208,8 @@ class FraudStage:
         """Where each of ``model.input_names`` sits in the row this stage builds (the model's own feature list)."""
         from fedfraud.training.fraud.features import feature_names
 
-        names = self.row_names = feature_names(self.row_cfg) + self._merchant_names() + _embedding_names(model)
+        names = self.row_names = (feature_names(self.row_cfg) + self._merchant_names() + _embedding_names(model)
+                                  + _demographic_names(model))
         missing = [n for n in model.input_names if n not in names]
         if missing:
             raise ValueError(
@@ -283,8 +289,14 @@ class FraudStage:
 
                 rows = scored.merchant_risk or [None] * len(scored)
                 full = np.hstack([full, row_columns([rows[i] for i in fresh_rows], self.risk)])
-            if scored.hin2vec is not None:  # G-HIN2Vec columns last, as training's with_embeddings appends them
+            if scored.hin2vec is not None:  # G-HIN2Vec columns, as training's with_embeddings appends them
                 full = np.hstack([full, scored.hin2vec[fresh_rows]])
+            if _demographic_names(model):  # the bank's private demographics (FED-SPFD), the age at the transaction
+                from fedfraud.feature_store.demographics import demographic_columns, stored_fields
+
+                rows = scored.demographics or [None] * len(scored)
+                full = np.hstack([full, demographic_columns([scored.ts_us[i] for i in fresh_rows],
+                                                            stored_fields([rows[i] for i in fresh_rows]))])
             X = full[:, columns]  # the champion's own feature list
             with clock.section("fraud.model"):
                 if reads_neighbours(model):  # a GNN: the rows and their cardholders' and merchants' past
@@ -462,6 +474,20 @@ def _public(record: dict[str, Any]) -> dict[str, Any]:
 
 def _finite(value: float) -> float | None:
     return None if math.isnan(value) else float(value)
+
+
+def _demographic_names(model: Any) -> tuple[str, ...]:
+    """The demographic columns that end the row when ``model`` reads them (a FED-SPFD model of a bank holding
+    demographics, issue 39; the anomaly stage then reads ``ScoredBatch.demographics``), else none.
+    """
+    from fedfraud.feature_store.demographics import DEMOGRAPHIC_FEATURES
+
+    return DEMOGRAPHIC_FEATURES if any(n in DEMOGRAPHIC_FEATURES for n in model.input_names) else ()
+
+
+def reads_demographics(model: Any) -> bool:
+    """Whether the replica must read each cardholder's ``cardholder_demographics`` row for ``model``."""
+    return bool(_demographic_names(model))
 
 
 def _embedding_names(model: Any) -> tuple[str, ...]:

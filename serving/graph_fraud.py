@@ -27,7 +27,8 @@ if TYPE_CHECKING:
     from fedfraud.training.fraud.gnn.online import OnlineGraphScorer
     from fedfraud.training.fraud.model import FraudDecision
 
-__all__ = ["GNN_TABLES", "GNN_VARIANTS", "GraphDecisions", "fraud_kind", "reads_neighbours"]
+__all__ = ["GNN_TABLES", "GNN_VARIANTS", "SPFD_VARIANTS", "GraphDecisions", "for_bank", "fraud_kind",
+           "reads_neighbours"]
 
 log = logging.getLogger(__name__)
 
@@ -37,9 +38,28 @@ GNN_TABLES: tuple[str, ...] = ("gnn_card", "gnn_merchant")
 GNN_VARIANTS: tuple[str, ...] = ("fedavg-gnn", "fedrpda")
 
 
+#: ``fraud.variant`` values whose model is a per-bank FED-SPFD model (kind ``fraud-spfd``, issue 39): it reads
+#: only its row, so it decides like XGBoost (``predict_batch``), never through the neighbourhoods below.
+SPFD_VARIANTS: tuple[str, ...] = ("fed-spfd",)
+
+
 def fraud_kind(variant: str) -> str:
     """The registry kind a replica deployed with ``fraud.variant`` decides with."""
+    if variant in SPFD_VARIANTS:
+        return "fraud-spfd"
     return "fraud-gnn" if variant in GNN_VARIANTS else "fraud"
+
+
+def for_bank(loaded: tuple[Any, str], bank: int) -> tuple[Any, str]:
+    """``loaded`` (a model and its tag) unless it is another bank's per-bank model: a FED-SPFD model holds one
+    bank's private autoencoder and reads that bank's private columns, so only that bank's replicas decide with it.
+    """
+    model, tag = loaded
+    owner = getattr(model, "bank", None)
+    if owner is not None and int(owner) != int(bank):
+        raise ValueError(f"{tag} is bank {owner}'s FED-SPFD model; this replica serves bank {bank} (serving.bank_id): "
+                         f"follow a registry of bank {bank}'s versions or pin serving.fraud_version to one")
+    return loaded
 
 
 def reads_neighbours(model: Any) -> bool:

@@ -46,7 +46,7 @@ class HotPath:
         from fedfraud.feature_store.privacy import PrivateFeaturizer
         from fedfraud.serving.anomaly_stage import AnomalyStage
         from fedfraud.serving.fraud_stage import FraudStage, fraud_config_for, load_fraud_model, merchant_risk_for
-        from fedfraud.serving.graph_fraud import fraud_kind
+        from fedfraud.serving.graph_fraud import for_bank, fraud_kind
         from fedfraud.serving.kafka import make_producer
         from fedfraud.serving.kvstore import open_kv
         from fedfraud.training.registry import ModelRegistry
@@ -56,9 +56,9 @@ class HotPath:
         self.registry = ModelRegistry(s.registry_root)
         loader: Callable[[ModelRegistry, str], GraphScorer] = _resolve(anomaly_loader)
         self._load_anomaly: Callable[[str], GraphScorer] = lambda v: loader(self.registry, v)
-        self.fraud_kind = fraud_kind(cfg.fraud.variant)  # XGBoost ("fraud") or a GNN variant ("fraud-gnn")
-        self._load_fraud: Callable[[str], tuple[FraudModel, str]] = lambda v: load_fraud_model(self.registry, v,
-                                                                                               self.fraud_kind)
+        self.fraud_kind = fraud_kind(cfg.fraud.variant)  # XGBoost ("fraud"), a GNN ("fraud-gnn"), FED-SPFD
+        self._load_fraud: Callable[[str], tuple[FraudModel, str]] = lambda v: for_bank(
+            load_fraud_model(self.registry, v, self.fraud_kind), s.bank_id)
         self.clock = StageClock()
         self.privacy = cfg.privacy
         kv = open_kv(s.fraud_state_path, Path(cfg.features.repo_dir), s.fraud_state_password_env,
@@ -93,6 +93,7 @@ class HotPath:
         self.fraud.drift = self._drift_monitor(tag)
         self.encoder_dim = cfg.encoder.dim
         self.anomaly.hin2vec = self._load_hin2vec(trained)  # None (no cost) unless the fraud model reads hin2vec
+        self.anomaly.demographics = self._reads_demographics(model, tag)
         self._shadow_tags: tuple[str, str] | None = None
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -126,6 +127,17 @@ class HotPath:
         with self.clock.section("state.kv_write"):
             self.anomaly.kv.put_tables(decided.kv_writes())
         return self.fraud.emit(scored, decided, sends)
+
+    def _reads_demographics(self, model: Any, tag: str) -> bool:
+        """Whether the replica reads the ``cardholder_demographics`` row with each state, for ``model``."""
+        from fedfraud.serving.fraud_stage import reads_demographics
+
+        if not reads_demographics(model):
+            return False
+        if not self.anomaly_on:
+            raise ValueError("serving.anomaly_stage=false reads no online store, so it cannot serve a fraud model "
+                             f"with demographic columns ({tag})")
+        return True
 
     def _load_hin2vec(self, trained: dict[str, Any]) -> Hin2VecModel | None:
         """The G-HIN2Vec encoder a fraud model's columns come from (the exact version its registry config pins),
@@ -226,6 +238,7 @@ class HotPath:
                 self.fraud.check_layout(model)
                 loaded["fraud"] = (model, tag, self._drift_monitor(tag))
                 loaded["hin2vec"] = self._load_hin2vec(self.registry.get_ref(tag).config)  # swapped with it
+                loaded["demographics"] = self._reads_demographics(model, tag)
         except Exception:  # keep serving the old pair if a new model cannot be read
             log.exception("reload failed; keeping %s", current)
             return
@@ -237,6 +250,7 @@ class HotPath:
                 self.fraud.swap(model, tag)
                 self.fraud.drift = drift
                 self.anomaly.hin2vec = loaded["hin2vec"]
+                self.anomaly.demographics = loaded["demographics"]
         for kind, target in changed.items():
             log.info("hot_swap kind=%s from=%s to=%s (%s)", kind, current[kind], target.tag, follow[kind])
 
@@ -245,7 +259,7 @@ class HotPath:
         with its champion); stop when it is promoted or retired. Both models are loaded and checked before
         either is installed, so a bad challenger leaves the previous shadow state whole.
         """
-        if self.fraud_kind != "fraud":  # a GNN fraud model is not shadowed (FraudStage.set_shadow)
+        if self.fraud_kind != "fraud":  # a GNN or FED-SPFD fraud model is not shadowed (FraudStage.set_shadow)
             return
         try:
             aliases = {k: self.registry.aliases(k).get("challenger") for k in ("anomaly", "fraud")}

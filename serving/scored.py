@@ -45,6 +45,9 @@ class ScoredBatch:
     #: Per row, the 64-bit keyed merchant hash (``merchant`` is its bucket, which merchants share): what a GNN fraud
     #: model's merchant neighbourhood is keyed by. None: not given (the bucket is used).
     merchant_hash: np.ndarray | None = None
+    #: Per row, its cardholder's ``cardholder_demographics`` row (None: the bank has none for it); None when the
+    #: replica's fraud model reads no demographic columns.
+    demographics: list[dict[str, Any] | None] | None = None
     #: Per row, the G-HIN2Vec embedding of its cardholder's ego graph *before* the row, float32 ``[n, dim]`` (NaN
     #: rows: no graph yet, or a redelivery); None when the replica's fraud model reads no hin2vec columns.
     hin2vec: np.ndarray | None = None

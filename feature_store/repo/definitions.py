@@ -69,6 +69,13 @@ cardholder_push = PushSource(name="cardholder_push", batch_source=cardholder_sou
 merchant_push = PushSource(name="merchant_push", batch_source=merchant_source)
 merchant_risk_push = PushSource(name="merchant_risk_push", batch_source=merchant_risk_source)
 hin2vec_push = PushSource(name="cardholder_hin2vec_push", batch_source=hin2vec_source)
+demographics_source = FileSource(
+    name="cardholder_demographics_rows",
+    path="data/cardholder_demographics.parquet",
+    timestamp_field="event_timestamp",
+    created_timestamp_column="created",
+    description="one row per cardholder of a bank that holds demographics (issue 39); empty for the others",
+)
 
 # ---------------------------------------------------------------- feature views
 cardholder_ego_state = FeatureView(
@@ -168,6 +175,22 @@ cardholder_hin2vec = FeatureView(
     source=hin2vec_push,
     online=True,
     tags={"owner": "serving", "privacy": "bank-internal (embedding of ldp-noised inputs)"},
+)
+
+cardholder_demographics = FeatureView(
+    name="cardholder_demographics",
+    entities=[cardholder],
+    ttl=timedelta(0),
+    schema=[
+        Field(name="cardholder", dtype=String),
+        Field(name="birth_day", dtype=Float64, description="birth date, days since 1970-01-01"),
+        Field(name="gender_f", dtype=Float64, description="1 female, 0 male"),
+        Field(name="city_pop", dtype=Float64, description="population of the cardholder's city"),
+        Field(name="job_code", dtype=Float64, description="a stable hash of the job title (the title is not kept)"),
+    ],
+    source=demographics_source,
+    online=True,
+    tags={"owner": "feature_store", "privacy": "bank-internal: read by a FED-SPFD model's private part, never sent"},
 )
 
 # ---------------------------------------------------------------- services (versioned)

@@ -29,6 +29,7 @@ from typing import Any
 
 from fedfraud.bench.detection import DETECTION_SETTINGS, bootstrap_splits, ingested, score_split, train_run
 from fedfraud.bench.intervals import Interval, TrainedRunsBench, paired_difference_rows
+from fedfraud.bench.privacy import rule_dp_keys
 
 __all__ = [
     "ADVERSARY_ATTACKS",
@@ -128,9 +129,15 @@ class AdversaryBench(TrainedRunsBench[AdversaryRun]):
         return out
 
     def _dp_line(self) -> str:
-        on = [r for r in self.runs if not math.isinf(r.epsilon) and r.card.get("dp") == "on"]
+        on = [r for r in self.runs if not math.isinf(r.epsilon) and r.card.get("dp") == "on"
+              and r.card.get("noise") != "dsfl"]
+        dsfl = (" DSFL: no federated.dp; each bank clips its update to L1, adds Laplace noise per coordinate "
+                "(exponential-mechanism selection of the top coordinates) calibrated to the same ε per bank, and the "
+                "server weights banks by contribution; DP off = the weighting without noise."
+                if any(r.aggregation == "dsfl" for r in self.runs) else "")
         if not on:
-            return "DP: off in every run."
+            finite = any(not math.isinf(r.epsilon) for r in self.runs)
+            return ("DP: only DSFL's own noise." if finite and dsfl else "DP: off in every run.") + dsfl
         parts = [
             f"{r.aggregation}: z = {r.card['noise_multiplier']:.3f}, sensitivity ×{r.card['sensitivity_factor'][0]:.1f}"
             f", noise std {r.card['noise_std'][0]:.4f}"
@@ -140,7 +147,7 @@ class AdversaryBench(TrainedRunsBench[AdversaryRun]):
             f"DP: each bank clips its update to L2 ≤ {self.settings.get('dp-clipping-norm')} (the scaling attacker "
             "skips the clip, the flip-targets bank does not), the server adds Gaussian noise scaled to the rule's "
             "sensitivity; z from the RDP accountant for ε over all rounds at δ = "
-            f"{self.settings.get('dp-delta'):g} ({'; '.join(parts)})."
+            f"{self.settings.get('dp-delta'):g} ({'; '.join(parts)}).{dsfl}"
         )
 
     def to_markdown(self) -> str:
@@ -207,14 +214,14 @@ def run_adversary_bench(
     work = Path(work)
     data = Path(data) if data is not None else ingested(Path(str(csv)), work)
     base = {**RunSettings.defaults(), **DETECTION_SETTINGS, **ADVERSARY_SETTINGS, **(overrides or {})}
+    base["dsfl-delta"] = base["dp-delta"]  # DSFL's rows at the Gaussian rows' δ
     bench = AdversaryBench(source=str(csv or data), settings=dict(base), label=label)
     registries: dict[str, Path] = {}
     grid = list(pairs_only) if pairs_only else [(rule, attack) for rule in aggregations for attack in attacks]
     for eps in epsilons:
-        dp = {"dp-enabled": False} if math.isinf(eps) else {"dp-enabled": True, "dp-target-epsilon": float(eps)}
         for rule, attack in grid:
             tag = f"{rule}-{(attack or 'none').replace(':', '')}-{'inf' if math.isinf(eps) else f'eps{eps:g}'}"
-            flat = {**base, **dp, "aggregation": rule, "attack-mode": attack}
+            flat = {**base, **rule_dp_keys(rule, eps), "attack-mode": attack}
             registry, seconds = (reused(data, work, flat, tag) if reuse else None) or train_run(
                 data, work, "federated", flat, name=tag
             )

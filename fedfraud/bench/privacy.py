@@ -45,7 +45,7 @@ from fedfraud.bench.detection import (
 from fedfraud.bench.intervals import Interval, TrainedRunsBench, bootstrap_by_group, paired_difference_rows
 from fedfraud.feature_store.config import PrivacyConfig
 
-__all__ = ["PRIVACY_EPSILONS", "PrivacyBench", "PrivacyRun", "run_privacy_bench"]
+__all__ = ["PRIVACY_EPSILONS", "PrivacyBench", "PrivacyRun", "rule_dp_keys", "run_privacy_bench"]
 
 logger = logging.getLogger(__name__)
 
@@ -53,9 +53,10 @@ logger = logging.getLogger(__name__)
 PRIVACY_EPSILONS: tuple[float, ...] = (1.0, 3.0, 8.0, math.inf)
 
 
-def _name(epsilon: float, features: str = "thesis") -> str:
+def _name(epsilon: float, features: str = "thesis", rule: str = "fedavg") -> str:
     name = "ε=∞ (DP off)" if math.isinf(epsilon) else f"ε={epsilon:g}"
-    return name if features == "thesis" else f"{name}, {features} features"
+    name = name if features == "thesis" else f"{name}, {features} features"
+    return f"{name}, DSFL" if rule == "dsfl" else name
 
 
 @dataclass(frozen=True)
@@ -68,10 +69,11 @@ class PrivacyRun:
     registry: Path
     features: str = "thesis"
     unit: str = "bank"
+    rule: str = "fedavg"
 
     @property
     def name(self) -> str:
-        return _name(self.epsilon, self.features)
+        return _name(self.epsilon, self.features, self.rule)
 
 
 @dataclass
@@ -88,7 +90,8 @@ class PrivacyBench(TrainedRunsBench[PrivacyRun]):
             return math.inf, "no baseline on validation to compare with"
         best = max(base, key=lambda k: base[k].value)
         bar = base[best].value
-        for run in sorted((r for r in self.runs if r.features == "thesis"), key=lambda r: r.epsilon):
+        ladder = (r for r in self.runs if r.features == "thesis" and r.rule == "fedavg")
+        for run in sorted(ladder, key=lambda r: r.epsilon):
             got = self.val.get(run.name, {}).get("roc_auc")
             if got is not None and math.isfinite(run.epsilon) and got.low > bar:
                 return run.epsilon, (
@@ -124,6 +127,12 @@ class PrivacyBench(TrainedRunsBench[PrivacyRun]):
             if with_runs:
                 c = run.card
                 on = c.get("dp") == "on"
+                if on and c.get("noise") == "dsfl":  # Laplace: std √2·b, selected / other coordinates; ε per bank
+                    lap = c["laplace_scale"]
+                    out.append(f"| {run.name} | Laplace | {math.sqrt(2) * lap['selected']:.4f} / "
+                               f"{math.sqrt(2) * lap['other']:.4f} | {c['epsilon_bank']:.3f} (per cardholder "
+                               f"{c['epsilon']:.3f}) | {m['roc_auc']} | {m['pr_auc']} |")
+                    continue
                 z = f"{c['noise_multiplier']:.3f}" if on else "—"
                 std = "—"
                 if on:  # bank level: on the server's mean; cardholder level: on a (bank's or all banks') sum
@@ -181,10 +190,20 @@ class PrivacyBench(TrainedRunsBench[PrivacyRun]):
                 "cardholder. The ε = ∞ row is the same budget without DP (shared training pool, merchant table "
                 "trained). The noise column is z·C on a bank's sum per step"
             )
+        dsfl = (
+            "; DSFL rows (`aggregation: dsfl`, training/federated/dsfl.py): each bank clips its update to L1 ≤ "
+            f"{s.get('dsfl-l1-clip')}, picks the top {s.get('dsfl-top-fraction'):g} of coordinates by the exponential "
+            "mechanism and adds Laplace noise per coordinate (std selected / other in the noise column), its ε₁, ε₂, "
+            "ε₃ scaled by one factor so that all rounds spend ε per bank (against a zero update, the analogue of "
+            "add/remove one bank) at the same δ; the server weights banks by contribution; the ε = ∞ DSFL row is the "
+            "weighting without noise"
+            if any(r.rule == "dsfl" for r in self.runs)
+            else ""
+        )
         return (
             f"DP: each bank clips its update to L2 ≤ {s.get('dp-clipping-norm')}, the server adds N(0, (z·C/5)²) to "
             f"every coordinate of the mean; z calibrated by the RDP accountant for ε over all {s.get('rounds')} "
-            f"rounds at δ = {s.get('dp-delta'):g}; unit of privacy: one bank"
+            f"rounds at δ = {s.get('dp-delta'):g}; unit of privacy: one bank{dsfl}"
         )
 
     def to_markdown(self) -> str:
@@ -243,11 +262,13 @@ def run_privacy_bench(
     calibrated: PrivacyConfig | None = None,
     unit: str = "bank",
     validation_only: bool = False,
+    dsfl: bool = True,
 ) -> PrivacyBench:
     """Train one federated model per ε (∞: DP off) under ``work``, plus, with ``calibrated``, one with DP off and
     the calibrated feature mechanism; score validation and (unless ``validation_only``: a tuning run, not a look
     at test) test cardholders. ``unit``: ``bank`` (client-level DP on the updates) or ``cardholder`` (DP-SGD inside
-    every bank, :mod:`fedfraud.training.anomaly.dpsgd`).
+    every bank, :mod:`fedfraud.training.anomaly.dpsgd`). ``dsfl`` (unit ``bank`` only): a DSFL row per ε as well,
+    its Laplace budgets calibrated to the same ε per bank.
     """
     from fedfraud.config import FedfraudConfig
     from fedfraud.training.anomaly.federated.task import RunSettings, total_dp_steps
@@ -263,6 +284,7 @@ def run_privacy_bench(
     # the defaults; the calibrated row changes only the features
     pinned = {"aggregation": "fedavg", "privacy-mechanism": "thesis"}
     base = {**RunSettings.defaults(), **DETECTION_SETTINGS, **pinned, **(overrides or {})}
+    base["dsfl-delta"] = base["dp-delta"]  # DSFL's rows at the Gaussian rows' δ
     bench = PrivacyBench(source=str(csv or data), settings={**base, "unit": unit}, label=label)
     if unit == "cardholder":
         bench.settings["cardholder-dp-steps"] = total_dp_steps(RunSettings.from_flat(base))
@@ -271,11 +293,15 @@ def run_privacy_bench(
     plan: list[tuple[float, str, dict[str, Any]]] = [
         (eps, "thesis", _dp_keys(unit, eps)) for eps in sorted(set(epsilons))
     ]
+    if dsfl and unit == "bank":
+        plan += [(eps, "thesis", rule_dp_keys("dsfl", eps)) for eps in sorted(set(epsilons))]
     if calibrated is not None:
         bench.settings["calibrated"] = calibrated.model_dump()
         plan.append((math.inf, "calibrated", {"dp-enabled": False, **_privacy_keys(calibrated)}))
     for eps, mechanism, extra in plan:
+        rule = str(extra.get("aggregation", base["aggregation"]))
         name = ("inf" if math.isinf(eps) else f"eps{eps:g}") + ("" if mechanism == "thesis" else f"-{mechanism}")
+        name += "-dsfl" if rule == "dsfl" else ""
         name += "-cardholder" if unit == "cardholder" and not math.isinf(eps) else ""
         distributed = unit == "cardholder" and not math.isinf(eps) and base.get("cardholder-dp-noise") == "distributed"
         if distributed:
@@ -284,7 +310,7 @@ def run_privacy_bench(
         else:
             registry, seconds = train_run(data, work, "federated", {**base, **extra}, name=name)
         card = dict(ModelRegistry(registry).get("anomaly", "latest").privacy.get("client_dp", {}))
-        run = PrivacyRun(float(eps), card, seconds, registry, mechanism, unit)
+        run = PrivacyRun(float(eps), card, seconds, registry, mechanism, unit, rule)
         bench.runs.append(run)
         registries[run.name] = registry
         if mechanism == "calibrated" and calibrated is not None:
@@ -327,6 +353,18 @@ def _train_distributed(data: Path, work: Path, flat: dict[str, Any], name: str) 
     start = time.perf_counter()
     run_distributed(settings)
     return out, time.perf_counter() - start
+
+
+def rule_dp_keys(rule: str, epsilon: float) -> dict[str, Any]:
+    """The run keys of an aggregation rule at ``epsilon`` per bank (∞: no noise). DSFL carries its own noise: its
+    Laplace budgets are calibrated to ε per bank against a zero update (the analogue of the Gaussian rows'
+    add/remove one bank), and at ∞ it is the contribution weighting alone; the other rules take ``federated.dp``.
+    """
+    if rule != "dsfl":
+        return {**_dp_keys("bank", epsilon), "aggregation": rule}
+    noise = {"dsfl-noise": False} if math.isinf(epsilon) else {"dsfl-noise": True,
+                                                                "dsfl-target-epsilon": float(epsilon)}
+    return {"dp-enabled": False, "cardholder-dp-enabled": False, "aggregation": "dsfl", **noise}
 
 
 def _dp_keys(unit: str, epsilon: float) -> dict[str, Any]:

@@ -31,22 +31,34 @@ bench_app = typer.Typer(
 @bench_app.callback()
 def _bench(
     ctx: typer.Context,
-    record: Annotated[
-        str | None, typer.Option("--record", metavar="NAME", help="also write the run's record to "
-                                 "docs/results/NAME/<date>-<commit>.json (docs/benchmarks.md is rendered from them)")
-    ] = None,
+    record: RecordOption = None,
     json_file: Annotated[Path | None, typer.Option("--json", help="also write the run's record to this file")] = None,
 ) -> None:
     """Benchmarks are self-contained runs: with no bank secret set, each draws a random one (announced)."""
+    from fedfraud.feature_store.privacy import per_run_secret
+
+    start_record(ctx, record, ctx.invoked_subcommand or "", json_file)
+    per_run_secret(config_of(ctx).privacy)
+
+
+#: ``--record NAME`` of the commands that write a benchmark record (the bench group, the long ``eval`` studies).
+RecordOption = Annotated[
+    str | None, typer.Option("--record", metavar="NAME", help="also write the run's record to "
+                             "docs/results/NAME/<date>-<commit>.json (docs/benchmarks.md is rendered from them)")
+]
+
+
+def start_record(ctx: typer.Context, record: str | None, default: str, json_file: Path | None = None) -> None:
+    """Note the load average now, and where :func:`emit` writes the run's record (``record``: a results folder;
+    ``json_file``: a file); a bad name is a one-line error.
+    """
     import re
 
     from fedfraud.bench.machine import load_average
-    from fedfraud.feature_store.privacy import per_run_secret
 
     if record is not None and not re.fullmatch(r"[a-z0-9][a-z0-9-]*", record):
         raise UserError(f"--record {record!r}: a name of lowercase letters, digits and dashes, e.g. serving-peers")
-    ctx.meta["bench_record"] = (record or ctx.invoked_subcommand, record is not None, json_file, load_average())
-    per_run_secret(config_of(ctx).privacy)
+    ctx.meta["bench_record"] = (record or default, record is not None, json_file, load_average())
 
 
 #: The third-party file a detection bench reads, or an ingested/generated dataset instead (`_one_source`).
@@ -336,6 +348,10 @@ def privacy(
         str, typer.Option("--unit", help="unit of privacy: bank (client-level DP on the updates) or cardholder "
                           "(DP-SGD inside each bank; knobs: --set anomaly.cardholder_dp.*)")
     ] = "bank",
+    dsfl: Annotated[
+        bool, typer.Option("--dsfl/--no-dsfl", help="with --unit bank: a DSFL row per ε too (aggregation dsfl, its "
+                           "Laplace noise calibrated to the same ε per bank)")
+    ] = True,
     validation_only: Annotated[
         bool, typer.Option("--validation-only", help="score validation cardholders only (tuning, not a test look)")
     ] = False,
@@ -359,7 +375,7 @@ def privacy(
             overrides[key] = value
     result = run_privacy_bench(
         csv, work, epsilons, overrides=overrides, resamples=resamples, data=data, label=label, calibrated=calibrated,
-        unit=unit, validation_only=validation_only,
+        unit=unit, validation_only=validation_only, dsfl=dsfl,
     )
     emit(result.to_markdown(), out)
 
@@ -375,7 +391,7 @@ def adversary(
     aggregation: Annotated[
         list[str] | None,
         typer.Option("--aggregation", help="rule of a row (repeatable); default all: fedavg fedmedian fedtrimmedavg "
-                     "krum multikrum"),
+                     "krum multikrum dsfl"),
     ] = None,
     attack: Annotated[
         list[str] | None,

@@ -11,6 +11,7 @@ from typing import Annotated
 import click
 import typer
 
+from fedfraud.cli.bench import RecordOption
 from fedfraud.cli.common import config_of
 from fedfraud.config import update_section
 
@@ -40,25 +41,15 @@ def variants(
                            "encoder federated first, a few minutes)")
     ] = True,
     out: Annotated[Path | None, typer.Option("--out", help="also write the markdown block here")] = None,
-    record: Annotated[
-        str | None, typer.Option("--record", metavar="NAME", help="also write the run's record to "
-                                 "docs/results/NAME/<date>-<commit>.json, as `fedfraud bench --record` does")
-    ] = None,
+    record: RecordOption = None,
 ) -> None:
     """Federated XGBoost (+ hin2vec), FedAvg-GNN, FedRPDA and each ablation: pooled and per bank, 95 % intervals."""
-    import re
-
-    from fedfraud.bench.machine import load_average
-    from fedfraud.cli.bench import emit
+    from fedfraud.cli.bench import emit, start_record
     from fedfraud.cli.common import parse_shares
-    from fedfraud.core.errors import UserError
     from fedfraud.training.fraud.gnn.study import variants_study
 
     if record is not None:
-        if not re.fullmatch(r"[a-z0-9][a-z0-9-]*", record):
-            raise UserError(f"--record {record!r}: a name of lowercase letters, digits and dashes, e.g. "
-                            "fraud-variants-handbook")
-        ctx.meta["bench_record"] = (record, True, None, load_average())
+        start_record(ctx, record, "")
 
     shares = parse_shares(bank_shares)
     if shares is not None and banks is None:

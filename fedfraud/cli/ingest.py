@@ -41,7 +41,7 @@ def register(app: typer.Typer) -> None:
             banks = len(shares)
         cfg = update_section(config_of(ctx), "ingest", format=fmt, banks=banks, partition=partition,
                              chunk_rows=chunk_rows, bank_shares=shares)
-        report = ingest_csv(path, out, cfg.ingest)
+        report = ingest_csv(path, out, cfg.ingest, banks_layout=cfg.banks)
         typer.echo(f"ingested {path} ({report.format}) into {out}: accepted={report.accepted} "
                    f"rejected={report.rejected} in {report.seconds:.1f}s ({report.rows_per_s:,.0f} rows/s)")
         for bank, rows in sorted(report.per_bank.items()):

@@ -99,11 +99,15 @@ def fraud(
     ),
     variant: Annotated[
         str | None, typer.Option("--variant", help="federated: histogram federation (default: fraud.variant); "
-                                 "fedavg-gnn / fedrpda: the federated GNN, published as kind fraud-gnn",
+                                 "fedavg-gnn / fedrpda: the federated GNN, published as kind fraud-gnn; fed-spfd: "
+                                 "heterogeneous banks (`banks.<k>.private_features`), --bank's model published as "
+                                 "kind fraud-spfd",
                                  click_type=click.Choice(["federated", "federated-bagging", "centralized", "local",
-                                                          "fedavg-gnn", "fedrpda"]))
+                                                          "fedavg-gnn", "fedrpda", "fed-spfd"]))
     ] = None,
-    bank: Annotated[int, typer.Option("--bank", help="which bank's model to publish with --variant local")] = 0,
+    bank: Annotated[
+        int, typer.Option("--bank", help="which bank's model to publish with --variant local or fed-spfd")
+    ] = 0,
     no_anomaly_score: Annotated[bool, typer.Option("--no-anomaly-score", help="train without the AS feature")] = False,
     features: Annotated[
         str | None, typer.Option("--features", click_type=click.Choice(["+hin2vec"]),

@@ -232,7 +232,14 @@ def privacy_report(
     banks = {int(b): (vars(p) if isinstance(p, BankPrivacy) else dict(p)) for b, p in per_bank.items()}
     mus = [float(p["mu_gdp"]) for p in banks.values()]
     dp = dict(client_dp)
-    if dp.get("dp") == "on" and dp.get("noise") == "distributed":
+    if dp.get("dp") == "on" and dp.get("noise") == "dsfl":
+        guarantee = (
+            f"({dp['epsilon']:.3g}, {dp['delta']:g})-DP per cardholder (any change to one bank's data) over all "
+            f"{dp['rounds']} DSFL rounds, for every update a bank sends and every released model (Laplace noise "
+            f"added inside each bank; ({dp['epsilon_bank']:.3g}, {dp['delta']:g}) per bank against a zero update; "
+            "see client_dp for what is not covered)"
+        )
+    elif dp.get("dp") == "on" and dp.get("noise") == "distributed":
         guarantee = (
             f"({dp['epsilon']:.3g}, {dp['delta']:g})-DP per cardholder (add/remove all of one training "
             f"cardholder's transactions) over all {dp['steps']} DP-FedSGD rounds, for every sum the server decodes "

@@ -19,9 +19,9 @@ import numpy as np
 import pandas as pd
 
 from fedfraud.core.errors import UserError
-from fedfraud.feature_store.schema import ValidationResult, Validator
+from fedfraud.feature_store.schema import DEMOGRAPHIC_SOURCE_COLUMNS, ValidationResult, Validator, demographics_of
 from fedfraud.training.data import sparkov, tabformer
-from fedfraud.training.data.config import IngestConfig
+from fedfraud.training.data.config import BanksConfig, IngestConfig
 from fedfraud.training.data.csvio import REGION_HINT, CsvHeader, RawChunk, read_header
 from fedfraud.training.data.partition import partitioner, share_banks
 from fedfraud.training.data.writer import DatasetSummary, DatasetWriter
@@ -117,8 +117,15 @@ def _assigner(config: IngestConfig) -> Callable[[pd.Series, pd.Series | None, in
     return by_shares
 
 
-def ingest_csv(path: Path, out: Path, config: IngestConfig, progress: bool = True) -> IngestReport:
-    """Turn a Sparkov/Kaggle or TabFormer CSV into ``out/bank_<k>/transactions.parquet`` + manifest + rejects."""
+def ingest_csv(path: Path, out: Path, config: IngestConfig, progress: bool = True,
+               banks_layout: BanksConfig | None = None) -> IngestReport:
+    """Turn a Sparkov/Kaggle or TabFormer CSV into ``out/bank_<k>/transactions.parquet`` + manifest + rejects.
+
+    ``banks_layout`` (the config's ``banks`` section) says which banks hold private columns: a bank holding
+    ``demographics`` also gets ``bank_<k>/cardholders.parquet`` when the file has those columns (Sparkov's
+    ``dob``, ``gender``, ``city_pop``, ``job``); the manifest records every bank's private sets. Without it no
+    private column is kept (the layout before issue 39).
+    """
     path = Path(path)
     header = read_header(path)
     fmt = detect_format(header) if config.format == "auto" else config.format
@@ -129,15 +136,30 @@ def ingest_csv(path: Path, out: Path, config: IngestConfig, progress: bool = Tru
     started = time.perf_counter()
     validator = Validator(dedupe=True)
     writer = DatasetWriter(out, config.banks)
+    layout = banks_layout.layout(list(range(config.banks))) if banks_layout is not None else {}
+    holders = [k for k, sets in layout.items() if "demographics" in sets]
+    keep_demographics = bool(holders) and any(c in header.columns for c in DEMOGRAPHIC_SOURCE_COLUMNS)
+    demographics: dict[int, list[pd.DataFrame]] = {k: [] for k in holders}
     for chunk in module.read_chunks(header, config.chunk_rows, progress=progress):
         result, ok = validate_chunk(validator, chunk)
         hints = chunk.frame[REGION_HINT][ok].reset_index(drop=True) if REGION_HINT in chunk.frame else None
         banks = assign(result.accepted["cardholder_id"], hints, config.banks)
         writer.add(result.accepted, banks)
         writer.add_rejects(result.rejects)
+        if keep_demographics:  # only the banks that hold them keep them
+            for k in holders:
+                mine = banks == k
+                if mine.any():
+                    demographics[k].append(demographics_of(chunk.frame[ok].reset_index(drop=True)[mine],
+                                                           result.accepted["cardholder_id"][mine]))
+    for k, parts in demographics.items():
+        if parts:
+            writer.write_cardholders(k, pd.concat(parts, ignore_index=True))
     summary = writer.finish(
         {"format": fmt, "source": str(path.resolve()), "partition": config.partition,
-         "bank_shares": list(config.bank_shares) if config.bank_shares else None, "chunk_rows": config.chunk_rows}
+         "bank_shares": list(config.bank_shares) if config.bank_shares else None, "chunk_rows": config.chunk_rows,
+         **({"private_features": {str(k): list(v) for k, v in layout.items()},
+             "demographics_kept": keep_demographics} if layout else {})}
     )
     seconds = time.perf_counter() - started
     report = IngestReport.from_summary(summary, fmt)

@@ -23,7 +23,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.csv as pa_csv
 
-from fedfraud.feature_store.schema import CANONICAL_COLUMNS
+from fedfraud.feature_store.schema import CANONICAL_COLUMNS, DEMOGRAPHIC_SOURCE_COLUMNS
 from fedfraud.training.data.csvio import REGION_HINT, CsvHeader, RawChunk, iter_csv
 from fedfraud.training.data.geo import GEO_EXACT
 
@@ -103,7 +103,9 @@ def epoch_or_text(text: pd.Series, fmt: str) -> pd.Series:
 
 
 def to_canonical(raw: pd.DataFrame) -> pd.DataFrame:
-    """Map a text frame in either Sparkov layout onto canonical names (+ the ``home_state`` hint)."""
+    """Map a text frame in either Sparkov layout onto canonical names (+ the ``home_state`` hint and, when the file
+    has them, the demographic columns ``dob``, ``gender``, ``city_pop``, ``job`` under their own names).
+    """
     source = _time_source(list(raw.columns))
     if source == "trans_date_trans_time":
         timestamp = epoch_or_text(raw["trans_date_trans_time"], _DATETIME_FORMAT)
@@ -119,6 +121,9 @@ def to_canonical(raw: pd.DataFrame) -> pd.DataFrame:
     frame["geo_source"] = GEO_EXACT
     frame = frame[list(CANONICAL_COLUMNS)]
     frame[REGION_HINT] = raw["state"].str.strip().str.upper() if "state" in raw else ""
+    for name in DEMOGRAPHIC_SOURCE_COLUMNS:  # optional private columns, beside the canonical ones (not judged)
+        if name in raw:
+            frame[name] = raw[name]
     return frame
 
 
@@ -127,7 +132,7 @@ def read_chunks(header: CsvHeader, chunk_rows: int, progress: bool = True) -> It
     logger.info("sparkov file=%s delimiter=%r time_source=%s", header.path, header.delimiter,
                 _time_source(header.columns))
     wanted = [c for c in (*_RENAME, "trans_date_trans_time", "trans_date", "trans_time", "unix_time", "is_fraud",
-                          "state") if c in header.columns]
+                          "state", *DEMOGRAPHIC_SOURCE_COLUMNS) if c in header.columns]
     for chunk in iter_csv(header, chunk_rows, usecols=wanted, desc=f"ingest {header.path.name}", progress=progress):
         yield RawChunk(frame=to_canonical(chunk.frame), rows=chunk.rows)
 

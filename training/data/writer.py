@@ -29,7 +29,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from fedfraud.feature_store.schema import ARROW_SCHEMA, CANONICAL_COLUMNS
-from fedfraud.feature_store.layout import MANIFEST_FILE, REJECTS_FILE, TRANSACTIONS_FILE, bank_dir
+from fedfraud.feature_store.layout import CARDHOLDERS_FILE, MANIFEST_FILE, REJECTS_FILE, TRANSACTIONS_FILE, bank_dir
 
 __all__ = ["LABELS_FILE", "BankStats", "DatasetSummary", "DatasetWriter", "canonical_table"]
 
@@ -39,7 +39,7 @@ logger = logging.getLogger(__name__)
 #: row-aligned with that bank's transactions.parquet.
 LABELS_FILE = "labels.parquet"
 _PARTS_DIR = "_parts"
-_OWNED_IN_BANK = (TRANSACTIONS_FILE, LABELS_FILE, _PARTS_DIR)
+_OWNED_IN_BANK = (TRANSACTIONS_FILE, LABELS_FILE, CARDHOLDERS_FILE, _PARTS_DIR)
 
 
 @dataclass(frozen=True)
@@ -138,6 +138,14 @@ class DatasetWriter:
             path = bank_dir(self.out, k) / _PARTS_DIR / f"part-{self._parts[k]:06d}.parquet"
             pq.write_table(part, path, compression="zstd")
             self._parts[k] += 1
+
+    def write_cardholders(self, bank: int, frame: pd.DataFrame) -> None:
+        """Write bank ``bank``'s private cardholder columns (one row per cardholder, first seen kept)."""
+        if not 0 <= bank < self.banks:
+            raise ValueError(f"bank ids must be in [0, {self.banks})")
+        frame = frame.drop_duplicates("cardholder_id", keep="first").sort_values("cardholder_id")
+        pq.write_table(pa.Table.from_pandas(frame.reset_index(drop=True), preserve_index=False),
+                       bank_dir(self.out, bank) / CARDHOLDERS_FILE, compression="zstd")
 
     def add_rejects(self, rejects: pd.DataFrame) -> None:
         """Append rejected rows (``row``, ``reason``, ``detail``) to rejects.jsonl."""

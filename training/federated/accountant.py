@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +35,7 @@ __all__ = [
     "gaussian_epsilon",
     "noise_for_epsilon",
     "plan_noise",
+    "rdp_epsilon",
 ]
 
 #: What the model card names as the accountant.
@@ -73,6 +74,17 @@ def epsilon_spent(noise_multipliers: Sequence[float], delta: float, sampling_rat
     accountant = RdpAccountant(_ORDERS)
     accountant.compose(_event(noise_multipliers, sampling_rate))
     return float(accountant.get_epsilon(delta))
+
+
+def rdp_epsilon(rdp: Callable[[float], float], delta: float) -> float:
+    """ε at ``delta`` of a mechanism given by its composed RDP curve (order → RDP), on this accountant's orders and
+    conversion (dp-accounting ``compute_epsilon``): for mechanisms ``dp_accounting`` has no event for (DSFL).
+    """
+    _check(delta, 1.0)
+    from dp_accounting.rdp.rdp_privacy_accountant import compute_epsilon
+
+    eps, _ = compute_epsilon(list(_ORDERS), [rdp(a) for a in _ORDERS], delta)
+    return float(eps)
 
 
 def gaussian_epsilon(noise_multiplier: float, rounds: int, delta: float, sampling_rate: float = 1.0) -> float:

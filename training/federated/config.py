@@ -5,13 +5,14 @@ from __future__ import annotations
 import re
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-__all__ = ["AGGREGATIONS", "Aggregation", "AttackConfig", "DPConfig", "FederatedConfig"]
+__all__ = ["AGGREGATIONS", "Aggregation", "AttackConfig", "DPConfig", "DSFLConfig", "FederatedConfig"]
 
-#: How the server combines the banks' models: FedAvg (the weighted mean, FedProx's), or a robust rule of Flower's.
-Aggregation = Literal["fedavg", "fedmedian", "fedtrimmedavg", "krum", "multikrum"]
-AGGREGATIONS: tuple[str, ...] = ("fedavg", "fedmedian", "fedtrimmedavg", "krum", "multikrum")
+#: How the server combines the banks' models: FedAvg (the weighted mean, FedProx's), a robust rule of Flower's, or
+#: DSFL (contribution-weighted banks, per-dimension Laplace noise added inside each bank: training/federated/dsfl.py).
+Aggregation = Literal["fedavg", "fedmedian", "fedtrimmedavg", "krum", "multikrum", "dsfl"]
+AGGREGATIONS: tuple[str, ...] = ("fedavg", "fedmedian", "fedtrimmedavg", "krum", "multikrum", "dsfl")
 
 _ATTACK = re.compile(r"^(|none|flip-targets|scale:[-+]?[0-9]*\.?[0-9]+(e[-+]?[0-9]+)?)$")
 
@@ -39,6 +40,40 @@ class DPConfig(BaseModel):
     clipping_norm: float = Field(
         1.0, gt=0.0, description="L2 bound on one bank's update per round (all parameters together)"
     )
+
+
+class DSFLConfig(BaseModel):
+    """DSFL (Mao & Wang 2023; ``aggregation: dsfl``): contribution-weighted banks and per-dimension Laplace noise.
+
+    Inside each bank, every round: the update (new − received weights) is clipped to ``l1_clip`` in L1; the
+    exponential mechanism (budget ε₁ = ``epsilon_select``, split over the draws) picks the ``top_fraction`` of
+    coordinates with the largest |update|; those get Laplace noise of scale ``l1_clip / epsilon_top`` (ε₂), the
+    others ``l1_clip / epsilon_rest`` (ε₃). The server weights banks by their contribution
+    (AdaBoost's ½ ln((1 − err)/err)) and keeps the ``keep_banks`` best. With ``public_cardholders`` every bank
+    also trains on a public synthetic slice (the paper's shared data S, against client divergence). Accounting:
+    training/federated/dsfl.py.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    noise: bool = Field(True, description="add the per-dimension Laplace noise (off: the weighting only, no ε)")
+    epsilon_select: float = Field(0.1, gt=0.0, description="ε₁ per round: the exponential-mechanism selection")
+    epsilon_top: float = Field(1.0, gt=0.0, description="ε₂ per round: Laplace budget of the selected coordinates")
+    epsilon_rest: float = Field(0.5, gt=0.0, description="ε₃ per round: Laplace budget of the other coordinates")
+    top_fraction: float = Field(
+        0.1, gt=0.0, le=1.0, description="share m/n of the coordinates selected for the ε₂ noise")
+    l1_clip: float = Field(1.0, gt=0.0, description="L1 bound on one bank's update per round (the Laplace Δ)")
+    target_epsilon: float = Field(
+        0.0, ge=0.0, description="> 0: scale ε₁, ε₂, ε₃ by one factor so that all rounds spend this ε per bank "
+        "(add/remove one bank) at delta")
+    delta: float = Field(1e-5, gt=0.0, lt=1.0, description="δ of the reported (ε, δ)")
+    keep_banks: int = Field(0, ge=0, description="banks kept per round, best contribution first; 0 = every bank "
+                            "with a positive weight")
+    seed: int = Field(-1, ge=-1, description="noise seed (bank's seed + bank id + round); -1 = OS entropy")
+    public_cardholders: int = Field(
+        0, ge=0, description="the shared public slice (paper's S): cardholders of a slice of the project's own "
+        "generator, public seed, that every bank trains on besides its own data; 0 = none")
+    public_seed: int = Field(20230, ge=0, description="generator seed of the public slice (public, like the slice)")
 
 
 class AttackConfig(BaseModel):
@@ -90,7 +125,8 @@ class FederatedConfig(BaseModel):
     aggregation: Aggregation = Field(
         "multikrum",
         description="server rule: multikrum (default, chosen by fedfraud bench adversary: docs/benchmarks.md), fedavg "
-        "(FedProx's mean), fedmedian, fedtrimmedavg, krum")
+        "(FedProx's mean), fedmedian, fedtrimmedavg, krum, dsfl (settings in dsfl)")
+    dsfl: DSFLConfig = Field(default_factory=DSFLConfig, description="aggregation dsfl: noise and weights (dsfl-*)")
     trim_beta: float = Field(
         0.2, ge=0.0, lt=0.5, description="fedtrimmedavg: share of banks cut at each end per coordinate")
     byzantine_banks: int = Field(1, ge=0, description="krum/multikrum: how many malicious banks to tolerate (f)")
@@ -99,3 +135,9 @@ class FederatedConfig(BaseModel):
         "banks answered (one would be released verbatim)")
     attack: AttackConfig = Field(
         default_factory=AttackConfig, description="simulated malicious bank (run keys attack-*; bench/tests only)")
+
+    @model_validator(mode="after")
+    def _one_noise(self) -> FederatedConfig:
+        if self.aggregation == "dsfl" and self.dp.enabled:
+            raise ValueError("aggregation dsfl adds its own Laplace noise in the banks; switch federated.dp off")
+        return self

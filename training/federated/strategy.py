@@ -27,6 +27,7 @@ from tqdm.auto import tqdm
 from fedfraud.training.anomaly.run import Checkpoint, RoundRecord, log_round
 from fedfraud.training.federated.accountant import DPRound
 from fedfraud.training.federated.config import FederatedConfig
+from fedfraud.training.federated.dsfl import DSFLAggregate
 
 __all__ = [
     "EQUAL_WEIGHT_KEY",
@@ -62,7 +63,8 @@ def _kept(fed: FederatedConfig, n: int) -> int:
 
 
 def aggregator(fed: FederatedConfig, banks: int, weighted_by_key: str) -> FedAvg | None:
-    """Flower's robust rule named by ``federated.aggregation`` (Message API strategies), or None for FedAvg.
+    """Flower's robust rule named by ``federated.aggregation`` (Message API strategies), DSFL's contribution
+    weighting (:class:`~.dsfl.DSFLAggregate`), or None for FedAvg.
 
     Only its ``aggregate_train`` is used: :class:`AnomalyFedProx` keeps sampling, FedProx's μ in the train config
     and the bookkeeping, so the proximal term stays on the clients whatever the server's rule.
@@ -71,6 +73,8 @@ def aggregator(fed: FederatedConfig, banks: int, weighted_by_key: str) -> FedAvg
     n = banks_per_round(banks, fed.fraction_train)
     if fed.aggregation == "fedavg":
         return None
+    if fed.aggregation == "dsfl":
+        return DSFLAggregate(fed.dsfl, **common)  # type: ignore[arg-type]
     if fed.aggregation == "fedmedian":
         return FedMedian(**common)  # type: ignore[arg-type]
     if fed.aggregation == "fedtrimmedavg":
@@ -108,6 +112,8 @@ def dp_sensitivity_factor(fed: FederatedConfig, n: int) -> float:
     """
     if fed.aggregation == "fedavg":
         return 1.0
+    if fed.aggregation == "dsfl":
+        raise ValueError("aggregation dsfl carries its own noise (dsfl-*); federated.dp does not apply to it")
     if fed.aggregation in ("krum", "multikrum"):
         bound = 2.0
     elif fed.aggregation == "fedmedian":
@@ -162,6 +168,8 @@ class AnomalyFedProx(FedProx):
     ) -> Iterable[Message]:
         self._started = time.perf_counter()
         config["global-round"] = self.global_round(server_round)
+        if isinstance(self.robust, DSFLAggregate):  # DSFL weighs the banks' updates against this round's model
+            self.robust.received = arrays
         return super().configure_train(server_round, arrays, config, grid)
 
     def aggregate_train(

@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from fedfraud.training.fraud.gnn.config import GnnConfig
+from fedfraud.training.fraud.spfd.config import SpfdConfig
 
 __all__ = ["FraudConfig"]
 
@@ -86,7 +87,8 @@ class FraudConfig(BaseModel):
     )
 
     # -- what `fedfraud train fraud` publishes
-    variant: Literal["local", "federated", "federated-bagging", "centralized", "fedavg-gnn", "fedrpda"] = "federated"
+    variant: Literal["local", "federated", "federated-bagging", "centralized", "fedavg-gnn", "fedrpda", "fed-spfd"] = (
+        "federated")
     use_anomaly_score: bool = True
     extra_features: tuple[Literal["hin2vec"], ...] = Field(
         (), description="stacked feature sets appended to the row: hin2vec (the registry's G-HIN2Vec embedding of "
@@ -95,6 +97,8 @@ class FraudConfig(BaseModel):
 
     # -- the supervised federated GNN variants "fedavg-gnn" and "fedrpda" (fedfraud.training.fraud.gnn)
     gnn: GnnConfig = Field(default_factory=GnnConfig)
+    # -- the heterogeneous-banks variant "fed-spfd" (fedfraud.training.fraud.spfd; the columns: `banks` section)
+    spfd: SpfdConfig = Field(default_factory=SpfdConfig)
 
     @model_validator(mode="after")
     def _windows(self) -> FraudConfig:

@@ -24,7 +24,7 @@ from tqdm.auto import tqdm
 from fedfraud.core.errors import UserError
 from fedfraud.feature_store.config import EncoderConfig, PrivacyConfig
 from fedfraud.feature_store.privacy import PrivateFeaturizer
-from fedfraud.training.data.config import IngestConfig
+from fedfraud.training.data.config import BanksConfig, IngestConfig
 from fedfraud.feature_store.layout import list_banks, read_bank, split_of
 from fedfraud.training.fraud.config import FraudConfig
 from fedfraud.training.fraud.features import FraudFeatures, build_features, fit_transitions
@@ -103,8 +103,10 @@ def bank_features(
 
 
 @contextmanager
-def materialize(data: Path, ingest_cfg: IngestConfig) -> Iterator[Path]:
-    """A dataset directory for ``data``: itself if it is one, else a CSV ingested into a temporary directory."""
+def materialize(data: Path, ingest_cfg: IngestConfig, banks_layout: BanksConfig | None = None) -> Iterator[Path]:
+    """A dataset directory for ``data``: itself if it is one, else a CSV ingested into a temporary directory
+    (keeping the private columns ``banks_layout`` gives each bank, when given).
+    """
     from fedfraud.training.data.ingest import ingest_csv
 
     data = Path(data)
@@ -114,7 +116,7 @@ def materialize(data: Path, ingest_cfg: IngestConfig) -> Iterator[Path]:
     if not data.is_file():
         raise UserError(f"{data}: no such dataset directory or CSV file")
     with tempfile.TemporaryDirectory(prefix="fedfraud-ingest-") as tmp:
-        report = ingest_csv(data, Path(tmp), ingest_cfg, progress=False)
+        report = ingest_csv(data, Path(tmp), ingest_cfg, progress=False, banks_layout=banks_layout)
         if report.accepted == 0:
             raise UserError(f"{data}: no valid transactions (rejected {report.rejected})")
         logger.info("ingested csv=%s format=%s accepted=%d rejected=%d", data, report.format, report.accepted,

@@ -39,7 +39,7 @@ def load_fraud_banks(cfg: FedfraudConfig, data: Path, registry: Path, anomaly_ve
 
     scorer = AnomalyScorer.from_registry(registry, anomaly_version)
     tag = scorer.tag
-    root = stack.enter_context(materialize(data, cfg.ingest))
+    root = stack.enter_context(materialize(data, cfg.ingest, cfg.banks))  # a CSV keeps each bank's private columns
     banks = dataset_features(root, cfg.fraud, cfg.encoder, cfg.privacy, scorer, require_labels=require_labels)
     if cfg.fraud.merchant_risk_features:
         from fedfraud.training.merchant_risk.features import dataset_columns, with_merchant_columns
@@ -216,8 +216,15 @@ def train_and_publish(cfg: FedfraudConfig, data: Path, out: Path, bank: int = 0,
 
     ``labels_root``: a generated dataset whose ``labels.parquet`` names each fraud's scenario; the card then
     carries the test ROC-AUC per scenario (``test_roc_auc_<scenario>``).
-    The GNN variants (``fedavg-gnn``, ``fedrpda``) publish kind ``fraud-gnn`` (:mod:`fedfraud.training.fraud.gnn`).
+    The GNN variants (``fedavg-gnn``, ``fedrpda``) publish kind ``fraud-gnn`` (:mod:`fedfraud.training.fraud.gnn`);
+    ``fed-spfd`` publishes ``bank``'s model as kind ``fraud-spfd`` (:mod:`fedfraud.training.fraud.spfd`).
     """
+    if cfg.fraud.variant == "fed-spfd":  # heterogeneous banks: kind fraud-spfd, one model per serving bank
+        from fedfraud.training.fraud.spfd.publish import train_and_publish_spfd
+
+        with ExitStack() as stack:
+            banks, info = load_fraud_banks(cfg, data, out, anomaly_version, stack, require_labels=True)
+            return train_and_publish_spfd(cfg, banks, info, out, bank)
     if cfg.fraud.variant in ("fedavg-gnn", "fedrpda"):
         from fedfraud.training.fraud.gnn.publish import train_and_publish_gnn
 

@@ -11,6 +11,9 @@ train reply passes through Flower's
 ``fixedclipping_mod`` on its way out: the update (new − received weights)
 is clipped to the clipping norm in L2 before it leaves the bank.
 
+Under ``aggregation: dsfl`` the train reply passes through :func:`dsfl_mod`: the update is clipped in L1 and
+noised per dimension (:func:`fedfraud.training.federated.dsfl.privatize`) before it leaves the bank.
+
 ``attack-mode`` / ``attack-bank`` (``fedfraud bench adversary`` and tests
 only) make one bank malicious: :func:`attack_mod`.
 """
@@ -29,6 +32,7 @@ from flwr.clientapp.mod import fixedclipping_mod
 from flwr.clientapp.typing import ClientAppCallable
 
 from fedfraud.training.federated.config import AttackConfig
+from fedfraud.training.federated.dsfl import flat_update, privatize, unflatten
 from fedfraud.training.federated.strategy import EQUAL_WEIGHT_KEY
 from fedfraud.training.anomaly.federated.task import (
     RunSettings,
@@ -40,7 +44,7 @@ from fedfraud.training.anomaly.federated.task import (
     on_node,
 )
 
-__all__ = ["app", "attack_mod"]
+__all__ = ["app", "attack_mod", "dsfl_mod"]
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +67,29 @@ def dp_clipping_mod(msg: Message, context: Context, call_next: ClientAppCallable
     if bool(config.get("dp-enabled", False)):
         raise ValueError("dp-enabled but the server sent no clipping norm; refusing to send an unclipped update")
     return call_next(msg, context)
+
+
+def dsfl_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
+    """DSFL's privatisation of the update inside the bank (``aggregation: dsfl`` with ``dsfl-noise``), else a
+    pass-through: L1 clip, exponential-mechanism selection, Laplace noise per dimension, with the ε's the server
+    sent (already calibrated to its target).
+    """
+    config = msg.content["config"]
+    if config.get("aggregation") != "dsfl" or not bool(config.get("dsfl-noise", False)):
+        return call_next(msg, context)
+    cfg = RunSettings.from_flat({k: v for k, v in config.items() if k in RunSettings.defaults()}).federated.dsfl
+    received = {k: v.numpy() for k, v in msg.content["arrays"].items()}
+    reply = call_next(msg, context)
+    if reply.has_error():
+        return reply
+    arrays = reply.content["arrays"]
+    bank = int(context.node_config.get("partition-id", 0))
+    round_ = int(config.get("global-round", config.get("server-round", 1)))  # type: ignore[arg-type]
+    rng = np.random.default_rng(None if cfg.seed < 0 else [cfg.seed, bank, round_])
+    noised, _ = privatize(flat_update({k: v.numpy() for k, v in arrays.items()}, received), cfg, rng)
+    for key, value in unflatten(noised, received).items():
+        arrays[key] = Array(value)
+    return reply
 
 
 def _attack(msg: Message, context: Context) -> AttackConfig | None:
@@ -107,7 +134,7 @@ def _setup(msg: Message, context: Context) -> tuple[RunSettings, int, torch.nn.M
     return settings, partition, model.to(device), device
 
 
-@app.train(mods=[attack_mod, dp_clipping_mod])
+@app.train(mods=[attack_mod, dp_clipping_mod, dsfl_mod])
 def train(msg: Message, context: Context) -> Message:
     """Local FedProx training on this bank's transitions; returns the new weights and train metrics."""
     return _train(msg, context)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from dataclasses import replace
 from pathlib import Path
 from collections.abc import Callable
 from typing import Any
@@ -22,6 +23,7 @@ from flwr.serverapp.strategy import Strategy
 from fedfraud.feature_store.privacy import feature_ldp_card
 from fedfraud.training.anomaly.run import Checkpoint, checkpoint_dir, publish_run
 from fedfraud.training.federated.accountant import DPRound, dp_card, plan_noise
+from fedfraud.training.federated.dsfl import calibrate, dsfl_card
 from fedfraud.training.federated.strategy import (
     EQUAL_WEIGHT_KEY,
     AnomalyFedProx,
@@ -95,17 +97,41 @@ def _strategy(
     return BankLevelDP(inner, z * factor, dp.clipping_norm, per_round), inner
 
 
-def _client_dp(settings: RunSettings, checkpoint: Checkpoint, banks: int) -> dict[str, Any]:
-    """The card's ``client_dp``: cardholder-level DP-SGD when on (bank-level DP, if also on, nested under
-    ``bank_level``), else the bank-level accountant's card (or ``dp: off``).
+def _coordinates(checkpoint: Checkpoint) -> int:
+    """How many float coordinates a bank's update has (what DSFL clips, selects among and noises)."""
+    return sum(v.numel() for v in checkpoint.state_dict.values() if v.is_floating_point())
+
+
+def _dsfl_calibrated(settings: RunSettings, checkpoint: Checkpoint) -> RunSettings:
+    """Under ``aggregation: dsfl`` with a target ε: the settings with ε₁, ε₂, ε₃ scaled to meet it over all rounds
+    (deterministic, so a resumed run sends the same ε's); the banks add noise with the ε's they are sent.
     """
-    bank_level = dp_card(checkpoint.dp_ledger, settings.federated.dp.delta, banks)
+    fed = settings.federated
+    if fed.aggregation != "dsfl" or fed.dsfl.target_epsilon <= 0 or not fed.dsfl.noise:
+        return settings
+    dsfl = calibrate(fed.dsfl, fed.rounds, _coordinates(checkpoint))
+    logger.info("dsfl target_epsilon=%g: epsilon_select=%.5g epsilon_top=%.5g epsilon_rest=%.5g per round",
+                fed.dsfl.target_epsilon, dsfl.epsilon_select, dsfl.epsilon_top, dsfl.epsilon_rest)
+    return replace(settings, federated=fed.model_copy(update={"dsfl": dsfl}))
+
+
+def _client_dp(settings: RunSettings, checkpoint: Checkpoint, banks: int) -> dict[str, Any]:
+    """The card's ``client_dp``: cardholder-level DP-SGD when on (bank-level DP or DSFL, if also on, nested under
+    ``bank_level`` / ``dsfl``), else the bank-level accountant's card or DSFL's (or ``dp: off``).
+    """
+    fed = settings.federated
+    dsfl = fed.aggregation == "dsfl"
+    # DSFL: every round's reports left the banks noised, released or not, so all the run's rounds are charged
+    bank_level = (dsfl_card(fed.dsfl, fed.rounds, _coordinates(checkpoint), banks) if dsfl
+                  else dp_card(checkpoint.dp_ledger, fed.dp.delta, banks))
     plan = cardholder_dp(settings)
     if plan is None:
         return bank_level
     card = cardholder_dp_card(plan.cfg, plan.noise_multiplier, total_dp_steps(settings), settings.federated.rounds)
     card["banks"] = banks
-    if settings.federated.dp.enabled:
+    if dsfl:
+        card["dsfl"] = bank_level
+    elif fed.dp.enabled:
         card["bank_level"] = bank_level
     return card
 
@@ -123,20 +149,21 @@ def run_federation(grid: Grid, settings: RunSettings, observer: ReplyObserver | 
         if settings.resume:
             logger.warning("resume requested but no checkpoint in %s; starting at round 1", directory)
         checkpoint = Checkpoint(0, build_model(settings).state_dict(), [], flat)
+    settings = _dsfl_calibrated(settings, checkpoint)
     rounds = settings.federated.rounds
     available = len(wait_for_nodes(grid, max(settings.num_banks, 2), timeout_s=120.0))
     banks = settings.num_banks or available
     start = time.perf_counter()
     if checkpoint.round < rounds:
         strategy, bookkeeping = _strategy(settings, checkpoint, directory, banks, observer)
-        config = ConfigRecord(flat)
+        sent = settings.to_flat()  # DSFL's calibrated ε's, when a target was set
         try:
             strategy.start(
                 grid=grid,
                 initial_arrays=ArrayRecord(checkpoint.state_dict),
                 num_rounds=rounds - checkpoint.round,
-                train_config=config,
-                evaluate_config=ConfigRecord(flat),
+                train_config=ConfigRecord(sent),
+                evaluate_config=ConfigRecord(sent),
             )
         finally:
             bookkeeping.close()

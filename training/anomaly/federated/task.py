@@ -14,6 +14,9 @@ from __future__ import annotations
 
 import logging
 import math
+import os
+import shutil
+import tempfile
 from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
@@ -54,6 +57,7 @@ __all__ = [
     "local_train",
     "lr_factor",
     "on_node",
+    "public_slice",
     "total_dp_steps",
 ]
 
@@ -141,6 +145,9 @@ class RunSettings:
         # the pooling name is checked here, where torch is loaded anyway, against the operators' own registry
         if self.anomaly.pooling.strip().lower() not in pooling_names():
             raise ConfigError(f"unknown pooling {self.anomaly.pooling!r}; valid: {', '.join(pooling_names())}")
+        if self.federated.dsfl.public_cardholders and self.anomaly.cardholder_dp.enabled:
+            raise ConfigError("dsfl-public-cardholders with cardholder-level DP-SGD: the public slice's transitions "
+                              "would be sampled as if they were the bank's cardholders; use one or the other")
 
     @classmethod
     def from_config(cls, cfg: FedfraudConfig, data_dir: Path, out_dir: Path, resume: bool = False) -> RunSettings:
@@ -274,6 +281,39 @@ def bank_data(settings: RunSettings, bank: int) -> BankData:
     return data
 
 
+def public_slice(settings: RunSettings, bank: int) -> BankData | None:
+    """DSFL's shared public slice as ``bank`` sees it, or None (not ``aggregation: dsfl``, or no slice asked for).
+
+    The slice is a small dataset of the project's own generator with a public seed, so every bank can rebuild
+    the same one (nothing is sent; in the paper the server hands it out). It is generated once into the cache
+    folder (written aside, then renamed: banks in other processes may race) and featurised with the bank's own
+    featurizer under ``bank_<k>`` (a link to the slice), like the bank's own data.
+    """
+    fed = settings.federated
+    if fed.aggregation != "dsfl" or not fed.dsfl.public_cardholders:
+        return None
+    from fedfraud.training.data.config import GeneratorConfig
+    from fedfraud.training.data.synthetic import generate_dataset
+
+    root = settings.cache_dir / f"dsfl-public-{fed.dsfl.public_cardholders}-{fed.dsfl.public_seed}"
+    if not (root / "manifest.json").exists():
+        root.parent.mkdir(parents=True, exist_ok=True)
+        aside = Path(tempfile.mkdtemp(dir=root.parent, prefix=".dsfl-public-"))
+        generate_dataset(aside, GeneratorConfig(banks=1, cardholders=fed.dsfl.public_cardholders,
+                                                seed=fed.dsfl.public_seed), raw_csv=False, progress=False)
+        try:
+            os.rename(aside, root)
+        except OSError:  # another bank renamed its identical copy first
+            shutil.rmtree(aside, ignore_errors=True)
+    link = root / f"bank_{bank}"
+    if bank and not link.exists():
+        try:
+            link.symlink_to("bank_0", target_is_directory=True)
+        except FileExistsError:
+            pass
+    return bank_data(replace(settings, data_dir=root), bank)
+
+
 def on_node(settings: RunSettings, bank: int, node_config: Any) -> RunSettings:
     """The run's settings as this SuperNode sees them: its own bank folder wins over the server's ``data-dir``.
 
@@ -310,12 +350,14 @@ def local_train(
     poisoned: bool = False,
 ) -> TrainStats:
     """E local epochs of ``samples_per_epoch`` pairs with the FedProx term, seeded by (seed, bank, round);
-    ``poisoned``: on wrong targets (a simulated ``flip-targets`` bank).
+    ``poisoned``: on wrong targets (a simulated ``flip-targets`` bank). Under DSFL with a public slice the pairs
+    are drawn from the bank's and the slice's, in proportion to their sizes.
     """
     cfg = settings.anomaly
+    shared = public_slice(settings, bank.bank)
     stats, _ = train_model(
         model,
-        sources_of([bank], cfg, settings.egograph.max_nodes),
+        sources_of([bank] if shared is None else [bank, shared], cfg, settings.egograph.max_nodes),
         epochs=cfg.local_epochs,
         samples_per_epoch=cfg.samples_per_epoch,
         batch_size=cfg.batch_size,

@@ -43,8 +43,8 @@ __all__ = [
     "transformed_rows",
 ]
 
-#: Columns that are hashes of a category (one-hot buckets, not scaled).
-CATEGORY_FEATURES = ("mcc_code", "prev_mcc_code")
+#: Columns that are hashes of a category (one-hot buckets, not scaled); also read by FED-SPFD (:mod:`..spfd`).
+CATEGORY_FEATURES = ("mcc_code", "prev_mcc_code", "job_code")  # job_code: FED-SPFD's demographics
 HOUR_FEATURE = "hour_utc"
 
 

@@ -1,0 +1,190 @@
+"""FED-SPFD ServerApp: the shared scaler query, then each job's warm start, rounds and federated threshold.
+
+:class:`SpfdFedAvg` subclasses Flower's FedAvg (Message API). Per round it sends the global shared-embedding
+statistics with the model (``stats`` ArrayRecord: mean and covariance), averages the replies' federated arrays
+weighted by training rows (Algorithm 1, lines 15–17), and sums the banks' embedding sums (count, Σ z, Σ z zᵀ)
+into the next round's global statistics (lines 18–20, from sums: the pooled mean and covariance). Before the
+first training round one query collects those sums under the warm-started encoder, so round 1 aligns too.
+
+After the last round each bank sends its validation score histogram; the server applies the fraud model's
+max-F1 rule (:func:`fedfraud.training.fraud.metrics.threshold_from_histograms`) to their sum.
+
+Settings (kebab-case) from :func:`build_server_app` / :func:`run_jobs`: ``features-dir``, ``shared`` (JSON list),
+``spfd-config`` (JSON), ``jobs`` (JSON list of :class:`~.task.SpfdJob`), ``num-supernodes``, ``threshold-bins``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MessageType, MetricRecord, RecordDict
+from flwr.serverapp import Grid, ServerApp
+from flwr.serverapp.strategy import FedAvg
+from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
+
+from fedfraud.training.federated.grid import wait_for_nodes
+from fedfraud.training.fraud.gnn.model import ScalerSums
+from fedfraud.training.fraud.gnn.server_app import pr_auc_from_histograms
+from fedfraud.training.fraud.metrics import threshold_from_histograms
+from fedfraud.training.fraud.spfd.config import SpfdConfig
+from fedfraud.training.fraud.spfd.model import EmbeddingSums
+from fedfraud.training.fraud.spfd.task import SpfdJob, build_net, federated_arrays
+
+__all__ = ["SpfdFedAvg", "SpfdJobResult", "app", "build_server_app", "run_jobs", "sums_of"]
+
+log = logging.getLogger(__name__)
+
+
+def sums_of(metrics: Any, dim: int) -> EmbeddingSums:
+    """A bank's embedding sums from its reply's metrics."""
+    return EmbeddingSums(float(metrics["emb-count"]), np.asarray(metrics["emb-total"], dtype=np.float64),
+                         np.asarray(metrics["emb-outer"], dtype=np.float64).reshape(dim, dim))
+
+
+class SpfdFedAvg(FedAvg):
+    """FedAvg over the federated arrays, carrying the global embedding statistics round to round."""
+
+    def __init__(self, job: SpfdJob, cfg: SpfdConfig, min_nodes: int, stats: EmbeddingSums | None = None) -> None:
+        super().__init__(fraction_evaluate=0.0, min_train_nodes=min_nodes, min_available_nodes=min_nodes)
+        self.job, self.cfg, self.stats = job, cfg, stats
+        self.history: list[dict[str, Any]] = []
+
+    def __repr__(self) -> str:
+        return f"{self.__class__.__name__}(job={self.job.name}, align={self.job.align}, private={self.job.private})"
+
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+                        ) -> Iterable[Message]:
+        messages = list(super().configure_train(server_round, arrays, config, grid))
+        if self.job.align and self.stats is not None:
+            mean, cov = self.stats.mean_cov()
+            record = ArrayRecord({"mean": Array(mean.astype(np.float32)), "cov": Array(cov.astype(np.float32))})
+            for msg in messages:
+                msg.content["stats"] = record
+        return messages
+
+    def aggregate_train(self, server_round: int, replies: Iterable[Message]
+                        ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        valid, _ = self._check_and_log_replies(replies, is_train=True)
+        if not valid:
+            return None, None
+        valid.sort(key=lambda m: m.metadata.src_node_id)
+        contents = [m.content for m in valid]
+        metrics = [next(iter(c.metric_records.values())) for c in contents]
+        arrays = aggregate_arrayrecords(contents, "num-examples")
+        examples = [float(m["num-examples"]) for m in metrics]  # type: ignore[arg-type]
+        losses = {k: float(np.average([float(m[k]) for m in metrics], weights=examples))  # type: ignore[arg-type]
+                  for k in metrics[0] if str(k).startswith("loss-")}
+        if self.job.align and "emb-count" in metrics[0]:
+            parts = [sums_of(m, self.cfg.embed_dim) for m in metrics]
+            total = parts[0]
+            for p in parts[1:]:
+                total = total + p
+            self.stats = total
+        self.history.append({"round": server_round, **losses})
+        log.info("spfd_round job=%s round=%d %s", self.job.name, server_round,
+                 " ".join(f"{k}={v:.4f}" for k, v in losses.items()))
+        return arrays, MetricRecord(dict(losses))
+
+
+@dataclass(frozen=True)
+class SpfdJobResult:
+    """One job's global arrays, its federated threshold and what it was chosen on."""
+
+    job: SpfdJob
+    arrays: dict[str, np.ndarray]
+    threshold: float
+    valid_f1: float
+    valid_pr_auc: float
+    seconds: float
+    history: list[dict[str, Any]]
+
+
+def _send(grid: Grid, nodes: list[int], content: RecordDict, message_type: str) -> list[Message]:
+    replies = list(grid.send_and_receive([Message(content=content, message_type=message_type, dst_node_id=n)
+                                          for n in nodes]))
+    bad = [m for m in replies if m.has_error()]
+    if bad:
+        raise RuntimeError(f"{len(bad)} bank(s) failed: {bad[0].error.reason}")
+    return replies
+
+
+def run_jobs(grid: Grid, settings: dict[str, Any], on_result: Callable[[SpfdJobResult], None]) -> None:
+    """The whole session: the shared scaler once, then every job (warm start, rounds, the federated threshold)."""
+    banks = int(settings["num-supernodes"])
+    nodes = wait_for_nodes(grid, banks)
+    if len(nodes) < banks:
+        raise RuntimeError(f"{len(nodes)} of {banks} banks connected")
+    shared = tuple(json.loads(settings["shared"]))
+    base = SpfdConfig.model_validate_json(settings["spfd-config"])
+    common = {"features-dir": str(settings["features-dir"]), "shared": settings["shared"],
+              "spfd-config": settings["spfd-config"]}
+    replies = _send(grid, nodes, RecordDict({"config": ConfigRecord({**common, "what": "scaler"})}),
+                    MessageType.QUERY)
+    scaler: ScalerSums | None = None
+    for r in replies:
+        rec = r.content["sums"]
+        part = ScalerSums(rec["count"].numpy(), rec["total"].numpy(), rec["squares"].numpy())
+        scaler = part if scaler is None else scaler + part
+    assert scaler is not None
+    for raw in json.loads(settings["jobs"]):
+        job = SpfdJob.from_json(json.dumps(raw))
+        cfg = job.config(base)
+        started = time.perf_counter()
+        net = build_net(shared, (), cfg, job.seed)
+        net.shared.set_scaler(scaler)
+        arrays = ArrayRecord({k: Array(v) for k, v in federated_arrays(net, job).items()})
+        config = {**common, "job": job.to_json()}
+        log.info("spfd_job_start job=%s align=%s private=%s local_head=%s seed=%d warm=%d rounds=%d", job.name,
+                 job.align, job.private, job.local_head, job.seed, cfg.warm_rounds, cfg.rounds)
+        if cfg.warm_rounds:
+            warm = SpfdFedAvg(job, cfg, banks)
+            arrays = warm.start(grid=grid, initial_arrays=arrays, num_rounds=cfg.warm_rounds,
+                                train_config=ConfigRecord({**config, "phase": "warm"})).arrays
+        stats = None
+        if job.align:
+            got = _send(grid, nodes, RecordDict({"arrays": arrays, "config": ConfigRecord(
+                {**config, "what": "embeddings"})}), MessageType.QUERY)
+            parts = [sums_of(next(iter(m.content.metric_records.values())), cfg.embed_dim) for m in got]
+            stats = parts[0]
+            for p in parts[1:]:
+                stats = stats + p
+        strategy = SpfdFedAvg(job, cfg, banks, stats)
+        final = strategy.start(grid=grid, initial_arrays=arrays, num_rounds=cfg.rounds,
+                               train_config=ConfigRecord({**config, "phase": "train"})).arrays
+        hist = _send(grid, nodes, RecordDict({"arrays": final, "config": ConfigRecord(
+            {**config, "threshold-bins": int(settings["threshold-bins"])})}), MessageType.EVALUATE)
+        pos = np.sum([m.content["hist"]["pos"].numpy() for m in hist], axis=0)
+        neg = np.sum([m.content["hist"]["neg"].numpy() for m in hist], axis=0)
+        threshold, f1 = threshold_from_histograms(pos, neg)
+        ap = pr_auc_from_histograms(pos, neg)
+        seconds = time.perf_counter() - started
+        log.info("spfd_job_done job=%s threshold=%.4f valid_f1=%.4f valid_pr_auc=%.4f seconds=%.1f", job.name,
+                 threshold, f1, ap, seconds)
+        on_result(SpfdJobResult(job, {k: v.numpy() for k, v in final.items()}, threshold, f1, ap, seconds,
+                                strategy.history))
+
+
+def build_server_app(settings: dict[str, Any], on_result: Callable[[SpfdJobResult], None]) -> ServerApp:
+    """A ServerApp running :func:`run_jobs` with ``settings`` (a simulation passes ``on_result``)."""
+    server = ServerApp()
+
+    @server.main()
+    def main(grid: Grid, context: Context) -> None:
+        run_jobs(grid, settings, on_result)
+
+    return server
+
+
+#: ``flwr run`` needs a module-level app; it takes its settings from the run config.
+app = ServerApp()
+
+
+@app.main()
+def _main(grid: Grid, context: Context) -> None:
+    run_jobs(grid, dict(context.run_config), lambda result: log.info("spfd_result job=%s", result.job.name))
