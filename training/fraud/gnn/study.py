@@ -136,8 +136,8 @@ class VariantsReport:
         return out
 
     def to_markdown(self, more: str = "") -> str:
-        """The block; ``more``: a line put after the pooled table and the claims (the benchmark records' marker
-        after which detail stays in the record).
+        """The block; ``more``: a line put after the pooled table (the benchmark records' marker after which the
+        claims and the detail stay in the record; the page shows the claims as the record's targets).
         """
         i = self.info
         lines = [
@@ -160,10 +160,11 @@ class VariantsReport:
         for v in self.variants:
             lines.append(f"| {v} | " + " | ".join(self.pooled[v][m].fmt() for m in METRICS)
                          + f" | {float(seconds.get(v, math.nan)):.0f} |")
-        lines += ["", "**The paper's claims and the issue's targets, in plain numbers**", ""]
+        lines += ["", *([more, ""] if more else []), "**The paper's claims and the issue's targets, in plain numbers**",
+                  ""]
         for name, measured, verdict in self.claims():
             lines.append(f"- {name}: {measured} → **{verdict}**")
-        lines += ["", *([more, ""] if more else []), "**Paired differences, pooled** (points)", "",
+        lines += ["", "**Paired differences, pooled** (points)", "",
                   "| comparison | " + " | ".join(TITLES[m] for m in METRICS) + " |", "|---|" + "---:|" * len(METRICS)]
         for name, d in self.pooled_diff.items():
             lines.append(f"| {name} | " + " | ".join(d[m].fmt(100, 2, True) for m in METRICS) + " |")
