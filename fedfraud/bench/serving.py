@@ -505,7 +505,8 @@ class PeersResult:
         loads = self._loads()
         rounds = len({b["round"] for b in self.blocks})
         lines = [
-            f"Against the peers, same run: {self.cpus} CPUs, load average {self.load_avg[0]:.1f} at start and {self.load_avg[1]:.1f} at end; online "
+            f"Against the peers, same run: {self.cpus} CPUs, load average {self.load_avg[0]:.1f} at start and "
+            f"{self.load_avg[1]:.1f} at end; online "
             f"store {self.store}; {self.partitions} partition(s), a fresh embedded Tansu broker per block, the same "
             f"librdkafka client settings and load generator for all of them; A B C D E alternated {rounds} time(s), "
             "each "
