@@ -11,9 +11,10 @@ from __future__ import annotations
 import logging
 import time
 
+from flwr.app import Message, RecordDict
 from flwr.serverapp import Grid
 
-__all__ = ["wait_for_nodes"]
+__all__ = ["connected_banks", "send_to_all", "wait_for_nodes"]
 
 logger = logging.getLogger(__name__)
 
@@ -28,3 +29,21 @@ def wait_for_nodes(grid: Grid, wanted: int, timeout_s: float = 60.0, poll_s: flo
     if len(nodes) < wanted:
         logger.warning("wait_for_nodes connected=%d wanted=%d after %.0f s", len(nodes), wanted, timeout_s)
     return nodes
+
+
+def connected_banks(grid: Grid, banks: int) -> list[int]:
+    """The node ids of all ``banks``; a run with a bank missing fails here instead of training on fewer."""
+    nodes = wait_for_nodes(grid, banks)
+    if len(nodes) < banks:
+        raise RuntimeError(f"{len(nodes)} of {banks} banks connected")
+    return nodes
+
+
+def send_to_all(grid: Grid, nodes: list[int], content: RecordDict, message_type: str) -> list[Message]:
+    """One message to every node and their replies; a bank's error fails the round with its reason."""
+    replies = list(grid.send_and_receive([Message(content=content, message_type=message_type, dst_node_id=n)
+                                          for n in nodes]))
+    bad = [m for m in replies if m.has_error()]
+    if bad:
+        raise RuntimeError(f"{len(bad)} bank(s) failed: {bad[0].error.reason}")
+    return replies

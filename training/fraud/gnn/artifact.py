@@ -8,7 +8,6 @@ its own kind, ``fraud-gnn``, beside the XGBoost model (kind ``fraud``); a replic
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +18,7 @@ import numpy as np
 from fedfraud.training.fraud.features import CategoryTransitions
 from fedfraud.training.fraud.gnn.config import GnnConfig
 from fedfraud.training.fraud.gnn.graph import TransactionGraph
+from fedfraud.training.fraud.npz_artifact import load_files, published, save_files
 from fedfraud.training.registry import ModelRegistry, ModelVersion
 
 __all__ = ["KIND", "GnnFraudModel"]
@@ -78,25 +78,15 @@ class GnnFraudModel:
         return score_nodes(self.module(), graph, mask)
 
     def save(self, folder: Path) -> None:
-        folder = Path(folder)
-        folder.mkdir(parents=True, exist_ok=True)
-        np.savez(folder / WEIGHTS_FILE, **self.arrays)
         meta = {"names": list(self.names), "used": list(self.used), "gnn": self.cfg.model_dump(),
                 "threshold": self.threshold, "variant": self.variant, "meta": self.meta}
-        if self.transitions is not None:
-            meta["category_transitions"] = self.transitions.to_json()
-        (folder / META_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True), encoding="utf-8")
+        save_files(folder, WEIGHTS_FILE, META_FILE, self.arrays, meta, self.transitions)
 
     @classmethod
     def load(cls, folder: Path) -> GnnFraudModel:
-        folder = Path(folder)
-        meta = json.loads((folder / META_FILE).read_text(encoding="utf-8"))
-        with np.load(folder / WEIGHTS_FILE, allow_pickle=False) as z:
-            arrays = {k: z[k] for k in z.files}
-        table = meta.get("category_transitions")
+        arrays, meta, table = load_files(folder, WEIGHTS_FILE, META_FILE)
         return cls(arrays, tuple(meta["names"]), tuple(meta["used"]), GnnConfig.model_validate(meta["gnn"]),
-                   float(meta["threshold"]), str(meta["variant"]), dict(meta.get("meta", {})),
-                   None if table is None else CategoryTransitions.from_json(table))
+                   float(meta["threshold"]), str(meta["variant"]), dict(meta.get("meta", {})), table)
 
     def publish(self, registry: ModelRegistry, *, config: dict[str, Any], metrics: dict[str, Any],
                 privacy: dict[str, Any] | None = None) -> ModelVersion:
@@ -130,9 +120,7 @@ class GnnFraudModel:
 
     @classmethod
     def from_registry(cls, registry: ModelRegistry | Path | str, version: int | str = "latest") -> GnnFraudModel:
-        reg = registry if isinstance(registry, ModelRegistry) else ModelRegistry(registry)
-        found = reg.get(KIND, version)
-        found.file(WEIGHTS_FILE)
+        found = published(registry, KIND, version, WEIGHTS_FILE)
         model = cls.load(found.path)
         model.meta = {**model.meta, "registry_tag": found.tag}
         return model

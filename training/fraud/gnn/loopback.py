@@ -8,7 +8,7 @@ is Ray's start-up (about 20 s here) and its worker processes: tests, and studies
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 from uuid import uuid4
@@ -21,7 +21,7 @@ from flwr.common.constant import SUPERLINK_NODE_ID
 from flwr.supercore.run import Run
 from flwr.supercore.task_identity import TaskIdentity
 
-__all__ = ["LoopbackGrid", "bank_contexts", "server_identity"]
+__all__ = ["LoopbackGrid", "bank_contexts", "run_federated", "server_identity"]
 
 
 @contextmanager
@@ -75,3 +75,32 @@ class LoopbackGrid(Grid):
             reply = self.app(wire, self.contexts[msg.metadata.dst_node_id])
             replies.append(message_from_proto(message_to_proto(reply)))
         return replies
+
+
+def run_federated(engine: str, client_app: ClientApp, run_jobs: Callable[[Grid, dict[str, Any], Any], None],
+                  build_server_app: Callable[[dict[str, Any], Any], Any], settings: dict[str, Any],
+                  on_result: Callable[[Any], None], banks: int, torch_threads: int) -> None:
+    """One federated session of a supervised variant (GNN, FED-SPFD): the same ServerApp code (``run_jobs``) and
+    ClientApp over this loopback grid (``engine="loopback"``, torch limited to ``torch_threads`` meanwhile), or on
+    Flower's simulation engine (Ray, one CPU per bank, bound to the loopback interface).
+    """
+    if engine == "loopback":
+        import torch
+
+        threads = torch.get_num_threads()
+        torch.set_num_threads(torch_threads)
+        try:
+            with server_identity():
+                run_jobs(LoopbackGrid(client_app, bank_contexts(banks)), settings, on_result)
+        finally:
+            torch.set_num_threads(threads)
+        return
+    from flwr.simulation import run_simulation
+
+    from fedfraud.core.net import ray_bind
+
+    run_simulation(
+        server_app=build_server_app(settings, on_result), client_app=client_app, num_supernodes=banks,
+        backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
+                        "init_args": {"num_cpus": 2, "logging_level": "ERROR", **ray_bind()}},  # loopback interface
+    )

@@ -36,7 +36,7 @@ from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg
 from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 
-from fedfraud.training.federated.grid import wait_for_nodes
+from fedfraud.training.federated.grid import connected_banks, send_to_all
 from fedfraud.training.fraud.gnn.config import GnnConfig
 from fedfraud.training.fraud.gnn.model import ScalerSums
 from fedfraud.training.fraud.gnn.rpda import Prototypes, aggregation_weights, average_prototypes
@@ -133,26 +133,15 @@ class GnnJobResult:
     history: list[dict[str, Any]]
 
 
-def _send(grid: Grid, nodes: list[int], content: RecordDict, message_type: str) -> list[Message]:
-    replies = list(grid.send_and_receive([Message(content=content, message_type=message_type, dst_node_id=n)
-                                          for n in nodes]))
-    bad = [m for m in replies if m.has_error()]
-    if bad:
-        raise RuntimeError(f"{len(bad)} bank(s) failed: {bad[0].error.reason}")
-    return replies
-
-
 def run_jobs(grid: Grid, settings: dict[str, Any], on_result: Callable[[GnnJobResult], None]) -> None:
     """The whole session: scaler sums once, then every job (rounds, then the federated threshold)."""
     banks = int(settings["num-supernodes"])
-    nodes = wait_for_nodes(grid, banks)
-    if len(nodes) < banks:
-        raise RuntimeError(f"{len(nodes)} of {banks} banks connected")
+    nodes = connected_banks(grid, banks)
     names, used = tuple(json.loads(settings["names"])), tuple(json.loads(settings["used"]))
     base = GnnConfig.model_validate_json(settings["gnn-config"])
     common = {"features-dir": str(settings["features-dir"]), "names": settings["names"], "used": settings["used"],
               "gnn-config": settings["gnn-config"]}
-    replies = _send(grid, nodes, RecordDict({"config": ConfigRecord(common)}), MessageType.QUERY)
+    replies = send_to_all(grid, nodes, RecordDict({"config": ConfigRecord(common)}), MessageType.QUERY)
     sums: ScalerSums | None = None
     for r in replies:
         rec = r.content["sums"]
@@ -172,7 +161,7 @@ def run_jobs(grid: Grid, settings: dict[str, Any], on_result: Callable[[GnnJobRe
                  job.diversified, job.seed, cfg.rounds)
         result = strategy.start(grid=grid, initial_arrays=initial, num_rounds=cfg.rounds, train_config=config)
         final = result.arrays
-        hist = _send(grid, nodes, RecordDict({"arrays": final, "config": ConfigRecord(
+        hist = send_to_all(grid, nodes, RecordDict({"arrays": final, "config": ConfigRecord(
             {**common, "job": job.to_json(), "threshold-bins": int(settings["threshold-bins"])})}),
             MessageType.EVALUATE)
         pos = np.sum([m.content["hist"]["pos"].numpy() for m in hist], axis=0)

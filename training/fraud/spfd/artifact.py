@@ -9,7 +9,6 @@ provenance, the bank's category-transition table). The object has the interface 
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +19,7 @@ import torch
 
 from fedfraud.training.fraud.features import CategoryTransitions
 from fedfraud.training.fraud.model import FraudDecision, Reason
+from fedfraud.training.fraud.npz_artifact import load_files, published, save_files
 from fedfraud.training.fraud.spfd.config import SpfdConfig
 from fedfraud.training.registry import ModelRegistry, ModelVersion
 
@@ -136,26 +136,17 @@ class SpfdFraudModel:
         return self._groups
 
     def save(self, folder: Path) -> None:
-        folder = Path(folder)
-        folder.mkdir(parents=True, exist_ok=True)
-        np.savez(folder / WEIGHTS_FILE, **self.arrays)
         meta = {"shared": list(self.shared), "private": list(self.private), "spfd": self.cfg.model_dump(),
                 "threshold": self.threshold, "variant": self.variant, "bank": self.bank,
                 "use_private": self.use_private, "meta": self.meta}
-        if self.transitions is not None:
-            meta["category_transitions"] = self.transitions.to_json()
-        (folder / META_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True), encoding="utf-8")
+        save_files(folder, WEIGHTS_FILE, META_FILE, self.arrays, meta, self.transitions)
 
     @classmethod
     def load(cls, folder: Path) -> SpfdFraudModel:
-        folder = Path(folder)
-        meta = json.loads((folder / META_FILE).read_text(encoding="utf-8"))
-        with np.load(folder / WEIGHTS_FILE, allow_pickle=False) as z:
-            arrays = {k: z[k] for k in z.files}
-        table = meta.get("category_transitions")
+        arrays, meta, table = load_files(folder, WEIGHTS_FILE, META_FILE)
         return cls(arrays, tuple(meta["shared"]), tuple(meta["private"]), SpfdConfig.model_validate(meta["spfd"]),
                    float(meta["threshold"]), str(meta["variant"]), int(meta["bank"]), bool(meta["use_private"]),
-                   dict(meta.get("meta", {})), None if table is None else CategoryTransitions.from_json(table))
+                   dict(meta.get("meta", {})), table)
 
     def publish(self, registry: ModelRegistry, *, config: dict[str, Any], metrics: dict[str, Any],
                 privacy: dict[str, Any] | None = None) -> ModelVersion:
@@ -196,9 +187,7 @@ class SpfdFraudModel:
 
     @classmethod
     def from_registry(cls, registry: ModelRegistry | Path | str, version: int | str = "latest") -> SpfdFraudModel:
-        reg = registry if isinstance(registry, ModelRegistry) else ModelRegistry(registry)
-        found = reg.get(KIND, version)
-        found.file(WEIGHTS_FILE)
+        found = published(registry, KIND, version, WEIGHTS_FILE)
         model = cls.load(found.path)
         model.meta = {**model.meta, "registry_tag": found.tag}
         return model

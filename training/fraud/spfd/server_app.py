@@ -28,7 +28,7 @@ from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg
 from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 
-from fedfraud.training.federated.grid import wait_for_nodes
+from fedfraud.training.federated.grid import connected_banks, send_to_all
 from fedfraud.training.fraud.gnn.model import ScalerSums
 from fedfraud.training.fraud.gnn.server_app import pr_auc_from_histograms
 from fedfraud.training.fraud.metrics import threshold_from_histograms
@@ -105,26 +105,15 @@ class SpfdJobResult:
     history: list[dict[str, Any]]
 
 
-def _send(grid: Grid, nodes: list[int], content: RecordDict, message_type: str) -> list[Message]:
-    replies = list(grid.send_and_receive([Message(content=content, message_type=message_type, dst_node_id=n)
-                                          for n in nodes]))
-    bad = [m for m in replies if m.has_error()]
-    if bad:
-        raise RuntimeError(f"{len(bad)} bank(s) failed: {bad[0].error.reason}")
-    return replies
-
-
 def run_jobs(grid: Grid, settings: dict[str, Any], on_result: Callable[[SpfdJobResult], None]) -> None:
     """The whole session: the shared scaler once, then every job (warm start, rounds, the federated threshold)."""
     banks = int(settings["num-supernodes"])
-    nodes = wait_for_nodes(grid, banks)
-    if len(nodes) < banks:
-        raise RuntimeError(f"{len(nodes)} of {banks} banks connected")
+    nodes = connected_banks(grid, banks)
     shared = tuple(json.loads(settings["shared"]))
     base = SpfdConfig.model_validate_json(settings["spfd-config"])
     common = {"features-dir": str(settings["features-dir"]), "shared": settings["shared"],
               "spfd-config": settings["spfd-config"]}
-    replies = _send(grid, nodes, RecordDict({"config": ConfigRecord({**common, "what": "scaler"})}),
+    replies = send_to_all(grid, nodes, RecordDict({"config": ConfigRecord({**common, "what": "scaler"})}),
                     MessageType.QUERY)
     scaler: ScalerSums | None = None
     for r in replies:
@@ -148,7 +137,7 @@ def run_jobs(grid: Grid, settings: dict[str, Any], on_result: Callable[[SpfdJobR
                                 train_config=ConfigRecord({**config, "phase": "warm"})).arrays
         stats = None
         if job.align:
-            got = _send(grid, nodes, RecordDict({"arrays": arrays, "config": ConfigRecord(
+            got = send_to_all(grid, nodes, RecordDict({"arrays": arrays, "config": ConfigRecord(
                 {**config, "what": "embeddings"})}), MessageType.QUERY)
             parts = [sums_of(next(iter(m.content.metric_records.values())), cfg.embed_dim) for m in got]
             stats = parts[0]
@@ -157,7 +146,7 @@ def run_jobs(grid: Grid, settings: dict[str, Any], on_result: Callable[[SpfdJobR
         strategy = SpfdFedAvg(job, cfg, banks, stats)
         final = strategy.start(grid=grid, initial_arrays=arrays, num_rounds=cfg.rounds,
                                train_config=ConfigRecord({**config, "phase": "train"})).arrays
-        hist = _send(grid, nodes, RecordDict({"arrays": final, "config": ConfigRecord(
+        hist = send_to_all(grid, nodes, RecordDict({"arrays": final, "config": ConfigRecord(
             {**config, "threshold-bins": int(settings["threshold-bins"])})}), MessageType.EVALUATE)
         pos = np.sum([m.content["hist"]["pos"].numpy() for m in hist], axis=0)
         neg = np.sum([m.content["hist"]["neg"].numpy() for m in hist], axis=0)

@@ -17,7 +17,6 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from fedfraud.training.fraud.config import FraudConfig
 from fedfraud.training.fraud.features import FraudFeatures
@@ -93,28 +92,11 @@ def train_spfd_jobs(tables: Mapping[int, FraudFeatures], private: Mapping[int, t
         def keep(result: SpfdJobResult) -> None:
             results[result.job.name] = result
 
-        if engine == "loopback":
-            from fedfraud.training.fraud.gnn.loopback import LoopbackGrid, bank_contexts, server_identity
-            from fedfraud.training.fraud.spfd.client_app import app as client_app
+        from fedfraud.training.fraud.spfd.client_app import app as client_app
+        from fedfraud.training.fraud.gnn.loopback import run_federated
 
-            threads = torch.get_num_threads()
-            torch.set_num_threads(cfg.spfd.torch_threads)
-            try:
-                with server_identity():
-                    run_jobs(LoopbackGrid(client_app, bank_contexts(len(order))), settings, keep)
-            finally:
-                torch.set_num_threads(threads)
-        else:
-            from flwr.simulation import run_simulation
-
-            from fedfraud.core.net import ray_bind
-            from fedfraud.training.fraud.spfd.client_app import app as client_app
-
-            run_simulation(
-                server_app=build_server_app(settings, keep), client_app=client_app, num_supernodes=len(order),
-                backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
-                                "init_args": {"num_cpus": 2, "logging_level": "ERROR", **ray_bind()}},
-            )
+        run_federated(engine, client_app, run_jobs, build_server_app, settings, keep, len(order),
+                      cfg.spfd.torch_threads)
         for job in jobs:
             if job.name not in results:
                 raise RuntimeError(f"the FED-SPFD ServerApp produced no model for job {job.name!r} (see the log)")
