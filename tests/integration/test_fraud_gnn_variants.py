@@ -51,7 +51,8 @@ def test_eval_variants_prints_every_row_pooled_and_per_bank(world, capsys):
                 "| federated XGBoost + hin2vec − federated XGBoost |", "the hin2vec columns add", "| FedAvg-GNN |",
                 "| FedRPDA |", "| FedRPDA − RA |", "| FedRPDA − DRA |",
                 "| FedRPDA − FedAvg-GNN |", "| RA only (FedRPDA − DRA) − FedAvg-GNN |", "**Per bank, PR-AUC**",
-                "**Per bank, recall@1%FPR**", "**Per bank, F1-macro**", "**The paper's claims and the issue's targets, in plain numbers**",
+                "**Per bank, recall@1%FPR**", "**Per bank, F1-macro**",
+                "**The paper's claims and the issue's targets, in plain numbers**",
                 "test frauds=", "bank shares 0.7,0.3", "on the smallest bank (1, 30%)"):
         assert row in out, row
     assert sum(line.startswith("| 1 | 30% |") for line in out.splitlines()) == 3  # one row per metric table

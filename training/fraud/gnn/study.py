@@ -136,8 +136,8 @@ class VariantsReport:
         return out
 
     def to_markdown(self, more: str = "") -> str:
-        """The block; ``more``: a line put after the pooled table (the benchmark records' marker after which the
-        claims and the detail stay in the record; the page shows the claims as the record's targets).
+        """The block; ``more``: a line put after the header paragraph (the benchmark records' marker after which
+        the tables stay in the record; the page shows the run's verdicts as the record's targets).
         """
         i = self.info
         lines = [
@@ -151,6 +151,7 @@ class VariantsReport:
             f"{float(i.get('xgb_seconds', math.nan)):.0f} s, GNN jobs {float(i.get('gnn_seconds', math.nan)):.0f} s); "
             f"load average at start {i.get('load_start', '?')}, at end {i.get('load_end', '?')}.",
             "",
+            *([more, ""] if more else []),
             "**Pooled over all banks' test cardholders** (mean over seeds [95 % interval])",
             "",
             "| variant | " + " | ".join(TITLES[m] for m in METRICS) + " | training s |",
@@ -160,8 +161,7 @@ class VariantsReport:
         for v in self.variants:
             lines.append(f"| {v} | " + " | ".join(self.pooled[v][m].fmt() for m in METRICS)
                          + f" | {float(seconds.get(v, math.nan)):.0f} |")
-        lines += ["", *([more, ""] if more else []), "**The paper's claims and the issue's targets, in plain numbers**",
-                  ""]
+        lines += ["", "**The paper's claims and the issue's targets, in plain numbers**", ""]
         for name, measured, verdict in self.claims():
             lines.append(f"- {name}: {measured} → **{verdict}**")
         lines += ["", "**Paired differences, pooled** (points)", "",

@@ -78,8 +78,8 @@ class HeterogeneousReport:
     info: dict[str, Any] = field(default_factory=dict)
 
     def to_markdown(self, more: str = "") -> str:
-        """The block; ``more``: a line after the pooled table (the benchmark records' marker after which detail
-        stays in the record).
+        """The block; ``more``: a line after the header paragraph (the benchmark records' marker after which the
+        tables stay in the record; the page shows the run's verdicts as the record's targets).
         """
         i = self.info
         lines = [
@@ -90,6 +90,7 @@ class HeterogeneousReport:
             f"{i.get('seeds', '?')}; bootstrap: {i.get('reps', '?')} replicates over test cardholders; networks: "
             f"{i.get('spfd', '?')}; wall {float(i.get('seconds', math.nan)):.0f} s.",
             "",
+            *([more, ""] if more else []),
             "**Pooled over all banks' test cardholders** (mean over seeds [95 % interval])",
             "",
             "| variant | " + " | ".join(TITLES[m] for m in METRICS) + " | training s |",
@@ -99,7 +100,7 @@ class HeterogeneousReport:
         for v in self.variants:
             lines.append(f"| {v} | " + " | ".join(self.pooled[v][m].fmt() for m in METRICS)
                          + f" | {float(seconds.get(v, math.nan)):.0f} |")
-        lines += ["", *([more, ""] if more else []), "**Paired differences, pooled** (points)", "",
+        lines += ["", "**Paired differences, pooled** (points)", "",
                   "| comparison | " + " | ".join(TITLES[m] for m in METRICS) + " |", "|---|" + "---:|" * len(METRICS)]
         for name, d in self.pooled_diff.items():
             lines.append(f"| {name} | " + " | ".join(d[m].fmt(100, 2, True) for m in METRICS) + " |")
