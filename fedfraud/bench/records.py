@@ -42,14 +42,12 @@ _INTRO = f"""# Benchmarks
 
 <!-- Rendered by `{RERENDER}` from docs/results/*/*.json: edit the records, not this page. -->
 
-The newest result of every bench, one JSON record each (`results/<bench>/<date>-<commit>.json`; older runs are the
-older records and git history): command, commit (and whether the tree was dirty), UTC time, machine, load average
-before and after, the printed block and the targets. `fedfraud bench --record NAME <bench> ...` (or `--json FILE`,
-or `--record` of the `eval` studies) writes one; then run `{RERENDER}` and commit it with this page and the README.
-A block's tables after its "more" marker stay in the record. *Imported* records were copied from the dated log this
-page used to be (`git show {_OLD_PAGE}:docs/benchmarks.md`) with the date, command, commit and load stated there.
-Test-split looks: [test-split-looks.md](test-split-looks.md). Unless a record says otherwise: the shared 2-core /
-24 GiB machine without GPU, whose speed varies 2× between days, so compare wall-clock figures within one record.
+The newest result of every bench, one JSON record each (`results/<bench>/<date>-<commit>.json`; older runs: older
+records, git history): command, commit, UTC time, machine, load before and after, printed block, targets. Write one
+with `fedfraud bench --record NAME <bench>` (`--json FILE`; `--record` of the `eval` studies), run `{RERENDER}`, commit
+both. Tables after a block's "more" marker stay in the record. *Imported* records come from this page's old log (`git
+show {_OLD_PAGE}:docs/benchmarks.md`). Test-split looks: [test-split-looks.md](test-split-looks.md). Unless a record
+says otherwise: the shared 2-core / 24 GiB machine without GPU, whose speed varies 2× between days.
 """
 
 

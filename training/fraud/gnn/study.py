@@ -136,31 +136,32 @@ class VariantsReport:
         return out
 
     def to_markdown(self, more: str = "") -> str:
-        """The block; ``more``: a line put after the header paragraph (the benchmark records' marker after which
-        the tables stay in the record; the page shows the run's verdicts as the record's targets).
+        """The block; ``more``: a line put after the pooled table (the benchmark records' marker after which the
+        data paragraph and the detail stay in the record; the page shows the run's verdicts as the record's targets).
         """
         i = self.info
         lines = [
             "### Fraud variants: federated XGBoost (+ hin2vec), FedAvg-GNN, FedRPDA and its ablations",
             "",
+            "**Pooled over all banks' test cardholders** (mean over seeds [95 % interval])",
+            "",
+            "| variant | " + " | ".join(TITLES[m] for m in METRICS) + " | training s |",
+            "|---|" + "---:|" * (len(METRICS) + 1),
+        ]
+        data = (
             f"Data: {i.get('data', '?')}; banks={len(self.per_bank)}; rows={i.get('rows', '?')}; test cardholders="
             f"{i.get('test_cardholders', '?')}; **test frauds={i.get('test_frauds', '?')}**; GNN seeds="
             f"{i.get('seeds', '?')}; bootstrap: {i.get('reps', '?')} replicates over test cardholders; GNN: "
             f"{i.get('gnn', '?')}; XGBoost: {i.get('xgb', '?')}; wall {float(i.get('seconds', math.nan)):.0f} s "
             f"(features {float(i.get('feature_seconds', math.nan)):.0f} s, XGBoost "
             f"{float(i.get('xgb_seconds', math.nan)):.0f} s, GNN jobs {float(i.get('gnn_seconds', math.nan)):.0f} s); "
-            f"load average at start {i.get('load_start', '?')}, at end {i.get('load_end', '?')}.",
-            "",
-            *([more, ""] if more else []),
-            "**Pooled over all banks' test cardholders** (mean over seeds [95 % interval])",
-            "",
-            "| variant | " + " | ".join(TITLES[m] for m in METRICS) + " | training s |",
-            "|---|" + "---:|" * (len(METRICS) + 1),
-        ]
+            f"load average at start {i.get('load_start', '?')}, at end {i.get('load_end', '?')}."
+        )
         seconds = i.get("train_seconds", {})
         for v in self.variants:
             lines.append(f"| {v} | " + " | ".join(self.pooled[v][m].fmt() for m in METRICS)
                          + f" | {float(seconds.get(v, math.nan)):.0f} |")
+        lines += ["", *([more, ""] if more else []), data]
         lines += ["", "**The paper's claims and the issue's targets, in plain numbers**", ""]
         for name, measured, verdict in self.claims():
             lines.append(f"- {name}: {measured} → **{verdict}**")

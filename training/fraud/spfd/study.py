@@ -78,17 +78,12 @@ class HeterogeneousReport:
     info: dict[str, Any] = field(default_factory=dict)
 
     def to_markdown(self, more: str = "") -> str:
-        """The block; ``more``: a line after the header paragraph (the benchmark records' marker after which the
-        tables stay in the record; the page shows the run's verdicts as the record's targets).
+        """The block; ``more``: a line put after the title (the benchmark records' marker after which the tables
+        stay in the record; the page shows the run's verdicts as the record's targets).
         """
         i = self.info
         lines = [
             "### Heterogeneous banks: FED-SPFD against federated XGBoost, local XGBoost, FedAvg and FedPer",
-            "",
-            f"Data: {i.get('data', '?')}; banks={len(self.per_bank)}; rows={i.get('rows', '?')}; test cardholders="
-            f"{i.get('test_cardholders', '?')}; **test frauds={i.get('test_frauds', '?')}**; network seeds="
-            f"{i.get('seeds', '?')}; bootstrap: {i.get('reps', '?')} replicates over test cardholders; networks: "
-            f"{i.get('spfd', '?')}; wall {float(i.get('seconds', math.nan)):.0f} s.",
             "",
             *([more, ""] if more else []),
             "**Pooled over all banks' test cardholders** (mean over seeds [95 % interval])",
@@ -96,10 +91,17 @@ class HeterogeneousReport:
             "| variant | " + " | ".join(TITLES[m] for m in METRICS) + " | training s |",
             "|---|" + "---:|" * (len(METRICS) + 1),
         ]
+        data = (
+            f"Data: {i.get('data', '?')}; banks={len(self.per_bank)}; rows={i.get('rows', '?')}; test cardholders="
+            f"{i.get('test_cardholders', '?')}; **test frauds={i.get('test_frauds', '?')}**; network seeds="
+            f"{i.get('seeds', '?')}; bootstrap: {i.get('reps', '?')} replicates over test cardholders; networks: "
+            f"{i.get('spfd', '?')}; wall {float(i.get('seconds', math.nan)):.0f} s."
+        )
         seconds = i.get("train_seconds", {})
         for v in self.variants:
             lines.append(f"| {v} | " + " | ".join(self.pooled[v][m].fmt() for m in METRICS)
                          + f" | {float(seconds.get(v, math.nan)):.0f} |")
+        lines += ["", data]
         lines += ["", "**Paired differences, pooled** (points)", "",
                   "| comparison | " + " | ".join(TITLES[m] for m in METRICS) + " |", "|---|" + "---:|" * len(METRICS)]
         for name, d in self.pooled_diff.items():
