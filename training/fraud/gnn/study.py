@@ -143,9 +143,8 @@ class VariantsReport:
         lines = [
             "### Fraud variants: federated XGBoost (+ hin2vec), FedAvg-GNN, FedRPDA and its ablations",
             "",
-            "**Pooled over all banks' test cardholders** (mean over seeds [95 % interval])",
-            "",
-            "| variant | " + " | ".join(TITLES[m] for m in METRICS) + " | training s |",
+            "| variant (pooled over all banks' test cardholders; mean over seeds [95 % interval]) | "
+            + " | ".join(TITLES[m] for m in METRICS) + " | training s |",
             "|---|" + "---:|" * (len(METRICS) + 1),
         ]
         data = (

@@ -78,14 +78,14 @@ class HeterogeneousReport:
     info: dict[str, Any] = field(default_factory=dict)
 
     def to_markdown(self, more: str = "") -> str:
-        """The block; ``more``: a line put after the title (the benchmark records' marker after which the tables
-        stay in the record; the page shows the run's verdicts as the record's targets).
+        """The block; ``more``: a line put first (the benchmark records' marker after which the block stays in the
+        record; the page shows the run's verdicts as the record's targets).
         """
         i = self.info
         lines = [
+            *([more, ""] if more else []),
             "### Heterogeneous banks: FED-SPFD against federated XGBoost, local XGBoost, FedAvg and FedPer",
             "",
-            *([more, ""] if more else []),
             "**Pooled over all banks' test cardholders** (mean over seeds [95 % interval])",
             "",
             "| variant | " + " | ".join(TITLES[m] for m in METRICS) + " | training s |",
