@@ -32,6 +32,14 @@ FormatOption = Annotated[str | None, typer.Option("--format", help="CSV format (
 BanksOption = Annotated[int | None, typer.Option("--banks", min=2, help="banks to split a CSV into")]
 RegistryOption = Annotated[Path, typer.Option("--registry", help="model registry holding the anomaly model")]
 AnomalyVersionOption = Annotated[str, typer.Option("--anomaly-version", help="anomaly model version (or latest)")]
+BankSharesOption = Annotated[
+    str | None, typer.Option("--bank-shares", help="CSV only: cardholder share per bank, e.g. 0.3,0.25,0.2,0.2,0.05")
+]
+RepsOption = Annotated[int | None, typer.Option("--reps", min=50, help="bootstrap replicates (cardholders)")]
+EngineOption = Annotated[
+    str, typer.Option("--engine", help="loopback (the Flower apps in this process) or simulation (Ray)",
+                      click_type=click.Choice(["loopback", "simulation"]))
+]
 
 
 @eval_app.command("stacking")
@@ -40,10 +48,7 @@ def stacking(
     data: DataOption,
     fmt: FormatOption = None,
     banks: BanksOption = None,
-    bank_shares: Annotated[
-        str | None,
-        typer.Option("--bank-shares", help="CSV only: cardholder share per bank, e.g. 0.3,0.25,0.2,0.2,0.05"),
-    ] = None,
+    bank_shares: BankSharesOption = None,
     registry: RegistryOption = Path("artifacts"),
     anomaly_version: AnomalyVersionOption = "latest",
     anomaly_score: Annotated[

@@ -6,14 +6,13 @@ Registered into the ``eval`` group of :mod:`fedfraud.cli.eval` (see :func:`regis
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated
 
-import click
 import typer
 
-from fedfraud.cli.bench import RecordOption
+from fedfraud.cli.bench import OutOption, RecordOption
 from fedfraud.cli.common import config_of
+from fedfraud.cli.eval import BankSharesOption, BanksOption, DataOption, EngineOption, FormatOption, RepsOption
 from fedfraud.config import update_section
 
 __all__ = ["heterogeneous", "register"]
@@ -21,23 +20,16 @@ __all__ = ["heterogeneous", "register"]
 
 def heterogeneous(
     ctx: typer.Context,
-    data: Annotated[Path, typer.Option("--data", help="dataset directory (bank_<k>/...) or a labelled CSV")],
-    fmt: Annotated[str | None, typer.Option("--format", help="CSV format (default: ingest.format)",
-                                            click_type=click.Choice(["auto", "sparkov", "tabformer"]))] = None,
-    banks: Annotated[int | None, typer.Option("--banks", min=2, help="banks to split a CSV into")] = None,
+    data: DataOption,
+    fmt: FormatOption = None,
+    banks: BanksOption = None,
     seeds: Annotated[int, typer.Option("--seeds", min=1, help="network seeds per variant")] = 2,
-    reps: Annotated[int | None, typer.Option("--reps", min=50, help="bootstrap replicates (cardholders)")] = None,
+    reps: RepsOption = None,
     tune: Annotated[bool, typer.Option("--tune/--no-tune", help="choose λ_alg on validation cardholders")] = True,
     rounds: Annotated[int | None, typer.Option("--rounds", min=1, help="federated rounds of the networks")] = None,
-    engine: Annotated[
-        str, typer.Option("--engine", help="loopback (the Flower apps in this process) or simulation (Ray)",
-                          click_type=click.Choice(["loopback", "simulation"]))
-    ] = "loopback",
-    bank_shares: Annotated[
-        str | None,
-        typer.Option("--bank-shares", help="CSV only: cardholder share per bank, e.g. 0.3,0.25,0.2,0.2,0.05"),
-    ] = None,
-    out: Annotated[Path | None, typer.Option("--out", help="also write the markdown block here")] = None,
+    engine: EngineOption = "loopback",
+    bank_shares: BankSharesOption = None,
+    out: OutOption = None,
     record: RecordOption = None,
 ) -> None:
     """FED-SPFD, FedAvg, FedPer, federated XGBoost (shared columns), local XGBoost (all columns): pooled and per

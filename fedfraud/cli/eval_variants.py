@@ -5,14 +5,13 @@ Registered into the ``eval`` group of :mod:`fedfraud.cli.eval` (see :func:`regis
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated
 
-import click
 import typer
 
-from fedfraud.cli.bench import RecordOption
+from fedfraud.cli.bench import OutOption, RecordOption
 from fedfraud.cli.common import config_of
+from fedfraud.cli.eval import BankSharesOption, BanksOption, DataOption, EngineOption, FormatOption, RepsOption
 from fedfraud.config import update_section
 
 __all__ = ["register", "variants"]
@@ -20,27 +19,20 @@ __all__ = ["register", "variants"]
 
 def variants(
     ctx: typer.Context,
-    data: Annotated[Path, typer.Option("--data", help="dataset directory (bank_<k>/...) or a labelled CSV")],
-    fmt: Annotated[str | None, typer.Option("--format", help="CSV format (default: ingest.format)",
-                                            click_type=click.Choice(["auto", "sparkov", "tabformer"]))] = None,
-    banks: Annotated[int | None, typer.Option("--banks", min=2, help="banks to split a CSV into")] = None,
-    bank_shares: Annotated[
-        str | None,
-        typer.Option("--bank-shares", help="CSV only: cardholder share per bank, e.g. 0.3,0.25,0.2,0.2,0.05"),
-    ] = None,
+    data: DataOption,
+    fmt: FormatOption = None,
+    banks: BanksOption = None,
+    bank_shares: BankSharesOption = None,
     seeds: Annotated[int, typer.Option("--seeds", min=1, help="GNN seeds per variant")] = 2,
-    reps: Annotated[int | None, typer.Option("--reps", min=50, help="bootstrap replicates (cardholders)")] = None,
+    reps: RepsOption = None,
     tune: Annotated[bool, typer.Option("--tune/--no-tune", help="choose λ and α on validation cardholders")] = True,
     rounds: Annotated[int | None, typer.Option("--rounds", min=1, help="GNN federated rounds")] = None,
-    engine: Annotated[
-        str, typer.Option("--engine", help="loopback (the Flower apps in this process) or simulation (Ray)",
-                          click_type=click.Choice(["loopback", "simulation"]))
-    ] = "loopback",
+    engine: EngineOption = "loopback",
     hin2vec: Annotated[
         bool, typer.Option("--hin2vec/--no-hin2vec", help="also federated XGBoost + G-HIN2Vec columns (trains the "
                            "encoder federated first, a few minutes)")
     ] = True,
-    out: Annotated[Path | None, typer.Option("--out", help="also write the markdown block here")] = None,
+    out: OutOption = None,
     record: RecordOption = None,
 ) -> None:
     """Federated XGBoost (+ hin2vec), FedAvg-GNN, FedRPDA and each ablation: pooled and per bank, 95 % intervals."""

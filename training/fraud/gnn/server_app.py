@@ -43,13 +43,26 @@ from fedfraud.training.fraud.gnn.rpda import Prototypes, aggregation_weights, av
 from fedfraud.training.fraud.gnn.task import GnnJob, build_model, state_arrays
 from fedfraud.training.fraud.metrics import threshold_from_histograms
 
-__all__ = ["WEIGHT_KEY", "FedRPDA", "GnnJobResult", "app", "build_server_app", "pr_auc_from_histograms",
-           "run_jobs"]
+__all__ = ["WEIGHT_KEY", "FedRPDA", "GnnJobResult", "app", "build_server_app", "pr_auc_from_histograms", "run_jobs",
+           "validation_threshold"]
 
 log = logging.getLogger(__name__)
 
 #: Metric the strategy writes into each reply: the bank's γ_k(t), what the arrays are averaged with.
 WEIGHT_KEY = "rpda-weight"
+
+
+def validation_threshold(grid: Grid, nodes: list[int], arrays: ArrayRecord, config: dict[str, Any], bins: int
+                         ) -> tuple[float, float, float]:
+    """(threshold, validation F1, validation PR-AUC) of a job's final model from the banks' summed validation
+    score histograms (one EVALUATE round): the XGBoost model's max-F1 rule, no score leaving a bank.
+    """
+    hist = send_to_all(grid, nodes, RecordDict({"arrays": arrays, "config": ConfigRecord(
+        {**config, "threshold-bins": bins})}), MessageType.EVALUATE)
+    pos = np.sum([m.content["hist"]["pos"].numpy() for m in hist], axis=0)
+    neg = np.sum([m.content["hist"]["neg"].numpy() for m in hist], axis=0)
+    threshold, f1 = threshold_from_histograms(pos, neg)
+    return threshold, f1, pr_auc_from_histograms(pos, neg)
 
 
 def pr_auc_from_histograms(pos: np.ndarray, neg: np.ndarray) -> float:
@@ -161,13 +174,8 @@ def run_jobs(grid: Grid, settings: dict[str, Any], on_result: Callable[[GnnJobRe
                  job.diversified, job.seed, cfg.rounds)
         result = strategy.start(grid=grid, initial_arrays=initial, num_rounds=cfg.rounds, train_config=config)
         final = result.arrays
-        hist = send_to_all(grid, nodes, RecordDict({"arrays": final, "config": ConfigRecord(
-            {**common, "job": job.to_json(), "threshold-bins": int(settings["threshold-bins"])})}),
-            MessageType.EVALUATE)
-        pos = np.sum([m.content["hist"]["pos"].numpy() for m in hist], axis=0)
-        neg = np.sum([m.content["hist"]["neg"].numpy() for m in hist], axis=0)
-        threshold, f1 = threshold_from_histograms(pos, neg)
-        ap = pr_auc_from_histograms(pos, neg)
+        threshold, f1, ap = validation_threshold(grid, nodes, final, {**common, "job": job.to_json()},
+                                                 int(settings["threshold-bins"]))
         seconds = time.perf_counter() - started
         log.info("gnn_job_done job=%s threshold=%.4f valid_f1=%.4f valid_pr_auc=%.4f seconds=%.1f", job.name,
                  threshold, f1, ap, seconds)

@@ -30,8 +30,7 @@ from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 
 from fedfraud.training.federated.grid import connected_banks, send_to_all
 from fedfraud.training.fraud.gnn.model import ScalerSums
-from fedfraud.training.fraud.gnn.server_app import pr_auc_from_histograms
-from fedfraud.training.fraud.metrics import threshold_from_histograms
+from fedfraud.training.fraud.gnn.server_app import validation_threshold
 from fedfraud.training.fraud.spfd.config import SpfdConfig
 from fedfraud.training.fraud.spfd.model import EmbeddingSums
 from fedfraud.training.fraud.spfd.task import SpfdJob, build_net, federated_arrays
@@ -146,12 +145,7 @@ def run_jobs(grid: Grid, settings: dict[str, Any], on_result: Callable[[SpfdJobR
         strategy = SpfdFedAvg(job, cfg, banks, stats)
         final = strategy.start(grid=grid, initial_arrays=arrays, num_rounds=cfg.rounds,
                                train_config=ConfigRecord({**config, "phase": "train"})).arrays
-        hist = send_to_all(grid, nodes, RecordDict({"arrays": final, "config": ConfigRecord(
-            {**config, "threshold-bins": int(settings["threshold-bins"])})}), MessageType.EVALUATE)
-        pos = np.sum([m.content["hist"]["pos"].numpy() for m in hist], axis=0)
-        neg = np.sum([m.content["hist"]["neg"].numpy() for m in hist], axis=0)
-        threshold, f1 = threshold_from_histograms(pos, neg)
-        ap = pr_auc_from_histograms(pos, neg)
+        threshold, f1, ap = validation_threshold(grid, nodes, final, dict(config), int(settings["threshold-bins"]))
         seconds = time.perf_counter() - started
         log.info("spfd_job_done job=%s threshold=%.4f valid_f1=%.4f valid_pr_auc=%.4f seconds=%.1f", job.name,
                  threshold, f1, ap, seconds)
