@@ -339,3 +339,34 @@ def test_serving_decides_with_the_gnn_as_the_offline_graph_scores(tiny, trained,
     # a redelivered transaction is re-emitted from the ring, its neighbourhoods untouched
     again = stage.decide(scored)
     assert again.records[-1] == {**record, "redelivered": True} and not again.tables
+
+
+def test_a_damaged_neighbourhood_costs_its_key_its_neighbours_never_the_batch(tiny, trained, tmp_path, caplog):
+    """Garbage, a truncated row, or another model's row in ``gnn_card``: the stage logs it, decides every
+    transaction from an empty neighbourhood for that key, and writes a good row back.
+    """
+    from fedfraud.serving.graph_fraud import GNN_TABLES, GraphDecisions
+    from fedfraud.serving.kvstore import SqliteKV
+
+    _, graphs, _ = tiny
+    model = trained[1]["fedrpda#0"]
+    g = graphs[0]
+    rows = g.features.X[:3]
+    holders = ["card-a", "card-b", "card-c"]
+    merchants = ["m1", "m2", "m3"]
+    def rows_of(tag: str, name: str) -> dict[str, bytes]:
+        writes = GraphDecisions(SqliteKV(tmp_path / name)).decide(model, tag, rows, holders, merchants, 3, "all")[1]
+        return dict(writes[0][1])
+
+    v0, v1 = rows_of("fraud-gnn:v0", "kv0.sqlite"), rows_of("fraud-gnn:v1", "kv1.sqlite")
+    kv = SqliteKV(tmp_path / "kv.sqlite")
+    kv.put_many(GNN_TABLES[0], [("card-a", b"\x00garbage"), ("card-b", v1["card-b"][:-5]), ("card-c", v0["card-c"])])
+    fresh = GraphDecisions(SqliteKV(tmp_path / "kv2.sqlite")).decide(model, "fraud-gnn:v1", rows, holders, merchants,
+                                                                     3, "all")[0]
+    with caplog.at_level("WARNING"):
+        decisions, writes = GraphDecisions(kv).decide(model, "fraud-gnn:v1", rows, holders, merchants, 3, "all")
+    assert [d.score for d in decisions] == pytest.approx([d.score for d in fresh], abs=1e-6)
+    # garbage and a truncated row are logged; another model's row is not damage: it starts empty, silently
+    assert sum("corrupt_gnn_state" in r.message for r in caplog.records) == 2
+    written = dict(writes[0][1])
+    assert set(written) == set(holders) and all(b.count(b"fraud-gnn:v1") == 1 for b in written.values())
