@@ -160,6 +160,18 @@ class PrivacyBench(TrainedRunsBench[PrivacyRun]):
 
     def _dp_sentence(self) -> str:
         s = self.settings
+        per = ("per cardholder (any change to one bank's data: an L1 shift of 2·clip)"
+               if s.get("unit") == "cardholder" else
+               "per bank (against a zero update, the analogue of add/remove one bank)")
+        dsfl = (
+            "; DSFL rows (`aggregation: dsfl`, training/federated/dsfl.py): each bank clips its update to L1 ≤ "
+            f"{s.get('dsfl-l1-clip')}, picks the top {s.get('dsfl-top-fraction'):g} of coordinates by the exponential "
+            "mechanism and adds Laplace noise per coordinate (std selected / other in the noise column), its ε₁, ε₂, "
+            f"ε₃ scaled by one factor so that all rounds spend ε {per} at the same δ; the server weights banks by "
+            "contribution; the ε = ∞ DSFL row is the weighting without noise"
+            if any(r.rule == "dsfl" for r in self.runs)
+            else ""
+        )
         if self.settings.get("unit") == "cardholder" and s.get("cardholder-dp-noise") == "distributed":
             steps = s.get("cardholder-dp-steps")
             return (
@@ -175,7 +187,7 @@ class PrivacyBench(TrainedRunsBench[PrivacyRun]):
                 "unit of privacy: one cardholder. The in-process replay of the SecAgg+ arithmetic trains these rows "
                 "(the same sums as the Flower path, tests/unit/test_distributed_dp.py). The ε = ∞ row is the "
                 "project's federated training (FedProx) at the same rounds × local epochs without DP. The noise "
-                "column is the std of the summed noise per coordinate, in gradient units, before ÷ q·N"
+                "column is the std of the summed noise per coordinate, in gradient units, before ÷ q·N" + dsfl
             )
         if self.settings.get("unit") == "cardholder":
             steps = s.get("cardholder-dp-steps")
@@ -188,18 +200,8 @@ class PrivacyBench(TrainedRunsBench[PrivacyRun]):
                 f"cardholder); z calibrated by the RDP accountant for ε per cardholder over all {steps} steps "
                 f"({s.get('rounds')} rounds) at δ = {s.get('cardholder-dp-delta'):g}; unit of privacy: one "
                 "cardholder. The ε = ∞ row is the same budget without DP (shared training pool, merchant table "
-                "trained). The noise column is z·C on a bank's sum per step"
+                "trained). The noise column is z·C on a bank's sum per step" + dsfl
             )
-        dsfl = (
-            "; DSFL rows (`aggregation: dsfl`, training/federated/dsfl.py): each bank clips its update to L1 ≤ "
-            f"{s.get('dsfl-l1-clip')}, picks the top {s.get('dsfl-top-fraction'):g} of coordinates by the exponential "
-            "mechanism and adds Laplace noise per coordinate (std selected / other in the noise column), its ε₁, ε₂, "
-            "ε₃ scaled by one factor so that all rounds spend ε per bank (against a zero update, the analogue of "
-            "add/remove one bank) at the same δ; the server weights banks by contribution; the ε = ∞ DSFL row is the "
-            "weighting without noise"
-            if any(r.rule == "dsfl" for r in self.runs)
-            else ""
-        )
         return (
             f"DP: each bank clips its update to L2 ≤ {s.get('dp-clipping-norm')}, the server adds N(0, (z·C/5)²) to "
             f"every coordinate of the mean; z calibrated by the RDP accountant for ε over all {s.get('rounds')} "
@@ -267,8 +269,8 @@ def run_privacy_bench(
     """Train one federated model per ε (∞: DP off) under ``work``, plus, with ``calibrated``, one with DP off and
     the calibrated feature mechanism; score validation and (unless ``validation_only``: a tuning run, not a look
     at test) test cardholders. ``unit``: ``bank`` (client-level DP on the updates) or ``cardholder`` (DP-SGD inside
-    every bank, :mod:`fedfraud.training.anomaly.dpsgd`). ``dsfl`` (unit ``bank`` only): a DSFL row per ε as well,
-    its Laplace budgets calibrated to the same ε per bank.
+    every bank, :mod:`fedfraud.training.anomaly.dpsgd`). ``dsfl``: a DSFL row per ε as well, its Laplace budgets
+    calibrated to the same ε in the same unit.
     """
     from fedfraud.config import FedfraudConfig
     from fedfraud.training.anomaly.federated.task import RunSettings, total_dp_steps
@@ -293,8 +295,8 @@ def run_privacy_bench(
     plan: list[tuple[float, str, dict[str, Any]]] = [
         (eps, "thesis", _dp_keys(unit, eps)) for eps in sorted(set(epsilons))
     ]
-    if dsfl and unit == "bank":
-        plan += [(eps, "thesis", rule_dp_keys("dsfl", eps)) for eps in sorted(set(epsilons))]
+    if dsfl:
+        plan += [(eps, "thesis", rule_dp_keys("dsfl", eps, unit)) for eps in sorted(set(epsilons))]
     if calibrated is not None:
         bench.settings["calibrated"] = calibrated.model_dump()
         plan.append((math.inf, "calibrated", {"dp-enabled": False, **_privacy_keys(calibrated)}))
@@ -303,7 +305,8 @@ def run_privacy_bench(
         name = ("inf" if math.isinf(eps) else f"eps{eps:g}") + ("" if mechanism == "thesis" else f"-{mechanism}")
         name += "-dsfl" if rule == "dsfl" else ""
         name += "-cardholder" if unit == "cardholder" and not math.isinf(eps) else ""
-        distributed = unit == "cardholder" and not math.isinf(eps) and base.get("cardholder-dp-noise") == "distributed"
+        distributed = (unit == "cardholder" and not math.isinf(eps) and rule != "dsfl"
+                       and base.get("cardholder-dp-noise") == "distributed")
         if distributed:
             name += "-distributed"
             registry, seconds = _train_distributed(data, work, {**base, **extra}, name)
@@ -355,14 +358,15 @@ def _train_distributed(data: Path, work: Path, flat: dict[str, Any], name: str) 
     return out, time.perf_counter() - start
 
 
-def rule_dp_keys(rule: str, epsilon: float) -> dict[str, Any]:
-    """The run keys of an aggregation rule at ``epsilon`` per bank (∞: no noise). DSFL carries its own noise: its
-    Laplace budgets are calibrated to ε per bank against a zero update (the analogue of the Gaussian rows'
-    add/remove one bank), and at ∞ it is the contribution weighting alone; the other rules take ``federated.dp``.
+def rule_dp_keys(rule: str, epsilon: float, unit: str = "bank") -> dict[str, Any]:
+    """The run keys of an aggregation rule at ``epsilon`` in ``unit`` (∞: no noise). DSFL carries its own noise:
+    its Laplace budgets are calibrated to ε per bank against a zero update (the analogue of the Gaussian rows'
+    add/remove one bank) or per cardholder (any change to one bank's data, beside the cardholder-level DP-SGD
+    rows), and at ∞ it is the contribution weighting alone; the other rules take ``federated.dp``.
     """
     if rule != "dsfl":
         return {**_dp_keys("bank", epsilon), "aggregation": rule}
-    noise = {"dsfl-noise": False} if math.isinf(epsilon) else {"dsfl-noise": True,
+    noise = {"dsfl-noise": False} if math.isinf(epsilon) else {"dsfl-noise": True, "dsfl-target-unit": unit,
                                                                 "dsfl-target-epsilon": float(epsilon)}
     return {"dp-enabled": False, "cardholder-dp-enabled": False, "aggregation": "dsfl", **noise}
 

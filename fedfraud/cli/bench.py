@@ -349,8 +349,8 @@ def privacy(
                           "(DP-SGD inside each bank; knobs: --set anomaly.cardholder_dp.*)")
     ] = "bank",
     dsfl: Annotated[
-        bool, typer.Option("--dsfl/--no-dsfl", help="with --unit bank: a DSFL row per ε too (aggregation dsfl, its "
-                           "Laplace noise calibrated to the same ε per bank)")
+        bool, typer.Option("--dsfl/--no-dsfl", help="a DSFL row per ε too (aggregation dsfl, its Laplace noise "
+                           "calibrated to the same ε in the same unit)")
     ] = True,
     validation_only: Annotated[
         bool, typer.Option("--validation-only", help="score validation cardholders only (tuning, not a test look)")

@@ -128,6 +128,16 @@ def test_calibration_meets_the_target_from_below():
     assert calibrate(DSFLConfig(), 20, 5000) == DSFLConfig()
 
 
+def test_calibration_per_cardholder_spends_the_target_per_cardholder():
+    """target_unit cardholder: the card's per-cardholder ε (the one compared with DP-SGD) is the target, so the
+    noise is larger than for the same ε per bank."""
+    per_card = calibrate(DSFLConfig(target_epsilon=8.0, target_unit="cardholder", delta=1e-5), 20, 5000)
+    per_bank = calibrate(DSFLConfig(target_epsilon=8.0, delta=1e-5), 20, 5000)
+    assert dsfl_epsilon(per_card, 20, 5000, 1e-5, "cardholder") == pytest.approx(8.0, rel=1e-6)
+    assert dsfl_card(per_card, 20, 5000, 5)["epsilon"] == pytest.approx(8.0, rel=1e-6)
+    assert per_card.epsilon_top < per_bank.epsilon_top
+
+
 def test_card_states_both_units():
     cfg = DSFLConfig()
     card = dsfl_card(cfg, 4, 1000, 5)

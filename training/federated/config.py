@@ -66,6 +66,9 @@ class DSFLConfig(BaseModel):
     target_epsilon: float = Field(
         0.0, ge=0.0, description="> 0: scale ε₁, ε₂, ε₃ by one factor so that all rounds spend this ε per bank "
         "(add/remove one bank) at delta")
+    target_unit: Literal["bank", "cardholder"] = Field(
+        "bank", description="unit of target_epsilon: bank (the report against a zero update, for comparisons with "
+        "federated.dp) or cardholder (any change to one bank's data, for comparisons with cardholder-level DP-SGD)")
     delta: float = Field(1e-5, gt=0.0, lt=1.0, description="δ of the reported (ε, δ)")
     keep_banks: int = Field(0, ge=0, description="banks kept per round, best contribution first; 0 = every bank "
                             "with a positive weight")

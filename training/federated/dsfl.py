@@ -173,8 +173,8 @@ def dsfl_epsilon(cfg: DSFLConfig, rounds: int, coordinates: int, delta: float, u
 
 
 def calibrate(cfg: DSFLConfig, rounds: int, coordinates: int) -> DSFLConfig:
-    """``cfg`` with ε₁, ε₂, ε₃ scaled by one factor so that ``rounds`` reports spend ``target_epsilon`` per bank
-    (unit ``bank``) at ``cfg.delta``; ``cfg`` itself when no target is set.
+    """``cfg`` with ε₁, ε₂, ε₃ scaled by one factor so that ``rounds`` reports spend ``target_epsilon`` in
+    ``cfg.target_unit`` (per bank or per cardholder) at ``cfg.delta``; ``cfg`` itself when no target is set.
     """
     if cfg.target_epsilon <= 0 or not cfg.noise:
         return cfg
@@ -184,7 +184,7 @@ def calibrate(cfg: DSFLConfig, rounds: int, coordinates: int) -> DSFLConfig:
                                       "epsilon_rest": cfg.epsilon_rest * f})
 
     def spent(f: float) -> float:
-        return dsfl_epsilon(scaled(f), rounds, coordinates, cfg.delta)
+        return dsfl_epsilon(scaled(f), rounds, coordinates, cfg.delta, cfg.target_unit)
 
     lo, hi = 0.0, 1.0
     while spent(hi) < cfg.target_epsilon:
