@@ -286,7 +286,8 @@ def run_privacy_bench(
     # the defaults; the calibrated row changes only the features
     pinned = {"aggregation": "fedavg", "privacy-mechanism": "thesis"}
     base = {**RunSettings.defaults(), **DETECTION_SETTINGS, **pinned, **(overrides or {})}
-    base["dsfl-delta"] = base["dp-delta"]  # DSFL's rows at the Gaussian rows' δ
+    # DSFL's rows at the Gaussian rows' δ
+    base["dsfl-delta"] = base["cardholder-dp-delta" if unit == "cardholder" else "dp-delta"]
     bench = PrivacyBench(source=str(csv or data), settings={**base, "unit": unit}, label=label)
     if unit == "cardholder":
         bench.settings["cardholder-dp-steps"] = total_dp_steps(RunSettings.from_flat(base))
