@@ -122,7 +122,7 @@ def _stage_generate(cfg: FedfraudConfig, args: DemoArgs, ctx: dict[str, Any]) ->
         cfg, "generate", banks=args.banks, cardholders=args.cardholders, days=args.days, seed=args.seed
     )
     out = args.out / "data"
-    report = generate_dataset(out, cfg.generate, raw_csv=True, progress=False)
+    report = generate_dataset(out, cfg.generate, raw_csv=True, progress=False, banks_layout=cfg.banks)
     ctx["data"] = out
     ctx["raw_csv"] = report.raw_csv
     return StageResult(
@@ -375,6 +375,88 @@ def _stage_merchant_risk(cfg: FedfraudConfig, args: DemoArgs, ctx: dict[str, Any
     )
 
 
+def _stage_heterogeneous(cfg: FedfraudConfig, args: DemoArgs, ctx: dict[str, Any]) -> StageResult:
+    """Banks that hold different columns (``banks.<k>.private_features``): FED-SPFD trained over all of them, and
+    one bank holding demographics serving its live tail with its own model through the replica's hot path.
+
+    The hot path runs in this process (the class a Ray Serve replica runs, on its own Feast repository with the
+    bank's ``cardholder_demographics`` view), not through Kafka: the stream stage serves the champion.
+    """
+    from contextlib import ExitStack
+
+    from fedfraud.config import update_section
+    from fedfraud.feature_store.feast_store import apply_repo, materialize_repo, open_store
+    from fedfraud.feature_store.offline import write_offline
+    from fedfraud.serving.config import ScorerConfig
+    from fedfraud.serving.hotpath import HotPath
+    from fedfraud.serving.warm import warm_fraud_state
+    from fedfraud.training.fraud.metrics import classification_metrics
+    from fedfraud.training.fraud.pipeline import load_fraud_banks
+    from fedfraud.training.fraud.spfd.publish import train_and_publish_spfd
+    from fedfraud.training.registry import ModelRef, ModelRegistry
+
+    t0 = time.perf_counter()
+    layout = cfg.banks.layout(sorted(ctx["split"].live))
+    schemas = sorted({tuple(v) for v in layout.values()})
+    holders = [b for b, sets in layout.items() if "demographics" in sets] or [b for b, v in layout.items() if v]
+    if not holders:
+        return StageResult("heterogeneous banks", time.perf_counter() - t0,
+                           {"skipped": "every bank holds the shared columns only (banks.<k>.private_features)"})
+    bank = holders[0]
+    spfd = cfg.fraud.spfd.model_copy(update={"engine": "loopback"})  # the Flower apps in this process: no 2nd Ray
+    cfg = update_section(cfg, "fraud", variant="fed-spfd", spfd=spfd)
+    with ExitStack() as stack:
+        banks, info = load_fraud_banks(cfg, ctx["split"].history, ctx["registry"], "latest", stack,
+                                       require_labels=True)
+        version, metrics = train_and_publish_spfd(cfg, banks, info, ctx["registry"], bank)
+    ModelRegistry(ctx["registry"]).promote("fraud-spfd", ModelRef.parse(version.tag).version, actor="demo",
+                                           reason="trained by this demo run")
+    trained = time.perf_counter() - t0
+    cfg = update_section(cfg, "features", repo_dir=str(args.out / f"feature_repo_bank{bank}"))
+    cfg = update_section(cfg, "serving", bank_id=bank, registry_root=str(ctx["registry"]))
+    store = open_store(cfg.features)
+    write_offline(ctx["split"].history, Path(store.repo_path), cfg.encoder, cfg.privacy, cfg.egograph,
+                  cfg.features.location_cell_deg, banks=[bank], progress=False)
+    apply_repo(store)
+    materialize_repo(store)
+    _fresh_serving_state(cfg)
+    warm_fraud_state(cfg, ctx["split"].history, bank)
+    live = ctx["split"].live[bank]
+    hot = HotPath(ScorerConfig.of(cfg), None, "fedfraud.serving.anomaly_stage:load_anomaly_scorer")
+    records: list[dict[str, Any]] = []
+    cpu0 = time.process_time()
+    try:
+        for lo in range(0, len(live), 64):
+            rows = live.iloc[lo: lo + 64].reset_index(drop=True)
+            records += hot.score(rows, np.arange(lo + 1, lo + len(rows) + 1, dtype=np.int64))
+        served_by = hot.models()["fraud"]
+    finally:
+        hot.close()
+    cpu_ms = (time.process_time() - cpu0) * 1e3 / max(1, len(records))
+    label = live["is_fraud"].fillna(False).to_numpy(dtype=bool)
+    scores = np.array([r["score"] for r in records], dtype=np.float64)
+    m = classification_metrics(label, scores, float(metrics["threshold"]), cfg.fraud.fpr_target)
+    return StageResult(
+        "heterogeneous banks",
+        time.perf_counter() - t0,
+        {
+            "schemas": {f"bank {b}": "+".join(v) or "shared only" for b, v in layout.items()},
+            "distinct_schemas": len(schemas),
+            "model": version.tag,
+            "trained_s": round(trained, 1),
+            "test_pr_auc_all_banks": round(float(metrics["test_pr_auc"]), 4),
+            f"test_pr_auc_bank{bank}": round(float(metrics[f"bank{bank}_pr_auc"]), 4),
+            "served_bank": bank,
+            "served_by": served_by,
+            "served": len(records),
+            "live_frauds": int(label.sum()),
+            "flagged": int(sum(r["decision"] == "fraud" for r in records)),
+            "served_pr_auc": round(m.pr_auc, 4) if label.any() else None,
+            "served_cpu_ms_per_tx": round(cpu_ms, 3),
+        },
+    )
+
+
 def _stage_stream(cfg: FedfraudConfig, args: DemoArgs, ctx: dict[str, Any]) -> StageResult:
     """The live tail through the whole loop: the champion serves the first half while labels come back a day
     late; the scheduled retrain makes a challenger; it shadows the second half; the policy decides.
@@ -600,6 +682,7 @@ STAGES: list[Stage] = [
     _stage_train_fraud,
     _stage_feature_store,
     _stage_merchant_risk,
+    _stage_heterogeneous,
     _stage_stream,
 ]
 

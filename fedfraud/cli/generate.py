@@ -32,7 +32,7 @@ def register(app: typer.Typer) -> None:
 
         cfg = update_section(config_of(ctx), "generate", banks=banks, cardholders=cardholders, days=days, seed=seed,
                              fraud_rate=fraud_rate)
-        report = generate_dataset(out, cfg.generate, raw_csv=raw_csv)
+        report = generate_dataset(out, cfg.generate, raw_csv=raw_csv, banks_layout=cfg.banks)
         rate = report.fraud / report.transactions if report.transactions else 0.0
         typer.echo(f"wrote {out}: {report.transactions} transactions, {report.fraud} fraud ({rate:.2%}), "
                    f"{len(report.per_bank)} banks in {report.seconds:.1f}s")

@@ -9,13 +9,14 @@ the serving benchmark cut each bank at one instant: everything before goes to
 
 from __future__ import annotations
 
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
 import pyarrow.parquet as pq
 
-from fedfraud.feature_store.layout import TRANSACTIONS_FILE, bank_dir, list_banks, read_bank
+from fedfraud.feature_store.layout import CARDHOLDERS_FILE, TRANSACTIONS_FILE, bank_dir, list_banks, read_bank
 from fedfraud.training.data.writer import canonical_table
 
 __all__ = ["HoldoutSplit", "time_holdout"]
@@ -49,6 +50,8 @@ def time_holdout(root: Path, out: Path, holdout_days: float) -> HoldoutSplit:
         target = bank_dir(out, bank)
         target.mkdir(parents=True, exist_ok=True)
         pq.write_table(canonical_table(frame[past].reset_index(drop=True)), target / TRANSACTIONS_FILE)
+        if (bank_dir(root, bank) / CARDHOLDERS_FILE).is_file():  # a bank's private cardholder columns stay its own
+            shutil.copyfile(bank_dir(root, bank) / CARDHOLDERS_FILE, target / CARDHOLDERS_FILE)
         live[bank] = frame[~past].sort_values(["timestamp", "transaction_id"]).reset_index(drop=True)
     return HoldoutSplit(history=out, cutoff=cutoff, live=live)
 

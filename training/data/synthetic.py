@@ -35,8 +35,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from tqdm.auto import tqdm
 
-from fedfraud.feature_store.schema import CANONICAL_COLUMNS, Validator, luhn_ok
-from fedfraud.training.data.config import GeneratorConfig
+from fedfraud.feature_store.schema import CANONICAL_COLUMNS, Validator, demographics_of, luhn_ok
+from fedfraud.training.data.config import BanksConfig, GeneratorConfig
 from fedfraud.training.data.geo import GEO_EXACT
 from fedfraud.feature_store.layout import TRANSACTIONS_FILE, bank_dir
 from fedfraud.training.data.sparkov import write_sparkov_csv
@@ -641,12 +641,28 @@ def _sparkov_rows(frame: pd.DataFrame, persona: pd.DataFrame) -> pd.DataFrame:
 # --------------------------------------------------------------------------- the public entry point
 
 
-def generate_dataset(out: Path, config: GeneratorConfig, raw_csv: bool = True, progress: bool = True) -> GenerateReport:
+def _write_demographics(writer: DatasetWriter, frame: pd.DataFrame, persona: pd.DataFrame, holders: list[int]
+                        ) -> None:
+    """Each ``holders`` bank's ``cardholders.parquet``: its cardholders' persona columns, as ``ingest`` keeps them."""
+    if not holders:
+        return
+    bank_of = frame.drop_duplicates("cardholder_id").set_index("cardholder_id")["bank"]
+    rows = demographics_of(persona, persona["cc_num"].astype(str))
+    banks = rows["cardholder_id"].map(bank_of.rename(index=str))
+    for k in holders:
+        writer.write_cardholders(k, rows[banks == k])
+
+
+def generate_dataset(out: Path, config: GeneratorConfig, raw_csv: bool = True, progress: bool = True,
+                     banks_layout: BanksConfig | None = None) -> GenerateReport:
     """Generate a multi-bank dataset under ``out`` (layout of :mod:`fedfraud.feature_store.layout`).
 
     Writes ``bank_<k>/transactions.parquet`` (canonical), ``bank_<k>/labels.parquet``
     (transaction_id, scenario; row-aligned), ``manifest.json``, ``rejects.jsonl``
-    and, when ``raw_csv``, the Sparkov pipe-delimited ``raw/transactions.csv``.
+    and, when ``raw_csv``, the Sparkov pipe-delimited ``raw/transactions.csv``. With ``banks_layout`` (the
+    config's ``banks``), a bank holding ``demographics`` also gets ``bank_<k>/cardholders.parquet``, as ``ingest``
+    writes it from the same persona columns the raw CSV carries; they are drawn apart from the fraud, so they
+    carry no fraud signal here (on Sparkov they do).
     """
     started = time.perf_counter()
     out = Path(out)
@@ -679,6 +695,11 @@ def generate_dataset(out: Path, config: GeneratorConfig, raw_csv: bool = True, p
         "scenarios": dict(sorted((str(k), int(v)) for k, v in scenarios.items())),
         "raw_csv": str(RAW_CSV) if raw_csv else None,
     }
+    persona = _persona(people, persona_seed) if raw_path is not None or banks_layout is not None else None
+    if banks_layout is not None and persona is not None:
+        layout = banks_layout.layout(list(range(config.banks)))
+        meta["private_features"] = {str(k): list(v) for k, v in layout.items()}
+        _write_demographics(writer, frame.loc[kept], persona, [k for k, v in layout.items() if "demographics" in v])
     summary = writer.finish(meta)
     scenario_table = pa.Table.from_pandas(written[["transaction_id", "scenario"]], schema=_LABELS_SCHEMA,
                                           preserve_index=False)
@@ -688,8 +709,7 @@ def generate_dataset(out: Path, config: GeneratorConfig, raw_csv: bool = True, p
         labels = ids.join(scenario_table, "transaction_id", join_type="left outer").sort_by("_pos")
         pq.write_table(labels.select(["transaction_id", "scenario"]).cast(_LABELS_SCHEMA),
                        bank_dir(out, k) / LABELS_FILE, compression="zstd")
-    if raw_path is not None:
-        persona = _persona(people, persona_seed)
+    if raw_path is not None and persona is not None:
         raw_path.unlink(missing_ok=True)
         for lo in tqdm(range(0, len(frame), _CHUNK), desc="raw csv", disable=not progress, leave=False):
             rows = _sparkov_rows(frame.iloc[lo : lo + _CHUNK], persona)
