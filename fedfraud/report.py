@@ -247,6 +247,21 @@ def _cards(d: _Data) -> list[_Card]:
         cards.append(_Card(f"Fraud model test PR-AUC ({fraud.get('model', '?')})", _fmt(fraud["test_pr_auc"]), target,
                            status, notes))
 
+    hetero = d.stage("heterogeneous banks")
+    if hetero.get("served") is not None:
+        schemas = hetero.get("schemas") or {}
+        cards.append(_Card(
+            f"Heterogeneous banks: FED-SPFD ({hetero.get('model')})",
+            f"{_fmt(hetero['served'])} decided by bank {hetero.get('served_bank')}",
+            f"{hetero.get('distinct_schemas')} schemas across {len(schemas)} banks; no target", "info",
+            ["; ".join(f"{k}: {v}" for k, v in schemas.items()),
+             f"test PR-AUC {_fmt(hetero.get('test_pr_auc_all_banks'))} (all banks), "
+             f"{_fmt(hetero.get('test_pr_auc_bank' + str(hetero.get('served_bank'))))} (bank "
+             f"{hetero.get('served_bank')}); served PR-AUC {_fmt(hetero.get('served_pr_auc'))} on "
+             f"{hetero.get('live_frauds')} live frauds",
+             "served by the replica's hot path in this process (the stream stage serves the champion); the "
+             "generator's demographics are drawn apart from the fraud, so they add no signal here"]))
+
     roc = _interval(anomaly.get("fraud_roc_auc_95ci"))
     if roc is not None:
         target = d.targets["anomaly_roc_auc"]

@@ -47,6 +47,12 @@ def _summary() -> dict[str, Any]:
              "guarantee": "per cardholder (ε, δ) = (1.1069, 1e-08) per daily release, ε = 10.4457 over 61 releases",
              "flagged_merchants": [f"bank 1: {SCRIPT} MIA-0077 (4.5 frauds, averaged)"],
              "breached_by_generator": ["Kirlin Store DEN-0026"], "breached_flagged": []},
+            {"name": "heterogeneous banks", "seconds": 95.0,
+             "schemas": {"bank 0": "shared only", "bank 1": "demographics", "bank 2": "demographics",
+                         "bank 3": "merchant_history", "bank 4": "merchant_history"},
+             "distinct_schemas": 3, "model": "fraud-spfd:v1", "test_pr_auc_all_banks": 0.2419,
+             "test_pr_auc_bank1": 0.0474, "served_bank": 1, "served_by": "fraud-spfd:v1", "served": 2873,
+             "live_frauds": 50, "flagged": 21, "served_pr_auc": 0.583, "served_cpu_ms_per_tx": 0.752},
             {"name": "serve + loop", "seconds": 265.5, "produced": 3480, "decided": 3480, "missing": 0,
              "dead_lettered": 2, "dlq_reasons": ["malformed", SCRIPT], "dlq_by_reason": {"malformed": 1, SCRIPT: 1},
              "offered_tx_per_s": 250.0, "achieved_tx_per_s": 249.1, "latency_p50_ms": 33.4, "latency_p99_ms": 156.1,
@@ -98,6 +104,8 @@ def test_report_has_figures_and_headline_cards(page: str) -> None:
     assert "34 test frauds in 9,000 rows, base rate 0.38%" in headline
     assert "(ε, δ) = (1.1069, 1e-08)" in headline
     assert "Load average (1 min) 2.0 → 2.6 during this stage on 2 CPUs" in headline
+    assert "2,873 decided by bank 1" in headline and "3 schemas across 5 banks" in headline
+    assert "served PR-AUC 0.583 on 50 live frauds" in headline
     assert "keep</div>" in headline and "+0.076, 95% CI [-0.000, +0.863], 12 labelled frauds" in headline
 
 
