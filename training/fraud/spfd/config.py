@@ -2,13 +2,19 @@
 
 The loss weights are the paper's λ_alg, λ_p-n and λ_rec (``papers/fed-spfd-credit-card-fraud.txt``, §3.3); the
 sparsity weight is ours (the paper's L_rec adds ``Σ_j z_jᵀ z_j`` unweighted).
+
+``aggregation: dsfl`` replaces the server's FedAvg of the federated arrays (warm start included) by DSFL's
+contribution weighting, each bank's update noised inside the bank (:mod:`fedfraud.training.fraud.dsfl`); the
+embedding statistics still leave the banks as they are (not covered by its noise).
 """
 
 from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from fedfraud.training.federated.config import DSFLConfig, ModelAggregation, refuse_public_slice
 
 __all__ = ["SpfdConfig"]
 
@@ -41,3 +47,13 @@ class SpfdConfig(BaseModel):
         "process, every message serialized as over the SuperLink (tests, studies on a 2-core machine)")
     torch_threads: int = Field(1, ge=1, le=64, description="torch threads of the loopback engine")
     seed: int = 13
+    aggregation: ModelAggregation = Field(
+        "fedavg", description="fedavg: the mean weighted by training rows; dsfl: DSFL's contribution weighting of "
+        "updates each bank noised (settings in dsfl), warm-start rounds included")
+    dsfl: DSFLConfig = Field(default_factory=DSFLConfig, description="aggregation dsfl: noise, budget (target_epsilon "
+                             "over warm_rounds + rounds) and weights; public_cardholders must stay 0 (anomaly only)")
+
+    @model_validator(mode="after")
+    def _no_public_slice(self) -> SpfdConfig:
+        refuse_public_slice(self.dsfl)
+        return self
