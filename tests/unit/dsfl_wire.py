@@ -22,7 +22,13 @@ from flwr.app import Message, MessageType
 from flwr.common.serde import message_from_proto, message_to_proto
 
 from fedfraud.training.federated.config import DSFLConfig
-from fedfraud.training.federated.dsfl import contribution_errors, contribution_weights, noise_scales, selected_count
+from fedfraud.training.federated.dsfl import (
+    contribution_errors,
+    contribution_weights,
+    dsfl_epsilon,
+    noise_scales,
+    selected_count,
+)
 from fedfraud.training.federated.dsfl_mod import ROUND_OFFSET_KEY
 from fedfraud.training.fraud.gnn.loopback import LoopbackGrid
 
@@ -109,3 +115,22 @@ def assert_released(reports: list[tuple[Message, Message]], next_msg: Message) -
     assert weights.sum() == pytest.approx(1.0)
     np.testing.assert_allclose(_flat(next_msg.content["arrays"], keys), base + weights @ updates, rtol=0, atol=1e-6)
     return weights
+
+
+def assert_dsfl_card(version, cfg: DSFLConfig, rounds: int, banks: int, coordinates: int, side: str,
+                     fixed: str) -> None:
+    """The published card states DSFL's accountant for the run (both units) and names what it does not cover."""
+    dp = version.privacy["client_dp"]
+    assert dp["noise"] == "dsfl" and dp["rounds"] == rounds and dp["banks"] == banks
+    assert dp["coordinates"] == coordinates
+    assert dp["epsilon"] == pytest.approx(dsfl_epsilon(cfg, rounds, coordinates, cfg.delta, "cardholder"))
+    assert dp["epsilon_bank"] == pytest.approx(dsfl_epsilon(cfg, rounds, coordinates, cfg.delta, "bank"))
+    assert side in dp["not_covered"] and fixed in dp["returned_as_received"]
+    assert version.privacy["formal_guarantee"].startswith(f"({dp['epsilon']:.3g}, {cfg.delta:g})-DP per cardholder")
+    assert "**DSFL** on the model arrays" in version.model_card and "NOT covered" in version.model_card
+
+
+def assert_dp_off(version) -> None:
+    """The card of a run without DSFL says DP is off, as before DSFL reached the variant."""
+    assert version.privacy["client_dp"]["dp"] == "off" and version.privacy["formal_guarantee"].startswith("none")
+    assert "Differential privacy is **off**" in version.model_card

@@ -396,11 +396,10 @@ def dsfl_run(tiny):
 def test_dsfl_gnn_banks_send_clipped_noised_updates_the_server_weighs_them_and_the_card_states_epsilon(
         tiny, dsfl_run, tmp_path):
     from fedfraud.training.federated.config import DSFLConfig
-    from fedfraud.training.federated.dsfl import dsfl_epsilon
     from fedfraud.training.federated.dsfl_mod import DSFL_KEY
     from fedfraud.training.fraud.gnn.task import SCALER_ARRAYS
     from fedfraud.training.registry import ModelRegistry
-    from tests.unit.dsfl_wire import assert_laplace_reports, assert_released
+    from tests.unit.dsfl_wire import assert_dp_off, assert_dsfl_card, assert_laplace_reports, assert_released
 
     fc, model, pairs = dsfl_run
     cfg, banks, rounds = fc.gnn.dsfl, len(tiny[1]), fc.gnn.rounds
@@ -411,18 +410,10 @@ def test_dsfl_gnn_banks_send_clipped_noised_updates_the_server_weighs_them_and_t
     np.testing.assert_allclose(model.meta["round_weights"][0], weights)
     assert "prototypes" in pairs[banks][0].content  # FedRPDA's side channel flows as before
     version = model.publish(ModelRegistry(tmp_path / "reg"), config={}, metrics={})
-    dp = version.privacy["client_dp"]
-    assert dp["noise"] == "dsfl" and dp["rounds"] == rounds and dp["banks"] == banks and dp["coordinates"] == n
-    assert dp["epsilon"] == pytest.approx(dsfl_epsilon(cfg, rounds, n, cfg.delta, "cardholder"))
-    assert dp["epsilon_bank"] == pytest.approx(dsfl_epsilon(cfg, rounds, n, cfg.delta, "bank"))
-    assert "prototypes" in dp["not_covered"] and "mean, std" in dp["returned_as_received"]
-    assert version.privacy["formal_guarantee"].startswith(f"({dp['epsilon']:.3g}, 1e-05)-DP per cardholder")
-    assert "**DSFL** on the model arrays" in version.model_card and "NOT covered" in version.model_card
+    assert_dsfl_card(version, cfg, rounds, banks, n, "prototypes", "mean, std")
     # without DSFL the card says DP is off; a DSFL model without its accountant's entry is refused
     plain = GnnFraudModel(model.arrays, model.names, model.used, GnnConfig(), model.threshold, model.variant)
-    off = plain.publish(ModelRegistry(tmp_path / "off"), config={}, metrics={})
-    assert off.privacy["client_dp"]["dp"] == "off" and off.privacy["formal_guarantee"].startswith("none")
-    assert "Differential privacy is **off**" in off.model_card
+    assert_dp_off(plain.publish(ModelRegistry(tmp_path / "off"), config={}, metrics={}))
     with pytest.raises(ValueError, match="client_dp"):
         GnnFraudModel(model.arrays, model.names, model.used, fc.gnn, model.threshold, model.variant).publish(
             ModelRegistry(tmp_path / "bad"), config={}, metrics={})

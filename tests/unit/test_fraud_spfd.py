@@ -430,14 +430,19 @@ def test_dsfl_spfd_banks_send_clipped_noised_updates_the_server_weighs_them_and_
     L1-clipped update plus Laplace noise of the configured scale per dimension; the server moves the model by the
     contribution weights; the embedding statistics still flow; the card's ε is the accountant's for all rounds."""
     from fedfraud.training.federated.config import DSFLConfig
-    from fedfraud.training.federated.dsfl import dsfl_epsilon
     from fedfraud.training.federated.dsfl_mod import DSFL_KEY, ROUND_OFFSET_KEY
     from fedfraud.training.fraud.spfd.artifact import SpfdFraudModel
     from fedfraud.training.fraud.spfd.config import SpfdConfig
     from fedfraud.training.fraud.spfd.task import SCALER_ARRAYS
     from fedfraud.training.fraud.spfd.trainer import spfd_job, train_spfd_jobs
     from fedfraud.training.registry import ModelRegistry
-    from tests.unit.dsfl_wire import assert_laplace_reports, assert_released, recorded_train_messages
+    from tests.unit.dsfl_wire import (
+        assert_dp_off,
+        assert_dsfl_card,
+        assert_laplace_reports,
+        assert_released,
+        recorded_train_messages,
+    )
 
     cfg, _, tables, private, _ = hetero
     spfd = SpfdConfig.model_validate({**cfg.fraud.spfd.model_dump(), "aggregation": "dsfl", "dsfl": DSFL})
@@ -458,17 +463,10 @@ def test_dsfl_spfd_banks_send_clipped_noised_updates_the_server_weighs_them_and_
     np.testing.assert_allclose(models[0].meta["history"][0]["dsfl_weights"], weights)
     assert all("stats" in m.content for m, _ in train)  # the embedding statistics flow as before
     version = models[2].publish(ModelRegistry(tmp_path / "reg"), config={}, metrics={})
-    dp = version.privacy["client_dp"]
-    assert dp["noise"] == "dsfl" and dp["rounds"] == rounds and dp["banks"] == banks and dp["coordinates"] == n
-    assert dp["epsilon"] == pytest.approx(dsfl_epsilon(dsfl, rounds, n, dsfl.delta, "cardholder"))
-    assert dp["epsilon_bank"] == pytest.approx(dsfl_epsilon(dsfl, rounds, n, dsfl.delta, "bank"))
-    assert "outer products" in dp["not_covered"] and "shared.mean" in dp["returned_as_received"]
-    assert version.privacy["formal_guarantee"].startswith(f"({dp['epsilon']:.3g}, 1e-05)-DP per cardholder")
-    assert "**DSFL** on the model arrays" in version.model_card
+    assert_dsfl_card(version, dsfl, rounds, banks, n, "outer products", "shared.mean")
     m = models[2]
     plain = SpfdFraudModel(m.arrays, m.shared, m.private, cfg.fraud.spfd, m.threshold, m.variant, m.bank)
-    off = plain.publish(ModelRegistry(tmp_path / "off"), config={}, metrics={})
-    assert off.privacy["client_dp"]["dp"] == "off" and "Differential privacy is **off**" in off.model_card
+    assert_dp_off(plain.publish(ModelRegistry(tmp_path / "off"), config={}, metrics={}))
 
 
 def test_dsfl_public_slice_is_refused_for_the_fraud_variants():

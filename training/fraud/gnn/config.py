@@ -19,9 +19,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field
 
-from fedfraud.training.federated.config import DSFLConfig, ModelAggregation, refuse_public_slice
+from fedfraud.training.federated.config import ModelAggregationConfig
 
 __all__ = ["GNN_VARIANTS", "GnnConfig"]
 
@@ -29,7 +29,7 @@ __all__ = ["GNN_VARIANTS", "GnnConfig"]
 GNN_VARIANTS = ("fedavg-gnn", "fedrpda")
 
 
-class GnnConfig(BaseModel):
+class GnnConfig(ModelAggregationConfig):
     """Graph, network, federated loop and the two FedRPDA strategies."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -72,15 +72,3 @@ class GnnConfig(BaseModel):
     prototype_weight: float = Field(0.5, ge=0, description="λ of L = L_CE + λ·L_P (the paper searched 0.1 … 5)")
     stats_momentum: float = Field(0.1, gt=0, le=1, description="m of the running fraud mean/variance (paper: 0.1)")
     augment_ratio: float = Field(1.0, gt=0, le=10, description="augmented fraud embeddings per real training fraud")
-
-    # -- aggregation of the model arrays (issue 39): the mean above, or DSFL
-    aggregation: ModelAggregation = Field(
-        "fedavg", description="fedavg: the weighted mean (training-node counts; FedRPDA's risk-aware weights when "
-        "on); dsfl: DSFL's contribution weighting of updates each bank noised (settings in dsfl)")
-    dsfl: DSFLConfig = Field(default_factory=DSFLConfig, description="aggregation dsfl: noise, budget (target_epsilon "
-                             "over all rounds) and weights; public_cardholders must stay 0 (anomaly model only)")
-
-    @model_validator(mode="after")
-    def _no_public_slice(self) -> GnnConfig:
-        refuse_public_slice(self.dsfl)
-        return self

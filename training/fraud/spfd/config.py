@@ -12,14 +12,14 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field
 
-from fedfraud.training.federated.config import DSFLConfig, ModelAggregation, refuse_public_slice
+from fedfraud.training.federated.config import ModelAggregationConfig
 
 __all__ = ["SpfdConfig"]
 
 
-class SpfdConfig(BaseModel):
+class SpfdConfig(ModelAggregationConfig):
     """Network widths, the four loss weights and the federated loop."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -47,13 +47,3 @@ class SpfdConfig(BaseModel):
         "process, every message serialized as over the SuperLink (tests, studies on a 2-core machine)")
     torch_threads: int = Field(1, ge=1, le=64, description="torch threads of the loopback engine")
     seed: int = 13
-    aggregation: ModelAggregation = Field(
-        "fedavg", description="fedavg: the mean weighted by training rows; dsfl: DSFL's contribution weighting of "
-        "updates each bank noised (settings in dsfl), warm-start rounds included")
-    dsfl: DSFLConfig = Field(default_factory=DSFLConfig, description="aggregation dsfl: noise, budget (target_epsilon "
-                             "over warm_rounds + rounds) and weights; public_cardholders must stay 0 (anomaly only)")
-
-    @model_validator(mode="after")
-    def _no_public_slice(self) -> SpfdConfig:
-        refuse_public_slice(self.dsfl)
-        return self
