@@ -29,7 +29,7 @@ ROUND_OFFSET_KEY = "dsfl-round-offset"
 
 def dsfl_from_json(msg: Message) -> DSFLConfig | None:
     """The message's :data:`DSFL_KEY` settings, or None when the server sent none (DSFL off)."""
-    raw = msg.content["config"].get(DSFL_KEY)
+    raw = msg.content.config_records["config"].get(DSFL_KEY)
     return None if raw in (None, "") else DSFLConfig.model_validate_json(str(raw))
 
 
@@ -50,16 +50,16 @@ def dsfl_client_mod(read: Callable[[Message], DSFLConfig | None], fixed: Collect
         cfg = read(msg)
         if cfg is None or not cfg.noise:
             return call_next(msg, context)
-        received = {k: v.numpy() for k, v in msg.content["arrays"].items()}
+        received = {k: v.numpy() for k, v in msg.content.array_records["arrays"].items()}
         reply = call_next(msg, context)
         if reply.has_error():
             return reply
-        arrays = reply.content["arrays"]
+        arrays = reply.content.array_records["arrays"]
         extra = set(arrays) - set(received)
         if extra:
             raise ValueError(f"dsfl: the reply carries arrays the server did not send ({sorted(extra)}); refusing "
                              "to send them without noise")
-        config = msg.content["config"]
+        config = msg.content.config_records["config"]
         bank = int(context.node_config.get("partition-id", 0))
         round_ = int(config.get("global-round", config.get("server-round", 1)))  # type: ignore[arg-type]
         round_ += int(config.get(ROUND_OFFSET_KEY, 0))  # type: ignore[arg-type]
