@@ -1,5 +1,6 @@
 """DSFL (aggregation: dsfl): contribution weights and per-dimension noise on hand-made numbers, and its accountant."""
 
+import json
 import math
 
 import dp_accounting
@@ -166,3 +167,23 @@ def test_public_slice_only_under_dsfl_and_not_with_dp_sgd(tmp_path):
     assert not list(tmp_path.rglob("*"))  # nothing generated
     with pytest.raises(ConfigError, match="dsfl-public-cardholders with cardholder-level DP-SGD"):
         RunSettings.from_flat({"aggregation": "dsfl", "dsfl-public-cardholders": 8, "cardholder-dp-enabled": True})
+
+
+def test_fraud_plan_calibrates_over_the_noised_float_coordinates_only():
+    """The neural fraud variants' plan: the scaler the server set and integer arrays are not coordinates; the
+    target ε per cardholder is met over the job's rounds, and the card names the side channels."""
+    from flwr.app import Array, ArrayRecord
+
+    from fedfraud.training.fraud.dsfl import DSFLPlan, float_coordinates
+
+    arrays = ArrayRecord({"mean": Array(np.zeros(3, np.float32)), "w": Array(np.zeros((10, 50), np.float32)),
+                          "b": Array(np.zeros(20, np.float32)), "steps": Array(np.zeros(2, np.int64))})
+    assert float_coordinates(arrays) == 523 and float_coordinates(arrays, ("mean",)) == 520
+    cfg = DSFLConfig(target_epsilon=8.0, target_unit="cardholder")
+    plan = DSFLPlan.of(cfg, 12, arrays, ("mean",))
+    assert plan.coordinates == 520 and plan.rounds == 12
+    assert dsfl_epsilon(plan.cfg, 12, 520, cfg.delta, "cardholder") == pytest.approx(8.0, rel=1e-6)
+    card = plan.card(3, "the prototypes leave the banks", ("mean",))
+    assert card["epsilon"] == pytest.approx(8.0, rel=1e-6) and card["not_covered"].startswith("the prototypes")
+    assert json.loads(plan.config()["dsfl"]) == json.loads(plan.cfg.model_dump_json())
+    assert DSFLPlan.of(cfg.model_copy(update={"noise": False}), 12, arrays).card(3, "x")["dp"] == "off"

@@ -370,3 +370,50 @@ def test_a_damaged_neighbourhood_costs_its_key_its_neighbours_never_the_batch(ti
     assert sum("corrupt_gnn_state" in r.message for r in caplog.records) == 2
     written = dict(writes[0][1])
     assert set(written) == set(holders) and all(b.count(b"fraud-gnn:v1") == 1 for b in written.values())
+
+
+# ---------------------------------------------------------------------------------------- aggregation: dsfl
+
+#: Laplace scales 1e-6 on the selected tenth of the coordinates and 2.0 on the others (tests/unit/dsfl_wire.py).
+DSFL = {"l1_clip": 1e-2, "epsilon_top": 1e4, "epsilon_rest": 5e-3, "epsilon_select": 0.1, "top_fraction": 0.1,
+        "seed": 17}
+
+
+@pytest.fixture(scope="module")
+def dsfl_run(tiny):
+    """FedRPDA under ``aggregation: dsfl`` over the tiny banks, every train message and reply recorded."""
+    from tests.unit.dsfl_wire import recorded_train_messages
+
+    cfg, graphs, _ = tiny
+    gnn = GnnConfig.model_validate({**cfg.gnn.model_dump(), "aggregation": "dsfl", "dsfl": DSFL})
+    fc = cfg.model_copy(update={"gnn": gnn})
+    with recorded_train_messages() as pairs:
+        models = train_gnn_jobs(graphs, fc, [variant_job("fedrpda", 0)], use_anomaly_score=False)
+    return fc, models["fedrpda#0"], sorted(pairs, key=lambda p: (int(p[0].content["config"]["server-round"]),
+                                                                 p[0].metadata.dst_node_id))
+
+
+def test_dsfl_gnn_banks_send_clipped_noised_updates_the_server_weighs_them_and_the_card_states_epsilon(
+        tiny, dsfl_run, tmp_path):
+    from fedfraud.training.federated.config import DSFLConfig
+    from fedfraud.training.federated.dsfl_mod import DSFL_KEY
+    from fedfraud.training.fraud.gnn.task import SCALER_ARRAYS
+    from fedfraud.training.registry import ModelRegistry
+    from tests.unit.dsfl_wire import assert_dp_off, assert_dsfl_card, assert_laplace_reports, assert_released
+
+    fc, model, pairs = dsfl_run
+    cfg, banks, rounds = fc.gnn.dsfl, len(tiny[1]), fc.gnn.rounds
+    assert len(pairs) == banks * rounds
+    assert all(DSFLConfig.model_validate_json(str(m.content["config"][DSFL_KEY])) == cfg for m, _ in pairs)
+    n = assert_laplace_reports(pairs, cfg, SCALER_ARRAYS)
+    weights = assert_released(pairs[:banks], pairs[banks][0])
+    np.testing.assert_allclose(model.meta["round_weights"][0], weights)
+    assert "prototypes" in pairs[banks][0].content  # FedRPDA's side channel flows as before
+    version = model.publish(ModelRegistry(tmp_path / "reg"), config={}, metrics={})
+    assert_dsfl_card(version, cfg, rounds, banks, n, "prototypes", "mean, std")
+    # without DSFL the card says DP is off; a DSFL model without its accountant's entry is refused
+    plain = GnnFraudModel(model.arrays, model.names, model.used, GnnConfig(), model.threshold, model.variant)
+    assert_dp_off(plain.publish(ModelRegistry(tmp_path / "off"), config={}, metrics={}))
+    with pytest.raises(ValueError, match="client_dp"):
+        GnnFraudModel(model.arrays, model.names, model.used, fc.gnn, model.threshold, model.variant).publish(
+            ModelRegistry(tmp_path / "bad"), config={}, metrics={})

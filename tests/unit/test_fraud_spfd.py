@@ -415,3 +415,63 @@ def test_batch_scoring_with_a_demographics_banks_model_scores_its_rows_as_traini
     with pytest.raises(UserError, match="is bank 1's model: score this CSV with --bank 1"):
         score_path(root / "bank_1" / "transactions.parquet", reg.root, tmp_path / "x.csv", progress=False,
                    fraud_kind="fraud-spfd")  # a CSV is scored as --bank 0's data by default
+
+
+# ---------------------------------------------------------------------------------------- aggregation: dsfl
+
+#: Laplace scales 1e-6 on the selected tenth of the coordinates and 2.0 on the others (tests/unit/dsfl_wire.py).
+DSFL = {"l1_clip": 1e-2, "epsilon_top": 1e4, "epsilon_rest": 5e-3, "epsilon_select": 0.1, "top_fraction": 0.1,
+        "seed": 17}
+
+
+def test_dsfl_spfd_banks_send_clipped_noised_updates_the_server_weighs_them_and_the_card_states_epsilon(
+        hetero, tmp_path):
+    """FED-SPFD under ``aggregation: dsfl``: every warm-start and training report on the wire is the bank's
+    L1-clipped update plus Laplace noise of the configured scale per dimension; the server moves the model by the
+    contribution weights; the embedding statistics still flow; the card's ε is the accountant's for all rounds."""
+    from fedfraud.training.federated.config import DSFLConfig
+    from fedfraud.training.federated.dsfl_mod import DSFL_KEY, ROUND_OFFSET_KEY
+    from fedfraud.training.fraud.spfd.artifact import SpfdFraudModel
+    from fedfraud.training.fraud.spfd.config import SpfdConfig
+    from fedfraud.training.fraud.spfd.task import SCALER_ARRAYS
+    from fedfraud.training.fraud.spfd.trainer import spfd_job, train_spfd_jobs
+    from fedfraud.training.registry import ModelRegistry
+    from tests.unit.dsfl_wire import (
+        assert_dp_off,
+        assert_dsfl_card,
+        assert_laplace_reports,
+        assert_released,
+        recorded_train_messages,
+    )
+
+    cfg, _, tables, private, _ = hetero
+    spfd = SpfdConfig.model_validate({**cfg.fraud.spfd.model_dump(), "aggregation": "dsfl", "dsfl": DSFL})
+    fc = cfg.fraud.model_copy(update={"spfd": spfd})
+    with recorded_train_messages() as pairs:
+        models = train_spfd_jobs(tables, private, fc, [spfd_job("fed-spfd")])["fed-spfd#0"]
+    banks, rounds = len(tables), spfd.warm_rounds + spfd.rounds
+    assert len(pairs) == banks * rounds
+    dsfl = spfd.dsfl
+    assert all(DSFLConfig.model_validate_json(str(m.content["config"][DSFL_KEY])) == dsfl for m, _ in pairs)
+    n = assert_laplace_reports(pairs, dsfl, SCALER_ARRAYS)
+    seeds = {(m.metadata.dst_node_id, int(m.content["config"]["server-round"])
+              + int(m.content["config"].get(ROUND_OFFSET_KEY, 0))) for m, _ in pairs}
+    assert len(seeds) == len(pairs)  # the warm rounds offset the training rounds' noise seed: no draw reused
+    train = sorted((p for p in pairs if p[0].content["config"]["phase"] == "train"),
+                   key=lambda p: (int(p[0].content["config"]["server-round"]), p[0].metadata.dst_node_id))
+    weights = assert_released(train[:banks], train[banks][0])
+    np.testing.assert_allclose(models[0].meta["history"][0]["dsfl_weights"], weights)
+    assert all("stats" in m.content for m, _ in train)  # the embedding statistics flow as before
+    version = models[2].publish(ModelRegistry(tmp_path / "reg"), config={}, metrics={})
+    assert_dsfl_card(version, dsfl, rounds, banks, n, "outer products", "shared.mean")
+    m = models[2]
+    plain = SpfdFraudModel(m.arrays, m.shared, m.private, cfg.fraud.spfd, m.threshold, m.variant, m.bank)
+    assert_dp_off(plain.publish(ModelRegistry(tmp_path / "off"), config={}, metrics={}))
+
+
+def test_dsfl_public_slice_is_refused_for_the_fraud_variants():
+    from fedfraud.config import load_config
+
+    for section in ("gnn", "spfd"):
+        with pytest.raises(ConfigError, match="public slice"):
+            load_config(None, [f"fraud.{section}.aggregation=dsfl", f"fraud.{section}.dsfl.public_cardholders=8"])

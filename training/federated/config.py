@@ -7,7 +7,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-__all__ = ["AGGREGATIONS", "Aggregation", "AttackConfig", "DPConfig", "DSFLConfig", "FederatedConfig"]
+__all__ = ["AGGREGATIONS", "Aggregation", "AttackConfig", "DPConfig", "DSFLConfig", "FederatedConfig",
+           "ModelAggregation", "ModelAggregationConfig"]
 
 #: How the server combines the banks' models: FedAvg (the weighted mean, FedProx's), a robust rule of Flower's, or
 #: DSFL (contribution-weighted banks, per-dimension Laplace noise added inside each bank: training/federated/dsfl.py).
@@ -77,6 +78,35 @@ class DSFLConfig(BaseModel):
         0, ge=0, description="the shared public slice (paper's S): cardholders of a slice of the project's own "
         "generator, public seed, that every bank trains on besides its own data; 0 = none")
     public_seed: int = Field(20230, ge=0, description="generator seed of the public slice (public, like the slice)")
+
+
+#: How a neural fraud variant (federated GNN, FED-SPFD) combines its banks' model arrays: the variant's own weighted
+#: mean, or DSFL (training/fraud/dsfl.py).
+ModelAggregation = Literal["fedavg", "dsfl"]
+
+
+class ModelAggregationConfig(BaseModel):
+    """``aggregation`` and ``dsfl`` of a neural fraud variant's settings (``fraud.gnn``, ``fraud.spfd``).
+
+    DSFL's shared public slice is refused there: the slice is generator output featurised by the anomaly pipeline;
+    the fraud variants' inputs (cross-fitted anomaly score, merchant risk, a bank's private columns, its graph)
+    would need the whole fraud pipeline run on it in every bank.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    aggregation: ModelAggregation = Field(
+        "fedavg", description="fedavg: the variant's weighted mean (FedRPDA's risk-aware weights when on); dsfl: "
+        "DSFL's contribution weighting of updates each bank noised (settings in dsfl)")
+    dsfl: DSFLConfig = Field(default_factory=DSFLConfig, description="aggregation dsfl: noise, budget (target_epsilon "
+                             "over every round that sends the model) and weights; public_cardholders must stay 0")
+
+    @model_validator(mode="after")
+    def _no_public_slice(self) -> ModelAggregationConfig:
+        if self.dsfl.public_cardholders:
+            raise ValueError("dsfl.public_cardholders (DSFL's shared public slice) is the anomaly model's only; a "
+                             "neural fraud variant needs it 0")
+        return self
 
 
 class AttackConfig(BaseModel):

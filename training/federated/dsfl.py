@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal
 
 import numpy as np
@@ -59,6 +59,7 @@ __all__ = [
     "select_top",
     "selected_count",
     "unflatten",
+    "weigh_replies",
 ]
 
 logger = logging.getLogger(__name__)
@@ -277,17 +278,28 @@ class DSFLAggregate(FedAvg):
             logger.warning("round=%d dsfl: no usable replies or no global model; round not released", server_round)
             return None, None
         base = {k: v.numpy() for k, v in self.received.items()}
-        updates = np.stack([flat_update({k: v.numpy() for k, v in r.content["arrays"].items()}, base)
-                            for r in valid])
-        weights = contribution_weights(contribution_errors(updates), self.cfg.keep_banks)
-        banks = [int(r.content["metrics"].get("partition-id", i)) for i, r in enumerate(valid)]  # type: ignore[arg-type]
-        logger.info("round=%d dsfl weights %s", server_round,
-                    " ".join(f"bank{b}={w:.3f}" for b, w in zip(banks, weights, strict=True)))
-        if not weights.any():
-            logger.warning("round=%d dsfl: no bank contributes (every error >= 1/2); round not released",
-                           server_round)
+        merged, weights = weigh_replies(base, valid, self.cfg.keep_banks, server_round)
+        if merged is None:
             return None, None
-        merged = unflatten(weights @ updates, base)
+        banks = [int(r.content["metrics"].get("partition-id", i)) for i, r in enumerate(valid)]  # type: ignore[arg-type]
         metrics = MetricRecord({"dsfl-kept": int(np.count_nonzero(weights)),
                                 **{f"dsfl-weight-{b}": float(w) for b, w in zip(banks, weights, strict=True)}})
-        return ArrayRecord({k: Array(v) for k, v in merged.items()}), metrics
+        return merged, metrics
+
+
+def weigh_replies(base: Mapping[str, np.ndarray], replies: Sequence[Message], keep: int = 0, server_round: int = 0
+                  ) -> tuple[ArrayRecord | None, np.ndarray]:
+    """DSFL's server step on the banks' train replies (their ``arrays`` against ``base``, the round's global
+    model): (the model moved by the contribution-weighted mean of their updates, or None when no bank
+    contributes; the weights, in reply order). Shared by :class:`DSFLAggregate` and the neural fraud strategies.
+    """
+    updates = np.stack([flat_update({k: v.numpy() for k, v in r.content["arrays"].items()}, base) for r in replies])
+    weights = contribution_weights(contribution_errors(updates), keep)
+    banks = [int(r.content["metrics"].get("partition-id", i)) for i, r in enumerate(replies)]  # type: ignore[arg-type]
+    logger.info("round=%d dsfl weights %s", server_round,
+                " ".join(f"bank{b}={w:.3f}" for b, w in zip(banks, weights, strict=True)))
+    if not weights.any():
+        logger.warning("round=%d dsfl: no bank contributes (every error >= 1/2); round not released", server_round)
+        return None, weights
+    merged = unflatten(weights @ updates, base)
+    return ArrayRecord({k: Array(v) for k, v in merged.items()}), weights

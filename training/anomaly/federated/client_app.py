@@ -12,7 +12,8 @@ train reply passes through Flower's
 is clipped to the clipping norm in L2 before it leaves the bank.
 
 Under ``aggregation: dsfl`` the train reply passes through :func:`dsfl_mod`: the update is clipped in L1 and
-noised per dimension (:func:`fedfraud.training.federated.dsfl.privatize`) before it leaves the bank.
+noised per dimension (:func:`fedfraud.training.federated.dsfl.privatize`, through the mod the neural fraud
+variants share: :mod:`fedfraud.training.federated.dsfl_mod`) before it leaves the bank.
 
 ``attack-mode`` / ``attack-bank`` (``fedfraud bench adversary`` and tests
 only) make one bank malicious: :func:`attack_mod`.
@@ -31,8 +32,8 @@ from flwr.clientapp import ClientApp
 from flwr.clientapp.mod import fixedclipping_mod
 from flwr.clientapp.typing import ClientAppCallable
 
-from fedfraud.training.federated.config import AttackConfig
-from fedfraud.training.federated.dsfl import flat_update, privatize, unflatten
+from fedfraud.training.federated.config import AttackConfig, DSFLConfig
+from fedfraud.training.federated.dsfl_mod import dsfl_client_mod
 from fedfraud.training.federated.strategy import EQUAL_WEIGHT_KEY
 from fedfraud.training.anomaly.federated.task import (
     RunSettings,
@@ -69,27 +70,19 @@ def dp_clipping_mod(msg: Message, context: Context, call_next: ClientAppCallable
     return call_next(msg, context)
 
 
-def dsfl_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
-    """DSFL's privatisation of the update inside the bank (``aggregation: dsfl`` with ``dsfl-noise``), else a
-    pass-through: L1 clip, exponential-mechanism selection, Laplace noise per dimension, with the ε's the server
-    sent (already calibrated to its target).
+def _run_dsfl(msg: Message) -> DSFLConfig | None:
+    """The run's DSFL settings (the ε's the server sent, already calibrated to its target) under
+    ``aggregation: dsfl`` with ``dsfl-noise``, else None.
     """
     config = msg.content["config"]
     if config.get("aggregation") != "dsfl" or not bool(config.get("dsfl-noise", False)):
-        return call_next(msg, context)
-    cfg = RunSettings.from_flat({k: v for k, v in config.items() if k in RunSettings.defaults()}).federated.dsfl
-    received = {k: v.numpy() for k, v in msg.content["arrays"].items()}
-    reply = call_next(msg, context)
-    if reply.has_error():
-        return reply
-    arrays = reply.content["arrays"]
-    bank = int(context.node_config.get("partition-id", 0))
-    round_ = int(config.get("global-round", config.get("server-round", 1)))  # type: ignore[arg-type]
-    rng = np.random.default_rng(None if cfg.seed < 0 else [cfg.seed, bank, round_])
-    noised, _ = privatize(flat_update({k: v.numpy() for k, v in arrays.items()}, received), cfg, rng)
-    for key, value in unflatten(noised, received).items():
-        arrays[key] = Array(value)
-    return reply
+        return None
+    return RunSettings.from_flat({k: v for k, v in config.items() if k in RunSettings.defaults()}).federated.dsfl
+
+
+#: DSFL's privatisation of the update inside the bank (``aggregation: dsfl`` with ``dsfl-noise``), else a
+#: pass-through: L1 clip, exponential-mechanism selection, Laplace noise per dimension (the shared mod).
+dsfl_mod = dsfl_client_mod(_run_dsfl)
 
 
 def _attack(msg: Message, context: Context) -> AttackConfig | None:

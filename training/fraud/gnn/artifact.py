@@ -90,8 +90,13 @@ class GnnFraudModel:
 
     def publish(self, registry: ModelRegistry, *, config: dict[str, Any], metrics: dict[str, Any],
                 privacy: dict[str, Any] | None = None) -> ModelVersion:
-        """Publish as kind ``fraud-gnn`` with a card naming the variant and its two strategies."""
+        """Publish as kind ``fraud-gnn`` with a card naming the variant, its two strategies and its ``client_dp``
+        (DSFL's (ε, δ) and what it leaves out, or DP off).
+        """
+        from fedfraud.training.fraud.dsfl import client_dp_of, privacy_statement  # flwr: not at serving
+
         c = self.cfg
+        sentence, fields = privacy_statement(client_dp_of(self.meta, c.aggregation), "the GNN")
         card = "\n".join([
             f"Federated GNN fraud model, variant **{self.variant}** (risk-aware aggregation "
             f"{'on' if c.risk_aware_aggregation else 'off'}, diversified-risk augmentation + prototype loss "
@@ -102,11 +107,10 @@ class GnnFraudModel:
             "Inputs: the fraud feature row of each transaction plus its past neighbours through its cardholder and "
             f"its merchant ({c.neighbors} per relation, {c.layers} hops); see docs/fraud.md#variants.",
             "",
-            "**Privacy**: differential privacy is **off**: model weights, class prototypes, risk intensities and "
-            "histograms leave each bank in clear.",
+            "**Privacy**: model weights, class prototypes, risk intensities and histograms leave each bank. "
+            + sentence,
         ])
-        privacy = {**(privacy or {}),
-                   "formal_guarantee": "none: no (epsilon, delta) is claimed for the GNN or what its training sent",
+        privacy = {**(privacy or {}), **fields,
                    "leaves_a_bank": "per-column sums of transformed training rows (once), model weights per round, "
                                     "the risk intensity H_k and two class prototypes with their counts (FedRPDA), "
                                     "validation score histograms; never rows"}

@@ -3,6 +3,11 @@ validation score histograms.
 
 The running fraud statistics of FedRPDA's augmentation live in the node's ``context.state`` (one entry per job),
 so they survive between rounds whichever simulation worker runs the bank next.
+
+Under ``fraud.gnn.aggregation: dsfl`` the train reply passes through DSFL's shared mod
+(:func:`fedfraud.training.federated.dsfl_mod.dsfl_client_mod`): the update of the model arrays is L1-clipped and
+Laplace-noised per dimension before it leaves the bank (the scaler goes back as received); the risk intensity and
+the prototypes in the metrics are not noised.
 """
 
 from __future__ import annotations
@@ -15,10 +20,12 @@ import torch
 from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
+from fedfraud.training.federated.dsfl_mod import dsfl_client_mod, dsfl_from_json
 from fedfraud.training.fraud.gnn.graph import TransactionGraph
 from fedfraud.training.fraud.gnn.model import InputLayout
 from fedfraud.training.fraud.gnn.rpda import FraudStats
 from fedfraud.training.fraud.gnn.task import (
+    SCALER_ARRAYS,
     GnnJob,
     build_model,
     config_of,
@@ -69,7 +76,7 @@ def query(msg: Message, context: Context) -> Message:
     return Message(content=content, reply_to=msg)
 
 
-@app.train()
+@app.train(mods=[dsfl_client_mod(dsfl_from_json, SCALER_ARRAYS)])
 def train(msg: Message, context: Context) -> Message:
     """Algorithm 1: local epochs from the global model; weights, risk intensity and class prototypes back."""
     cfg = msg.content["config"]

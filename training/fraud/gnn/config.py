@@ -9,13 +9,19 @@
 * ``diversified_risk_augmentation`` (diversified-risk average aggregation): variance-perturbation augmentation of
   fraud embeddings and the loss that pulls embeddings to the averaged global class prototypes, weighted by
   ``prototype_weight`` (λ).
+
+``aggregation: dsfl`` replaces the server's weighted mean of the model arrays by DSFL's contribution weighting,
+each bank's update noised inside the bank (:mod:`fedfraud.training.fraud.dsfl`); the risk intensities and the
+prototypes still leave the banks as they are (not covered by its noise).
 """
 
 from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
+
+from fedfraud.training.federated.config import ModelAggregationConfig
 
 __all__ = ["GNN_VARIANTS", "GnnConfig"]
 
@@ -23,7 +29,7 @@ __all__ = ["GNN_VARIANTS", "GnnConfig"]
 GNN_VARIANTS = ("fedavg-gnn", "fedrpda")
 
 
-class GnnConfig(BaseModel):
+class GnnConfig(ModelAggregationConfig):
     """Graph, network, federated loop and the two FedRPDA strategies."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)

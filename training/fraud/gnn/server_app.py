@@ -11,6 +11,9 @@ federated threshold.
 * averages the banks' class prototypes (weighted by class counts) into the next round's global ones.
 
 With both strategies off it is FedAvg: the weights are the example counts and no prototype is sent or used.
+Under ``aggregation: dsfl`` (:mod:`fedfraud.training.fraud.dsfl`) the banks noise their updates and the server
+moves the model by DSFL's contribution weights instead of ``γ_k(t)``; prototypes and risk intensities flow as
+before (the risk term then only shows in the log).
 
 After the last round each bank sends the histogram of its validation scores; the server sums them and applies the
 fraud model's max-F1 rule (:func:`fedfraud.training.fraud.metrics.threshold_from_histograms`) and computes the
@@ -37,10 +40,11 @@ from flwr.serverapp.strategy import FedAvg
 from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 
 from fedfraud.training.federated.grid import connected_banks, send_to_all
+from fedfraud.training.fraud.dsfl import DSFLPlan, dp_off
 from fedfraud.training.fraud.gnn.config import GnnConfig
 from fedfraud.training.fraud.gnn.model import ScalerSums
 from fedfraud.training.fraud.gnn.rpda import Prototypes, aggregation_weights, average_prototypes
-from fedfraud.training.fraud.gnn.task import GnnJob, build_model, state_arrays
+from fedfraud.training.fraud.gnn.task import SCALER_ARRAYS, GnnJob, build_model, state_arrays
 from fedfraud.training.fraud.metrics import threshold_from_histograms
 
 __all__ = ["WEIGHT_KEY", "FedRPDA", "GnnJobResult", "app", "build_server_app", "pr_auc_from_histograms", "run_jobs",
@@ -50,6 +54,10 @@ log = logging.getLogger(__name__)
 
 #: Metric the strategy writes into each reply: the bank's γ_k(t), what the arrays are averaged with.
 WEIGHT_KEY = "rpda-weight"
+#: What leaves a GNN bank beside its model arrays, which DSFL's noise does not cover.
+SIDE_CHANNELS = ("per-column scaler sums of the bank's transformed training rows (once), the risk intensity H_k "
+                 "and the two class prototypes with their counts every round (FedRPDA), the validation score "
+                 "histograms and the loss metrics leave each bank without noise")
 
 
 def validation_threshold(grid: Grid, nodes: list[int], arrays: ArrayRecord, config: dict[str, Any], bins: int
@@ -80,12 +88,13 @@ def pr_auc_from_histograms(pos: np.ndarray, neg: np.ndarray) -> float:
 class FedRPDA(FedAvg):
     """FedAvg with FedRPDA's risk-aware weights and global prototypes (each switchable via ``cfg``).
 
-    Every bank trains every round (``fraction_train`` 1); evaluation happens once, after the last round.
+    Every bank trains every round (``fraction_train`` 1); evaluation happens once, after the last round. With a
+    ``dsfl`` plan, DSFL's contribution weights replace ``γ_k(t)`` for the arrays.
     """
 
-    def __init__(self, cfg: GnnConfig, min_nodes: int = 2) -> None:
+    def __init__(self, cfg: GnnConfig, min_nodes: int = 2, dsfl: DSFLPlan | None = None) -> None:
         super().__init__(fraction_evaluate=0.0, min_train_nodes=min_nodes, min_available_nodes=min_nodes)
-        self.cfg = cfg
+        self.cfg, self.dsfl = cfg, dsfl
         self.prototypes: Prototypes | None = None
         self.history: list[dict[str, Any]] = []
 
@@ -96,6 +105,8 @@ class FedRPDA(FedAvg):
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
                         ) -> Iterable[Message]:
         messages = list(super().configure_train(server_round, arrays, config, grid))
+        if self.dsfl is not None:
+            self.dsfl.received = arrays
         if self.cfg.diversified_risk_augmentation and self.prototypes is not None:
             record = ArrayRecord({"vectors": Array(self.prototypes.vectors.astype(np.float32))})
             for msg in messages:
@@ -112,17 +123,20 @@ class FedRPDA(FedAvg):
         metrics = [next(iter(c.metric_records.values())) for c in contents]
         examples = [float(m["num-examples"]) for m in metrics]  # type: ignore[arg-type]
         risks = [float(m["risk-intensity"]) for m in metrics]  # type: ignore[arg-type]
-        weights = aggregation_weights(examples, risks, server_round, self.cfg.risk_alpha, self.cfg.risk_tau,
-                                      self.cfg.risk_aware_aggregation)
-        for m, w in zip(metrics, weights, strict=True):
-            m[WEIGHT_KEY] = float(w)
-        arrays = aggregate_arrayrecords(contents, WEIGHT_KEY)
+        arrays: ArrayRecord | None
+        if self.dsfl is not None:
+            arrays, share = self.dsfl.aggregate(server_round, valid)
+        else:
+            weights = aggregation_weights(examples, risks, server_round, self.cfg.risk_alpha, self.cfg.risk_tau,
+                                          self.cfg.risk_aware_aggregation)
+            for m, w in zip(metrics, weights, strict=True):
+                m[WEIGHT_KEY] = float(w)
+            arrays, share = aggregate_arrayrecords(contents, WEIGHT_KEY), weights / weights.sum()
         if self.cfg.diversified_risk_augmentation:
             parts = [Prototypes(np.asarray([m["prototype-legit"], m["prototype-fraud"]], dtype=np.float64),
                                 np.asarray([m["count-legit"], m["count-fraud"]], dtype=np.float64))
                      for m in metrics]
             self.prototypes = average_prototypes(parts) or self.prototypes
-        share = weights / weights.sum()
         loss_ce = float(np.average([float(m["loss-ce"]) for m in metrics], weights=examples))  # type: ignore[arg-type]
         loss_p = float(np.average([float(m["loss-p"]) for m in metrics], weights=examples))  # type: ignore[arg-type]
         self.history.append({"round": server_round, "weights": share.tolist(), "risk": risks,
@@ -144,6 +158,7 @@ class GnnJobResult:
     seconds: float
     rounds: int
     history: list[dict[str, Any]]
+    client_dp: dict[str, Any]
 
 
 def run_jobs(grid: Grid, settings: dict[str, Any], on_result: Callable[[GnnJobResult], None]) -> None:
@@ -168,8 +183,9 @@ def run_jobs(grid: Grid, settings: dict[str, Any], on_result: Callable[[GnnJobRe
         model = build_model(names, used, cfg, job.seed)
         model.set_scaler(sums)
         initial = ArrayRecord({k: Array(v) for k, v in state_arrays(model).items()})
-        strategy = FedRPDA(cfg, min_nodes=banks)
-        config = ConfigRecord({**common, "job": job.to_json()})
+        plan = DSFLPlan.of(cfg.dsfl, cfg.rounds, initial, SCALER_ARRAYS) if cfg.aggregation == "dsfl" else None
+        strategy = FedRPDA(cfg, min_nodes=banks, dsfl=plan)
+        config = ConfigRecord({**common, "job": job.to_json(), **(plan.config() if plan else {})})
         log.info("gnn_job_start job=%s risk_aware=%s diversified=%s seed=%d rounds=%d", job.name, job.risk_aware,
                  job.diversified, job.seed, cfg.rounds)
         result = strategy.start(grid=grid, initial_arrays=initial, num_rounds=cfg.rounds, train_config=config)
@@ -179,8 +195,11 @@ def run_jobs(grid: Grid, settings: dict[str, Any], on_result: Callable[[GnnJobRe
         seconds = time.perf_counter() - started
         log.info("gnn_job_done job=%s threshold=%.4f valid_f1=%.4f valid_pr_auc=%.4f seconds=%.1f", job.name,
                  threshold, f1, ap, seconds)
+        client_dp = (plan.card(banks, SIDE_CHANNELS, SCALER_ARRAYS) if plan
+                     else dp_off("aggregation fedavg: weights, prototypes and risk intensities leave the banks in "
+                                 "clear"))
         on_result(GnnJobResult(job, {k: v.numpy() for k, v in final.items()}, threshold, f1, ap, seconds,
-                               cfg.rounds, strategy.history))
+                               cfg.rounds, strategy.history, client_dp))
 
 
 def build_server_app(settings: dict[str, Any], on_result: Callable[[GnnJobResult], None]) -> ServerApp:

@@ -34,6 +34,7 @@ from fedfraud.training.fraud.metrics import score_histograms
 __all__ = [
     "INDEX_FILE",
     "NODE_GRAPH_FILE",
+    "SCALER_ARRAYS",
     "GnnJob",
     "LocalResult",
     "bank_graph_file",
@@ -122,6 +123,10 @@ def build_model(names: tuple[str, ...], used: tuple[str, ...], cfg: GnnConfig, s
     """A freshly initialized model (the same weights for the same seed in every process)."""
     torch.manual_seed(seed)
     return FraudGNN(InputLayout.of(names, used), cfg)
+
+
+#: The scaler buffers: set by the server from the banks' sums, never trained by a bank (DSFL returns them as received).
+SCALER_ARRAYS = ("mean", "std")
 
 
 def state_arrays(model: FraudGNN) -> dict[str, np.ndarray]:

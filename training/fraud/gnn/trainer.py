@@ -108,6 +108,6 @@ def train_gnn_jobs(graphs: dict[int, TransactionGraph], cfg: FraudConfig, jobs: 
              "valid_pr_auc": r.valid_pr_auc, "seconds": r.seconds, "engine": engine,
              "overrides": dict(job.overrides), "round_weights": [h["weights"] for h in r.history],
              "round_loss_p": [h["loss_p"] for h in r.history],
-             "risk_intensity": r.history[-1]["risk"] if r.history else []})
+             "risk_intensity": r.history[-1]["risk"] if r.history else [], "client_dp": r.client_dp})
     logger.info("gnn_federated banks=%d jobs=%d engine=%s wall_s=%.1f", len(order), len(jobs), engine, wall)
     return models

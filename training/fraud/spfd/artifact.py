@@ -150,8 +150,13 @@ class SpfdFraudModel:
 
     def publish(self, registry: ModelRegistry, *, config: dict[str, Any], metrics: dict[str, Any],
                 privacy: dict[str, Any] | None = None) -> ModelVersion:
-        """Publish as kind ``fraud-spfd`` with a card naming the bank, its columns and what left every bank."""
+        """Publish as kind ``fraud-spfd`` with a card naming the bank, its columns, what left every bank and its
+        ``client_dp`` (DSFL's (ε, δ) and what it leaves out, or DP off).
+        """
+        from fedfraud.training.fraud.dsfl import client_dp_of, privacy_statement  # flwr: not at serving
+
         c = self.cfg
+        sentence, fields = privacy_statement(client_dp_of(self.meta, c.aggregation), "FED-SPFD")
         card = "\n".join([
             f"FED-SPFD fraud model of **bank {self.bank}** (variant {self.variant}): a shared encoder over the "
             f"{len(self.shared)} columns every bank has (federated, embeddings aligned to the federation's mean "
@@ -168,10 +173,9 @@ class SpfdFraudModel:
             f"the row count, the sum Σz and the sum of outer products Σzzᵀ of its training rows' {c.embed_dim}-wide "
             "shared embeddings (the server returns their pooled mean and covariance: a bank with few rows reveals "
             "close to the mean and spread of its own customers' embeddings); validation score histograms. "
-            "Never rows, private columns, the private autoencoder or its scaler. Differential privacy is **off**.",
+            "Never rows, private columns, the private autoencoder or its scaler. " + sentence,
         ])
-        privacy = {**(privacy or {}),
-                   "formal_guarantee": "none: no (epsilon, delta) is claimed for FED-SPFD or what its training sent",
+        privacy = {**(privacy or {}), **fields,
                    "leaves_a_bank": "shared-column scaler sums (once); shared encoder, warm-start decoder and "
                                     "classifier weights per round; per round the count, sum and sum of outer "
                                     "products of the bank's training rows' shared embeddings; validation score "

@@ -3,6 +3,11 @@ training round, ``@app.evaluate`` validation score histograms (and the bank's wh
 
 What stays at the bank between rounds (the private autoencoder and its scaler; the head under FedPer) lives in the
 node's ``context.state``, one entry per job, so it survives whichever simulation worker runs the bank next.
+
+Under ``fraud.spfd.aggregation: dsfl`` the train reply passes through DSFL's shared mod
+(:func:`fedfraud.training.federated.dsfl_mod.dsfl_client_mod`): the update of the federated arrays is L1-clipped
+and Laplace-noised per dimension before it leaves the bank (the shared scaler goes back as received); the
+embedding sums in the metrics are not noised.
 """
 
 from __future__ import annotations
@@ -14,7 +19,9 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
+from fedfraud.training.federated.dsfl_mod import dsfl_client_mod, dsfl_from_json
 from fedfraud.training.fraud.spfd.task import (
+    SCALER_ARRAYS,
     BankData,
     SpfdJob,
     bank_model_file,
@@ -95,7 +102,7 @@ def query(msg: Message, context: Context) -> Message:
     return Message(content=content, reply_to=msg)
 
 
-@app.train()
+@app.train(mods=[dsfl_client_mod(dsfl_from_json, SCALER_ARRAYS)])
 def train(msg: Message, context: Context) -> Message:
     """A warm-start round (``phase=warm``) or a training round with the global statistics, if any."""
     cfg = msg.content["config"]

@@ -2,18 +2,24 @@
 
 The loss weights are the paper's λ_alg, λ_p-n and λ_rec (``papers/fed-spfd-credit-card-fraud.txt``, §3.3); the
 sparsity weight is ours (the paper's L_rec adds ``Σ_j z_jᵀ z_j`` unweighted).
+
+``aggregation: dsfl`` replaces the server's FedAvg of the federated arrays (warm start included) by DSFL's
+contribution weighting, each bank's update noised inside the bank (:mod:`fedfraud.training.fraud.dsfl`); the
+embedding statistics still leave the banks as they are (not covered by its noise).
 """
 
 from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
+
+from fedfraud.training.federated.config import ModelAggregationConfig
 
 __all__ = ["SpfdConfig"]
 
 
-class SpfdConfig(BaseModel):
+class SpfdConfig(ModelAggregationConfig):
     """Network widths, the four loss weights and the federated loop."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)

@@ -35,6 +35,7 @@ from fedfraud.training.fraud.spfd.model import (
 )
 
 __all__ = [
+    "SCALER_ARRAYS",
     "BankData",
     "SpfdJob",
     "bank_model_file",
@@ -141,6 +142,11 @@ def build_net(shared: tuple[str, ...], private: tuple[str, ...], cfg: SpfdConfig
     """A freshly initialized network (the same shared weights for the same seed in every bank)."""
     torch.manual_seed(seed)
     return SpfdNet(shared, private, cfg)
+
+
+#: The shared scaler's buffers: set by the server from the banks' sums, never trained by a bank (DSFL returns them
+#: as received).
+SCALER_ARRAYS = ("shared.mean", "shared.std")
 
 
 def federated_arrays(net: SpfdNet, job: SpfdJob) -> dict[str, np.ndarray]:

@@ -114,7 +114,7 @@ def train_spfd_jobs(tables: Mapping[int, FraudFeatures], private: Mapping[int, t
                     arrays, shared, own, job.config(cfg.spfd), r.threshold, variant, b, job.private,
                     {"banks": order, "seed": job.seed, "valid_f1": r.valid_f1, "valid_pr_auc": r.valid_pr_auc,
                      "seconds": r.seconds, "engine": engine, "overrides": dict(job.overrides),
-                     "rounds": job.config(cfg.spfd).rounds, "history": r.history},
+                     "rounds": job.config(cfg.spfd).rounds, "history": r.history, "client_dp": r.client_dp},
                     tables[b].transitions)
     logger.info("spfd_federated banks=%d jobs=%d engine=%s wall_s=%.1f", len(order), len(jobs), engine,
                 time.perf_counter() - started)
