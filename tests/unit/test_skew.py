@@ -186,3 +186,26 @@ def test_eval_backtest_skew_reports_the_skewed_banks(ingested, tmp_path, capsys)
     line = next(x for x in text.splitlines() if x.startswith("Skewed banks (`--skew`): "))
     assert "bank 0: target 0.20 %" in line and "bank 1: target 5.00 %" in line
     assert "**bank 0**" in text and "**bank 1**" in text  # the per-bank figures beside it
+
+
+def test_a_bank_without_test_fraud_is_not_measured_rather_than_met():
+    """At 0.2 % a small bank can end with no fraud among its test cardholders (the handbook's bank 0 did)."""
+    from fedfraud.training.fraud.bootstrap import METRICS, Interval
+    from fedfraud.training.fraud.evaluate import StudyReport
+
+    nan, one = Interval(float("nan"), float("nan"), float("nan")), Interval(0.02, 0.01, 0.03)
+    same = {m: Interval(0.9, 0.8, 0.95) for m in METRICS}
+    per_bank = {b: {v: same for v in ("Local", "FL", "Central")} for b in (0, 1)}
+    report = StudyReport(
+        ("Local", "FL", "Central"), {v: same for v in ("Local", "FL", "Central")},
+        {"FL − Local": {m: one for m in METRICS}, "FL − Central": {m: one for m in METRICS}}, per_bank,
+        {0: {"FL − Local": nan, "Central − FL": nan}, 1: {"FL − Local": one, "Central − FL": one}},
+        {0: {"test_cardholders": 30, "test_frauds": 0, "test_rows": 900, "rows": 3000, "fraud_rate": 0.002},
+         1: {"test_cardholders": 20, "test_frauds": 40, "test_rows": 800, "rows": 3000, "fraud_rate": 0.05}},
+        {v: [0.9] for v in ("Local", "FL", "Central")})
+    targets = {name: (measured, met) for name, measured, met in report.targets()}
+    measured, met = targets["FL above Local for every bank (PR-AUC)"]
+    assert met is None and "bank 0: no test fraud" in measured
+    text = report.to_markdown()
+    assert "| 0 | 3000 | 0.20 % | 30 | 0 | — | — | — | — | — |" in text
+    assert "| 1 | 3000 | 5.00 % | 20 | 40 | 0.900 | 0.900 | 0.900 | +2.0 [+1.0, +3.0] | +2.0 [+1.0, +3.0] |" in text

@@ -100,12 +100,16 @@ class StudyReport:
                     f"FL − Central = {gap.fmt(100, 2, True)} points", abs(100 * gap.point) <= FL_CENTRAL_GAP))
         gains = {b: d["FL − Local"] for b, d in self.bank_diff.items()}
         worse = [b for b, g in gains.items() if g.point <= 0]
+        unmeasured = [b for b, g in gains.items() if not math.isfinite(g.point)]  # no test fraud in the bank
         out.append(("FL above Local for every bank (PR-AUC)",
-                    "; ".join(f"bank {b}: {g.fmt(100, 1, True)}" for b, g in sorted(gains.items())), not worse))
+                    "; ".join(f"bank {b}: {g.fmt(100, 1, True)}" if math.isfinite(g.point) else
+                              f"bank {b}: no test fraud" for b, g in sorted(gains.items())),
+                    False if worse else (None if unmeasured else True)))
         small = min(self.bank_info, key=lambda b: self.bank_info[b]["test_cardholders"])
         g = gains[small]
         out.append((f"smallest bank ({small}) gains >= {SMALL_BANK_GAIN:g} PR-AUC points from FL",
-                    f"{g.fmt(100, 1, True)} points", 100 * g.point >= SMALL_BANK_GAIN))
+                    f"{g.fmt(100, 1, True)} points",
+                    100 * g.point >= SMALL_BANK_GAIN if math.isfinite(g.point) else None))
         if "FL+AS − FL" in self.pooled_diff:
             d = self.pooled_diff["FL+AS − FL"]["pr_auc"]
             out.append((f"FL+AS − FL >= +{STACKING_GAIN:g} point, 95 % interval above 0 (pooled)",
@@ -168,10 +172,12 @@ class StudyReport:
         for b in sorted(self.per_bank):
             info = self.bank_info[b]
             rate = f"{100 * info['fraud_rate']:.2f} %" if "fraud_rate" in info else "?"
+            none = not info["test_frauds"]  # no fraud among the bank's test cardholders: nothing to measure
             lines.append(f"| {b} | {info.get('rows', '?')} | {rate} | {info['test_cardholders']} | "
                          f"{info['test_frauds']} | "
-                         + " | ".join(f"{self.per_bank[b][v]['pr_auc'].point:.3f}" for v in cols) + " | "
-                         + " | ".join(self.bank_diff[b][p].fmt(100, 1, True) for p in pairs) + " |")
+                         + " | ".join("—" if none else f"{self.per_bank[b][v]['pr_auc'].point:.3f}" for v in cols)
+                         + " | " + " | ".join("—" if none else self.bank_diff[b][p].fmt(100, 1, True) for p in pairs)
+                         + " |")
         if self.info.get("skew"):
             lines += ["", f"Skewed banks (`--skew`): {self.info['skew']}"]
         lines += ["", "Per bank, recall@1%FPR and F1 (Local → FL):", ""]
