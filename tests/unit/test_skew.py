@@ -209,3 +209,15 @@ def test_a_bank_without_test_fraud_is_not_measured_rather_than_met():
     text = report.to_markdown()
     assert "| 0 | 3000 | 0.20 % | 30 | 0 | — | — | — | — | — |" in text
     assert "| 1 | 3000 | 5.00 % | 20 | 40 | 0.900 | 0.900 | 0.900 | +2.0 [+1.0, +3.0] | +2.0 [+1.0, +3.0] |" in text
+
+
+def test_ingest_applies_the_skew_setting(ingested, tmp_path, capsys):
+    out = tmp_path / "ds"
+    code = main(["--log-level", "ERROR", "--set", "ingest.skew=[0.002,0.05]", "ingest", str(ingested), "--banks", "2",
+                 "--partition", "region", "--out", str(out)])
+    text = capsys.readouterr().out
+    assert code == 0, text
+    assert "skew bank_0:" in text and "(target 0.20 %)" in text and "(target 5.00 %)" in text
+    summary = skew_summary(out)
+    assert summary is not None and sorted(summary) == [0, 1]
+    assert read_bank(out, 1)["is_fraud"].mean() == pytest.approx(summary[1].rate)
