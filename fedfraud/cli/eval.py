@@ -35,11 +35,34 @@ AnomalyVersionOption = Annotated[str, typer.Option("--anomaly-version", help="an
 BankSharesOption = Annotated[
     str | None, typer.Option("--bank-shares", help="CSV only: cardholder share per bank, e.g. 0.3,0.25,0.2,0.2,0.05")
 ]
+SkewOption = Annotated[
+    bool, typer.Option("--skew", help=("labelled study: banks by home region (partition region) with fraud rates "
+                                       "log-spaced from 0.2 % to 5 % (ingest.skew); not with --bank-shares"))
+]
+PartitionOption = Annotated[
+    str | None, typer.Option("--partition", help="CSV only: hash (IID) or region (by home state); default "
+                             "ingest.partition, region with --skew", click_type=click.Choice(["hash", "region"]))
+]
 RepsOption = Annotated[int | None, typer.Option("--reps", min=50, help="bootstrap replicates (cardholders)")]
 EngineOption = Annotated[
     str, typer.Option("--engine", help="loopback (the Flower apps in this process) or simulation (Ray)",
                       click_type=click.Choice(["loopback", "simulation"]))
 ]
+
+
+def skew_values(skew: bool, shares: tuple[float, ...] | None, partition: str | None = None) -> dict[str, object]:
+    """The ``ingest`` values of ``--skew`` / ``--partition``: with ``--skew``, fraud rates 0.2 %..5 % and the region
+    partition unless ``--partition`` says otherwise; a one-line error with ``--bank-shares``.
+    """
+    if not skew:
+        return {} if partition is None else {"partition": partition}
+    from fedfraud.core.errors import UserError
+    from fedfraud.training.data.skew import DEFAULT_SKEW
+
+    if shares is not None:
+        raise UserError("--skew and --bank-shares cannot be combined: skewed banks differ by partition and fraud "
+                        "rate, not by size")
+    return {"partition": partition or "region", "skew": DEFAULT_SKEW}
 
 
 @eval_app.command("stacking")
@@ -49,6 +72,8 @@ def stacking(
     fmt: FormatOption = None,
     banks: BanksOption = None,
     bank_shares: BankSharesOption = None,
+    skew: SkewOption = False,
+    partition: PartitionOption = None,
     registry: RegistryOption = Path("artifacts"),
     anomaly_version: AnomalyVersionOption = "latest",
     anomaly_score: Annotated[
@@ -70,7 +95,8 @@ def stacking(
     shares = parse_shares(bank_shares)
     if shares is not None and banks is None:
         banks = len(shares)
-    cfg = update_section(config_of(ctx, needs_secret=True), "ingest", format=fmt, banks=banks, bank_shares=shares)
+    cfg = update_section(config_of(ctx, needs_secret=True), "ingest", format=fmt, banks=banks, bank_shares=shares,
+                         **skew_values(skew, shares, partition))
     if rounds is not None:
         cfg = update_section(cfg, "fraud", federated_rounds=rounds)
     report = stacking_study(cfg, data, registry, anomaly_version, anomaly_source=anomaly_score, controls=controls,
@@ -101,6 +127,8 @@ def backtest(
     out: Annotated[Path, typer.Option("--out", help="folder for scores.csv, report.md, merchant_releases.csv")],
     fmt: FormatOption = None,
     banks: BanksOption = None,
+    skew: SkewOption = False,
+    partition: PartitionOption = None,
     scenarios: Annotated[
         Path | None, typer.Option("--scenarios", help="CSV mapping trans_num to a fraud scenario: figures per scenario")
     ] = None,
@@ -165,7 +193,8 @@ def backtest(
         raise UserError(f"--until {until} must be after --train-until {train_until}")
     readable_file(csv)
     mapping = load_scenarios(readable_file(scenarios)) if scenarios is not None else None
-    cfg = update_section(config_of(ctx, needs_secret=True), "ingest", format=fmt, banks=banks)
+    cfg = update_section(config_of(ctx, needs_secret=True), "ingest", format=fmt, banks=banks,
+                         **skew_values(skew, None, partition))
     cfg = update_section(
         cfg, "merchant_risk", label_delay_days=labels_delay_days, cpp_days=cpp_days, max_merchants=max_merchants,
         per_merchant_cap=per_merchant_cap, release_max_merchants=release_max_merchants,
@@ -174,7 +203,8 @@ def backtest(
         released_stats=None if released_stats is None else tuple(s.strip() for s in released_stats.split(",")))
     risk = cfg.merchant_risk
     with ExitStack() as stack:
-        frames = load_bank_frames(csv, cfg.ingest, stack)
+        skew_info: dict[str, object] = {}
+        frames = load_bank_frames(csv, cfg.ingest, stack, skew_info)
         if len(frames) < 2:
             raise UserError(f"{csv} split into {len(frames)} bank; the federated variants need at least 2 (--banks)")
         try:
@@ -189,6 +219,7 @@ def backtest(
         except ValueError as err:
             raise UserError(str(err)) from None
     report.info["data"] = str(csv)
+    report.info.update(skew_info)
     out.mkdir(parents=True, exist_ok=True)
     report.scores.to_csv(out / "scores.csv", index=False)
     report.releases.to_csv(out / "merchant_releases.csv", index=False)

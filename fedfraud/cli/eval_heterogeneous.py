@@ -12,7 +12,17 @@ import typer
 
 from fedfraud.cli.bench import OutOption, RecordOption
 from fedfraud.cli.common import config_of
-from fedfraud.cli.eval import BankSharesOption, BanksOption, DataOption, EngineOption, FormatOption, RepsOption
+from fedfraud.cli.eval import (
+    BankSharesOption,
+    BanksOption,
+    DataOption,
+    EngineOption,
+    FormatOption,
+    PartitionOption,
+    RepsOption,
+    SkewOption,
+    skew_values,
+)
 from fedfraud.config import update_section
 
 __all__ = ["heterogeneous", "register"]
@@ -29,6 +39,8 @@ def heterogeneous(
     rounds: Annotated[int | None, typer.Option("--rounds", min=1, help="federated rounds of the networks")] = None,
     engine: EngineOption = "loopback",
     bank_shares: BankSharesOption = None,
+    skew: SkewOption = False,
+    partition: PartitionOption = None,
     out: OutOption = None,
     record: RecordOption = None,
 ) -> None:
@@ -44,7 +56,8 @@ def heterogeneous(
     shares = parse_shares(bank_shares)
     if shares is not None and banks is None:
         banks = len(shares)
-    cfg = update_section(config_of(ctx, needs_secret=True), "ingest", format=fmt, banks=banks, bank_shares=shares)
+    cfg = update_section(config_of(ctx, needs_secret=True), "ingest", format=fmt, banks=banks, bank_shares=shares,
+                         **skew_values(skew, shares, partition))
     spfd = cfg.fraud.spfd.model_copy(update={"engine": engine, **({"rounds": rounds} if rounds else {})})
     cfg = update_section(cfg, "fraud", spfd=spfd)
     from fedfraud.bench.records import MORE

@@ -42,6 +42,13 @@ def register(app: typer.Typer) -> None:
         cfg = update_section(config_of(ctx), "ingest", format=fmt, banks=banks, partition=partition,
                              chunk_rows=chunk_rows, bank_shares=shares)
         report = ingest_csv(path, out, cfg.ingest, banks_layout=cfg.banks)
+        if cfg.ingest.skew is not None:  # a labelled study's skewed banks (--set ingest.skew=[low,high])
+            from fedfraud.training.data.skew import skew_dataset
+
+            for r in skew_dataset(out, *cfg.ingest.skew):
+                typer.echo(f"  skew bank_{r.bank}: fraud rate {100 * r.rate_before:.2f} % -> {100 * r.rate:.2f} % "
+                           f"(target {100 * r.target:.2f} %), rows {r.rows_before} -> {r.rows}, cardholders "
+                           f"{r.cardholders_before} -> {r.cardholders} ({r.cleaned} cleaned, {r.dropped} dropped)")
         typer.echo(f"ingested {path} ({report.format}) into {out}: accepted={report.accepted} "
                    f"rejected={report.rejected} in {report.seconds:.1f}s ({report.rows_per_s:,.0f} rows/s)")
         for bank, rows in sorted(report.per_bank.items()):

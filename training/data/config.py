@@ -40,9 +40,23 @@ class IngestConfig(BaseModel):
             "include a deliberately small bank; None means equal shares"
         ),
     )
+    skew: tuple[float, float] | None = Field(
+        None,
+        description=(
+            "labelled studies only: (lowest, highest) fraud rate of the banks, log-spaced from bank 0 to the last; "
+            "each bank is thinned by cardholder to its rate (fedfraud.training.data.skew); `eval ... --skew` sets "
+            "(0.002, 0.05) with partition: region. None: the banks keep the data's own rates"
+        ),
+    )
 
     @model_validator(mode="after")
     def _shares(self) -> IngestConfig:
+        if self.skew is not None:
+            low, high = self.skew
+            if not 0 < low <= high < 1:
+                raise ValueError("skew must be (lowest, highest) fraud rates with 0 < lowest <= highest < 1")
+            if self.bank_shares is not None:
+                raise ValueError("skew and bank_shares cannot be combined (skewed banks come from the partition)")
         if self.bank_shares is None:
             return self
         if len(self.bank_shares) != self.banks:

@@ -106,21 +106,34 @@ def bank_features(
 def materialize(data: Path, ingest_cfg: IngestConfig, banks_layout: BanksConfig | None = None) -> Iterator[Path]:
     """A dataset directory for ``data``: itself if it is one, else a CSV ingested into a temporary directory
     (keeping the private columns ``banks_layout`` gives each bank, when given).
+
+    With ``ingest_cfg.skew`` the banks are thinned to their target fraud rates
+    (:func:`~fedfraud.training.data.skew.skew_dataset`), on a temporary copy when ``data`` is a directory.
     """
     from fedfraud.training.data.ingest import ingest_csv
 
     data = Path(data)
-    if data.is_dir():
+    if data.is_dir() and ingest_cfg.skew is None:
         yield data
         return
-    if not data.is_file():
+    if not data.exists():
         raise UserError(f"{data}: no such dataset directory or CSV file")
     with tempfile.TemporaryDirectory(prefix="fedfraud-ingest-") as tmp:
-        report = ingest_csv(data, Path(tmp), ingest_cfg, progress=False, banks_layout=banks_layout)
-        if report.accepted == 0:
-            raise UserError(f"{data}: no valid transactions (rejected {report.rejected})")
-        logger.info("ingested csv=%s format=%s accepted=%d rejected=%d", data, report.format, report.accepted,
-                    report.rejected)
+        if data.is_dir():  # ingest.skew thins a copy (the dataset keeps its own partition)
+            import shutil
+
+            list_banks(data)
+            shutil.copytree(data, tmp, dirs_exist_ok=True)
+        else:
+            report = ingest_csv(data, Path(tmp), ingest_cfg, progress=False, banks_layout=banks_layout)
+            if report.accepted == 0:
+                raise UserError(f"{data}: no valid transactions (rejected {report.rejected})")
+            logger.info("ingested csv=%s format=%s accepted=%d rejected=%d", data, report.format, report.accepted,
+                        report.rejected)
+        if ingest_cfg.skew is not None:
+            from fedfraud.training.data.skew import skew_dataset
+
+            skew_dataset(Path(tmp), *ingest_cfg.skew)
         yield Path(tmp)
 
 

@@ -88,7 +88,7 @@ class StudyReport:
     pooled_diff: dict[str, dict[str, Interval]]
     per_bank: dict[int, dict[str, dict[str, Interval]]]
     bank_diff: dict[int, dict[str, Interval]]
-    bank_info: dict[int, dict[str, int]]
+    bank_info: dict[int, dict[str, float]]
     seed_points: dict[str, list[float]]
     info: dict[str, object] = field(default_factory=dict)
 
@@ -100,12 +100,16 @@ class StudyReport:
                     f"FL − Central = {gap.fmt(100, 2, True)} points", abs(100 * gap.point) <= FL_CENTRAL_GAP))
         gains = {b: d["FL − Local"] for b, d in self.bank_diff.items()}
         worse = [b for b, g in gains.items() if g.point <= 0]
+        unmeasured = [b for b, g in gains.items() if not math.isfinite(g.point)]  # no test fraud in the bank
         out.append(("FL above Local for every bank (PR-AUC)",
-                    "; ".join(f"bank {b}: {g.fmt(100, 1, True)}" for b, g in sorted(gains.items())), not worse))
+                    "; ".join(f"bank {b}: {g.fmt(100, 1, True)}" if math.isfinite(g.point) else
+                              f"bank {b}: no test fraud" for b, g in sorted(gains.items())),
+                    False if worse else (None if unmeasured else True)))
         small = min(self.bank_info, key=lambda b: self.bank_info[b]["test_cardholders"])
         g = gains[small]
         out.append((f"smallest bank ({small}) gains >= {SMALL_BANK_GAIN:g} PR-AUC points from FL",
-                    f"{g.fmt(100, 1, True)} points", 100 * g.point >= SMALL_BANK_GAIN))
+                    f"{g.fmt(100, 1, True)} points",
+                    100 * g.point >= SMALL_BANK_GAIN if math.isfinite(g.point) else None))
         if "FL+AS − FL" in self.pooled_diff:
             d = self.pooled_diff["FL+AS − FL"]["pr_auc"]
             out.append((f"FL+AS − FL >= +{STACKING_GAIN:g} point, 95 % interval above 0 (pooled)",
@@ -159,14 +163,23 @@ class StudyReport:
             lines.append(f"| {name} | " + " | ".join(d[m].fmt(100, 2, True) for m in METRICS)
                          + f" | {'yes' if d['pr_auc'].excludes_zero else 'no'} |")
         cols = [v for v in ("Local", "FL", "FL+AS", "Central") if v in self.variants]
-        lines += ["", "**Bank's-eye view** (PR-AUC on the bank's own test cardholders; FL − Local in points)", "",
-                  "| bank | test cardholders | test frauds | " + " | ".join(cols) + " | FL − Local [95 %] |",
-                  "|---|---:|---:|" + "---:|" * (len(cols) + 1)]
+        pairs = list(next(iter(self.bank_diff.values()), {}))
+        lines += ["", "**Bank's-eye view** (each bank's rows and fraud rate; PR-AUC on the bank's own test "
+                  "cardholders; differences in points, paired bootstrap)", "",
+                  "| bank | rows | fraud rate | test cardholders | test frauds | " + " | ".join(cols) + " | "
+                  + " | ".join(f"{p} [95 %]" for p in pairs) + " |",
+                  "|---|---:|---:|---:|---:|" + "---:|" * (len(cols) + len(pairs))]
         for b in sorted(self.per_bank):
             info = self.bank_info[b]
-            lines.append(f"| {b} | {info['test_cardholders']} | {info['test_frauds']} | "
-                         + " | ".join(f"{self.per_bank[b][v]['pr_auc'].point:.3f}" for v in cols)
-                         + f" | {self.bank_diff[b]['FL − Local'].fmt(100, 1, True)} |")
+            rate = f"{100 * info['fraud_rate']:.2f} %" if "fraud_rate" in info else "?"
+            none = not info["test_frauds"]  # no fraud among the bank's test cardholders: nothing to measure
+            lines.append(f"| {b} | {info.get('rows', '?')} | {rate} | {info['test_cardholders']} | "
+                         f"{info['test_frauds']} | "
+                         + " | ".join("—" if none else f"{self.per_bank[b][v]['pr_auc'].point:.3f}" for v in cols)
+                         + " | " + " | ".join("—" if none else self.bank_diff[b][p].fmt(100, 1, True) for p in pairs)
+                         + " |")
+        if self.info.get("skew"):
+            lines += ["", f"Skewed banks (`--skew`): {self.info['skew']}"]
         lines += ["", "Per bank, recall@1%FPR and F1 (Local → FL):", ""]
         for b in sorted(self.per_bank):
             r = self.per_bank[b]
@@ -352,17 +365,21 @@ def run_study(
     pooled_diff = {label_: diff(points[a], points[b], draws[a], draws[b]) for label_, a, b in comparisons}
     per_bank: dict[int, dict[str, dict[str, Interval]]] = {}
     bank_diff: dict[int, dict[str, Interval]] = {}
-    bank_info: dict[int, dict[str, int]] = {}
+    bank_info: dict[int, dict[str, float]] = {}
+    # per bank, paired intervals of what federating, stacking and pooling add: which method helps which bank
+    bank_pairs = [(n, a, c) for n, a, c in (("FL − Local", "FL", "Local"), ("FL+AS − FL", "FL+AS", "FL"),
+                                            ("Central − FL", "Central", "FL")) if a in names]
     for b in order:
         rows = bank_of_row == b
-        sub = {v: ranked_bank[b][v] for v in ("Local", "FL")}
+        sub = {v: ranked_bank[b][v] for v in dict.fromkeys(v for _, a, c in bank_pairs for v in (a, c))}
         bd = metric_draws(sub, holder_codes[rows], counts, cfg.fpr_target)
         per_bank[b] = {v: {m: interval([p[m] for p in bank_points[b][v]], np.full((1, 1), np.nan))
                            for m in METRICS} for v in names}
-        bank_diff[b] = {"FL − Local": diff(bank_points[b]["FL"], bank_points[b]["Local"], bd["FL"],
-                                           bd["Local"])["pr_auc"]}
+        bank_diff[b] = {n: diff(bank_points[b][a], bank_points[b][c], bd[a], bd[c])["pr_auc"]
+                        for n, a, c in bank_pairs}
         bank_info[b] = {"test_cardholders": int(len(np.unique(tests[b].cardholder))),
-                        "test_frauds": int(tests[b].label.sum()), "test_rows": len(tests[b])}
+                        "test_frauds": int(tests[b].label.sum()), "test_rows": len(tests[b]),
+                        "rows": len(banks[b]), "fraud_rate": float(np.mean(banks[b].label)) if len(banks[b]) else 0.0}
     seed_points = {v: [p["pr_auc"] for p in points[v]] for v in names}
     meta = {
         "test_cardholders": len(holders), "test_frauds": int(label.sum()), "test_rows": int(label.size),

@@ -134,6 +134,10 @@ def stacking_study(cfg: FedfraudConfig, data: Path, registry: Path, anomaly_vers
                                  if manifest_shares and not Path(data).is_dir() else ""),
             "rows": rows, "as_source": as_note,
         }
+        if cfg.ingest.skew is not None:
+            from fedfraud.training.data.skew import describe_skew, skew_summary
+
+            info["skew"] = describe_skew(skew_summary(root))
         names = next(iter(banks.values())).names
         # the positive control's base lacks the amount-velocity columns (amount_1h, amount_24h, amount_7d)
         ablate = tuple(n for n in names if n.startswith("amount_") and n[len("amount_"):][:1].isdigit())

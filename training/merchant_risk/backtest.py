@@ -397,6 +397,8 @@ class BacktestReport:
                 "(each bank's Skellam share, summed as SecAgg+ sums, in process)."),
             "",
         ]
+        if i.get("skew"):
+            lines += [f"Skewed banks (`--skew`): {i['skew']}", ""]
         if self.private:
             lines += self._private_lines()
         for name, g in self.groups.items():
@@ -566,12 +568,20 @@ def _load() -> str:
     return "{:.2f} {:.2f} {:.2f}".format(*os.getloadavg())
 
 
-def load_bank_frames(csv: Path, ingest_cfg: IngestConfig, stack: ExitStack) -> dict[int, pd.DataFrame]:
-    """Every bank's canonical rows of ``csv``, split into banks exactly as ``fedfraud ingest`` does."""
+def load_bank_frames(csv: Path, ingest_cfg: IngestConfig, stack: ExitStack,
+                     info: dict[str, object] | None = None) -> dict[int, pd.DataFrame]:
+    """Every bank's canonical rows of ``csv``, split into banks exactly as ``fedfraud ingest`` does.
+
+    With ``ingest_cfg.skew`` the banks are thinned to their fraud rates; ``info`` (when given) gets ``skew``, the
+    per-bank line of :func:`~fedfraud.training.data.skew.describe_skew` for the report.
+    """
     from fedfraud.feature_store.layout import list_banks, read_bank
+    from fedfraud.training.data.skew import describe_skew, skew_summary
     from fedfraud.training.fraud.dataset import materialize
 
     root = stack.enter_context(materialize(csv, ingest_cfg))
+    if info is not None and ingest_cfg.skew is not None:
+        info["skew"] = describe_skew(skew_summary(root))
     return {b: read_bank(root, b) for b in list_banks(root)}
 
 

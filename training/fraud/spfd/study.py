@@ -96,6 +96,7 @@ class HeterogeneousReport:
             f"{i.get('test_cardholders', '?')}; **test frauds={i.get('test_frauds', '?')}**; network seeds="
             f"{i.get('seeds', '?')}; bootstrap: {i.get('reps', '?')} replicates over test cardholders; networks: "
             f"{i.get('spfd', '?')}; wall {float(i.get('seconds', math.nan)):.0f} s."
+            + (f" Skewed banks (`--skew`): {i['skew']}." if i.get("skew") else "")
         )
         seconds = i.get("train_seconds", {})
         for v in self.variants:
@@ -278,8 +279,12 @@ def heterogeneous_study(cfg: Any, data: Any, *, seeds: int = 2, reps: int | None
             merchant = dataset_columns(root, cfg.encoder, cfg.privacy, cfg.merchant_risk, cfg.merchant_noise)
             banks = {b: with_merchant_columns(f, merchant[b], cfg.merchant_risk) for b, f in banks.items()}
         tables, private = heterogeneous_tables(cfg, banks, root)
-        report = run_heterogeneous(banks, tables, private, fc, seeds=seeds, reps=reps, tune=tune,
-                                   info={"data": str(data)})
+        info: dict[str, Any] = {"data": str(data)}
+        if cfg.ingest.skew is not None:
+            from fedfraud.training.data.skew import describe_skew, skew_summary
+
+            info["skew"] = describe_skew(skew_summary(root))
+        report = run_heterogeneous(banks, tables, private, fc, seeds=seeds, reps=reps, tune=tune, info=info)
     report.info["seconds"] = time.perf_counter() - t0
     return report
 
