@@ -175,7 +175,8 @@ class KafkaSecurity(_Section):
 
     def librdkafka(self) -> dict[str, Any]:
         """The settings as librdkafka properties: the one mapping, for every client (``confluent-kafka``'s
-        producer, consumers and ``AdminClient``)."""
+        producer, consumers and ``AdminClient``).
+        """
         out: dict[str, Any] = {"security.protocol": self.security_protocol.lower()}
         if self.uses_sasl:
             out.update({"sasl.mechanism": self.sasl_mechanism, "sasl.username": self.sasl_username,
