@@ -20,6 +20,7 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 from fedfraud.core.errors import UserError
 from fedfraud.core.net import free_port
@@ -52,28 +53,31 @@ def tansu_binary() -> Path:
         raise BrokerError(f"embedded broker: {exc} (or pass --bootstrap-servers)") from None
 
 
+def _admin(bootstrap_servers: str, timeout_s: float, security: KafkaSecurity | None = None, **properties: Any) -> Any:
+    """The ``AdminClient`` of librdkafka with the deployment's security; a short reconnect backoff, so a broker that
+    is starting up is seen as soon as it answers.
+    """
+    from confluent_kafka.admin import AdminClient
+
+    return AdminClient({**(security or KafkaSecurity()).librdkafka(), "bootstrap.servers": bootstrap_servers,
+                        "socket.timeout.ms": max(int(timeout_s * 1000), 10), "reconnect.backoff.ms": 50,
+                        "reconnect.backoff.max.ms": 200, "logger": logging.getLogger("librdkafka"), **properties})
+
+
 def wait_for_broker(bootstrap_servers: str, timeout_s: float = 20.0) -> None:
     """Block until a metadata request succeeds; raise :class:`BrokerError` after ``timeout_s``."""
-    from kafka import KafkaAdminClient
-    from kafka.errors import KafkaError
+    from confluent_kafka import KafkaException
 
     deadline = time.monotonic() + timeout_s
+    admin = _admin(bootstrap_servers, 3.0, log_level=0)  # refused connects until it listens are expected: silent
     last: Exception | None = None
     while time.monotonic() < deadline:
         try:
-            admin = KafkaAdminClient(bootstrap_servers=bootstrap_servers, request_timeout_ms=3000)
-        except (KafkaError, OSError) as exc:
-            last = exc
-            time.sleep(0.1)
-            continue
-        try:
-            admin.list_topics()
+            admin.list_topics(timeout=min(max(deadline - time.monotonic(), 0.1), 3.0))
             return
-        except (KafkaError, OSError) as exc:
+        except KafkaException as exc:
             last = exc
             time.sleep(0.1)
-        finally:
-            admin.close()
     raise BrokerError(f"Kafka broker at {bootstrap_servers} did not answer within {timeout_s:.0f} s ({last!r})")
 
 
@@ -82,30 +86,24 @@ def create_topics(
     security: KafkaSecurity | None = None,
 ) -> list[str]:
     """Create the topics that do not exist yet (idempotent); returns the names it created."""
-    from kafka import KafkaAdminClient
-    from kafka.admin import NewTopic
-    from kafka.errors import TopicAlreadyExistsError
+    from confluent_kafka import KafkaError, KafkaException
+    from confluent_kafka.admin import NewTopic
 
-    admin = KafkaAdminClient(bootstrap_servers=bootstrap_servers, request_timeout_ms=int(timeout_s * 1000),
-                             **(security or KafkaSecurity()).kafka_python())
-    try:
-        existing = set(admin.list_topics())
-        todo = [
-            NewTopic(name, num_partitions=n, replication_factor=replication_factor)
-            for name, n in partitions.items()
-            if name not in existing
-        ]
-        if todo:
+    admin = _admin(bootstrap_servers, timeout_s, security)
+    existing = set(admin.list_topics(timeout=timeout_s).topics)
+    todo = [NewTopic(name, num_partitions=n, replication_factor=replication_factor)
+            for name, n in partitions.items() if name not in existing]
+    if todo:
+        for future in admin.create_topics(todo, operation_timeout=timeout_s, request_timeout=timeout_s).values():
             try:
-                admin.create_topics(todo, timeout_ms=int(timeout_s * 1000))
-            except TopicAlreadyExistsError:  # a concurrent creator won the race; fine
-                pass
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline and not set(partitions) <= set(admin.list_topics()):
-            time.sleep(0.05)
-        return [t.name for t in todo]
-    finally:
-        admin.close()
+                future.result()
+            except KafkaException as exc:
+                if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:  # a concurrent creator won the race: fine
+                    raise
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and not set(partitions) <= set(admin.list_topics(timeout=timeout_s).topics):
+        time.sleep(0.05)
+    return [t.topic for t in todo]
 
 
 class EmbeddedBroker:
@@ -114,7 +112,7 @@ class EmbeddedBroker:
     Example::
 
         with EmbeddedBroker(topics={"transactions": 4}) as broker:
-            producer = KafkaProducer(bootstrap_servers=broker.bootstrap_servers)
+            producer = make_producer(broker.bootstrap_servers, ProducerSettings())
     """
 
     def __init__(

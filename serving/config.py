@@ -44,7 +44,7 @@ class TopicNames(_Section):
 
 
 class ConsumerSettings(_Section):
-    """kafka-python consumer settings of the ingress, chosen by measurement (see ``infra/kafka.md``).
+    """Consumer settings of the ingress (librdkafka), chosen by measurement (see ``infra/kafka.md``).
 
     Group membership (``assignment: group``) lets ingress replicas share
     partitions and take over from a dead one. Measured against the embedded
@@ -174,7 +174,9 @@ class KafkaSecurity(_Section):
         return password
 
     def librdkafka(self) -> dict[str, Any]:
-        """The settings as librdkafka properties (``confluent-kafka`` producer and consumer)."""
+        """The settings as librdkafka properties: the one mapping, for every client (``confluent-kafka``'s
+        producer, consumers and ``AdminClient``).
+        """
         out: dict[str, Any] = {"security.protocol": self.security_protocol.lower()}
         if self.uses_sasl:
             out.update({"sasl.mechanism": self.sasl_mechanism, "sasl.username": self.sasl_username,
@@ -183,17 +185,6 @@ class KafkaSecurity(_Section):
             out.update({k: v for k, v in (("ssl.ca.location", self.ssl_cafile),
                                           ("ssl.certificate.location", self.ssl_certfile),
                                           ("ssl.key.location", self.ssl_keyfile)) if v})
-        return out
-
-    def kafka_python(self) -> dict[str, Any]:
-        """The settings as kafka-python keyword arguments (admin client and the topic-reading tools)."""
-        out: dict[str, Any] = {"security_protocol": self.security_protocol}
-        if self.uses_sasl:
-            out.update({"sasl_mechanism": self.sasl_mechanism, "sasl_plain_username": self.sasl_username,
-                        "sasl_plain_password": self._password()})
-        if self.uses_tls:
-            out.update({k: v for k, v in (("ssl_cafile", self.ssl_cafile), ("ssl_certfile", self.ssl_certfile),
-                                          ("ssl_keyfile", self.ssl_keyfile)) if v})
         return out
 
 

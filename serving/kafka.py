@@ -16,8 +16,10 @@ The scoring path's clients are librdkafka's (:mod:`fedfraud.serving.kafka_consum
 :mod:`fedfraud.serving.kafka_producer`, re-exported here); their factories apply
 :class:`fedfraud.serving.config.ConsumerSettings` / :class:`fedfraud.serving.config.ProducerSettings`
 and nothing else, so the same code talks to the embedded Tansu broker and to a
-production cluster. The operator tools that read topics end to end (replay's
-``collect``, the label joiner) still use kafka-python's consumer.
+production cluster. The tools that read topics end to end (replay's ``collect``, the
+label joiner, the console) use librdkafka's consumer too, made by
+:func:`fedfraud.serving.kafka_consumer.make_reader`; the topic admin of
+:mod:`fedfraud.serving.broker` is librdkafka's ``AdminClient``.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ from fedfraud.feature_store.schema import (
 
 from fedfraud.serving.config import GuardSettings
 from fedfraud.serving.dead_letters import DeadLetter, dead_letter_of, dlq_headers, dlq_value
-from fedfraud.serving.kafka_consumer import IngressConsumer, Record, make_consumer
+from fedfraud.serving.kafka_consumer import IngressConsumer, Record, make_consumer, wait_for_partitions
 from fedfraud.serving.kafka_producer import Delivery, DeliveryError, Producer, confirm_sent, make_producer
 
 
@@ -114,20 +116,6 @@ def json_bytes(value: Any) -> bytes:
 def json_value(raw: bytes) -> Any:
     """Parse JSON this service wrote itself (state rings); input from outside goes through :func:`parse_json`."""
     return orjson.loads(raw)
-
-
-def wait_for_partitions(client: Any, topic: str, timeout_s: float = 10.0) -> set[int]:
-    """The topic's partitions. A fresh client may not have the metadata yet, so wait for it: an empty
-    answer taken at face value made end offsets look like "from the beginning".
-    """
-    deadline = time.monotonic() + timeout_s
-    parts = client.partitions_for_topic(topic)
-    while not parts and time.monotonic() < deadline:
-        time.sleep(0.05)
-        parts = client.partitions_for_topic(topic)
-    if not parts:
-        raise RuntimeError(f"topic {topic!r} has no partitions (does it exist?)")
-    return set(parts)
 
 
 def produced_us_of(headers: Sequence[tuple[str, bytes]] | None, fallback_ms: int) -> int:

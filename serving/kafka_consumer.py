@@ -17,6 +17,11 @@ Kafka's consumer contract is kept as the scoring loop needs it:
   ``range`` assignor);
 * ``assignment: manual`` assigns every partition without a group protocol.
 
+The tools that read topics end to end (replay's ``collect``, the label joiner, the analyst console, the test
+helpers) make their consumer with :func:`make_reader` and read with the helpers beside it
+(:func:`wait_for_partitions`, :func:`watermarks`, :func:`assign_from`, :func:`take`): one place builds every
+librdkafka consumer, with the one security mapping, :meth:`fedfraud.serving.config.KafkaSecurity.librdkafka`.
+
 Partitions are named ``(topic, partition)`` tuples, so nothing outside this
 module depends on the client library.
 """
@@ -25,13 +30,15 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+import uuid
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from fedfraud.serving.config import ConsumerSettings, KafkaSecurity
 
-__all__ = ["CommitFailed", "IngressConsumer", "Partition", "Record", "make_consumer"]
+__all__ = ["CommitFailed", "IngressConsumer", "Partition", "Record", "assign_from", "caught_up", "make_consumer",
+           "make_reader", "take", "wait_for_partitions", "watermarks"]
 
 log = logging.getLogger(__name__)
 
@@ -101,23 +108,7 @@ class IngressConsumer:
         behind it. (The loop's own window, ``max_batch_wait_ms``, decides how
         long a batch waits to fill.)
         """
-        rd = self._rd
-        got = rd.consume(num_messages=max_records, timeout=0)
-        if not got and timeout_ms > 0:
-            first = rd.poll(timeout_ms / 1000)
-            if first is not None:
-                got = [first]
-                if max_records > 1:
-                    got += rd.consume(num_messages=max_records - 1, timeout=0)
-        out: list[Record] = []
-        for m in got:
-            err = m.error()
-            if err is not None:  # a fetch error for one partition; librdkafka retries on its own
-                log.warning("consume error on %s[%s]: %s", m.topic(), m.partition(), err)
-                continue
-            out.append(Record(m.topic(), m.partition(), m.offset(), m.key(), m.value(), m.headers(),
-                              m.timestamp()[1]))
-        return out
+        return take(self._rd, timeout_ms, max_records)
 
     def seek(self, partition: Partition, offset: int) -> None:
         """Read ``partition`` again from ``offset`` on the next poll."""
@@ -196,15 +187,7 @@ class IngressConsumer:
 
     def partitions(self, timeout_s: float = 10.0) -> set[int]:
         """The topic's partitions, waiting for a fresh client's metadata."""
-        deadline = time.monotonic() + timeout_s
-        while True:
-            meta = self._rd.list_topics(self.topic, timeout=max(deadline - time.monotonic(), 0.1))
-            found = meta.topics.get(self.topic)
-            if found is not None and found.error is None and found.partitions:
-                return set(found.partitions)
-            if time.monotonic() >= deadline:
-                raise RuntimeError(f"topic {self.topic!r} has no partitions (does it exist?)")
-            time.sleep(0.05)
+        return wait_for_partitions(self._rd, self.topic, timeout_s)
 
     def close(self) -> None:
         """Leave the group (partitions go to the others at once) and stop the client's threads."""
@@ -241,3 +224,101 @@ def make_consumer(bootstrap_servers: str, settings: ConsumerSettings, topic: str
         "partition.assignment.strategy": "range",
     }
     return IngressConsumer(config, topic, settings, on_assign, on_revoke, on_lost)
+
+
+# ---------------------------------------------------------------------------------------------------- readers
+def take(rd: Any, timeout_ms: int, max_records: int) -> list[Record]:
+    """Up to ``max_records`` messages of librdkafka consumer ``rd``, returning as soon as there is one (waiting at
+    most ``timeout_ms``).
+
+    librdkafka's ``consume(n, timeout)`` waits for all ``n`` until the timeout, which would hold a lone record
+    for the whole timeout; so take what is queued, else wait for one message, then take what queued behind it.
+    """
+    got = rd.consume(num_messages=max_records, timeout=0)
+    if not got and timeout_ms > 0:
+        first = rd.poll(timeout_ms / 1000)
+        if first is not None:
+            got = [first]
+            if max_records > 1:
+                got += rd.consume(num_messages=max_records - 1, timeout=0)
+    out: list[Record] = []
+    for m in got:
+        err = m.error()
+        if err is not None:  # a fetch error for one partition; librdkafka retries on its own
+            log.warning("consume error on %s[%s]: %s", m.topic(), m.partition(), err)
+            continue
+        out.append(Record(m.topic(), m.partition(), m.offset(), m.key(), m.value(), m.headers(), m.timestamp()[1]))
+    return out
+
+
+def make_reader(bootstrap_servers: str, client_id: str = "fedfraud-reader", fetch_max_wait_ms: int = 100,
+                security: KafkaSecurity | None = None, **properties: Any) -> Any:
+    """A librdkafka consumer for reading assigned partitions (:func:`assign_from`), never a group member.
+
+    librdkafka needs a ``group.id`` even when nothing subscribes: a throwaway one, and nothing is ever
+    committed to it (auto commit and offset store off). ``fetch_max_wait_ms`` is how long the broker may
+    hold a fetch for more data, the latency knob of small reads; ``properties`` are further librdkafka
+    properties (``max.partition.fetch.bytes``, ...).
+    """
+    from confluent_kafka import Consumer
+
+    config = {
+        **(security or KafkaSecurity()).librdkafka(),
+        "bootstrap.servers": bootstrap_servers,
+        "client.id": client_id,
+        "group.id": f"{client_id}-{uuid.uuid4().hex}",
+        "enable.auto.commit": False,
+        "enable.auto.offset.store": False,
+        "auto.offset.reset": "earliest",
+        "fetch.wait.max.ms": fetch_max_wait_ms,
+        "logger": logging.getLogger("librdkafka"),
+        **properties,
+    }
+    return Consumer(config)
+
+
+def wait_for_partitions(client: Any, topic: str, timeout_s: float = 10.0) -> set[int]:
+    """The topic's partitions, asked of any librdkafka client (consumer, producer, admin). A fresh client may not
+    have the metadata yet, so wait for it: an empty answer taken at face value made end offsets look like "from
+    the beginning".
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        meta = client.list_topics(topic, timeout=max(deadline - time.monotonic(), 0.1))
+        found = meta.topics.get(topic)
+        if found is not None and found.error is None and found.partitions:
+            return set(found.partitions)
+        if time.monotonic() >= deadline:
+            raise RuntimeError(f"topic {topic!r} has no partitions (does it exist?)")
+        time.sleep(0.05)
+
+
+def watermarks(consumer: Any, partitions: Iterable[Partition], timeout_s: float = 10.0
+               ) -> dict[Partition, tuple[int, int]]:
+    """``(low, high)`` offsets of each partition, asked of the broker: the first offset still kept and the next
+    offset to be written (its end).
+    """
+    from confluent_kafka import TopicPartition
+
+    out: dict[Partition, tuple[int, int]] = {}
+    for topic, partition in partitions:
+        got = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=timeout_s, cached=False)
+        if not got:
+            raise TimeoutError(f"no offsets for {topic}[{partition}] within {timeout_s}s")
+        out[(topic, partition)] = (int(got[0]), int(got[1]))
+    return out
+
+
+def assign_from(consumer: Any, starts: Mapping[Partition, int | None]) -> None:
+    """Assign exactly these partitions, each read from its offset (None: from its beginning)."""
+    from confluent_kafka import OFFSET_BEGINNING, TopicPartition
+
+    consumer.assign([TopicPartition(t, p, OFFSET_BEGINNING if off is None else off)
+                     for (t, p), off in starts.items()])
+
+
+def caught_up(positions: Mapping[Partition, int], ends: Mapping[Partition, tuple[int, int]]) -> bool:
+    """True when every partition's next offset to read (``positions``) is at its end; offsets below the low
+    watermark are gone (the reader resets to the earliest kept one), so they count as read.
+    """
+    return all(max(positions.get(part, 0), low) >= high for part, (low, high) in ends.items())

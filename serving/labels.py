@@ -35,6 +35,7 @@ from fedfraud.serving.dead_letters import LABEL_FIELDS, DeadLetter, dead_letter_
 from fedfraud.serving.kafka import (
     confirm_sent, json_bytes, make_producer, now_us, parse_json, wait_for_partitions,
 )
+from fedfraud.serving.kafka_consumer import Record, assign_from, caught_up, make_reader, take, watermarks
 
 __all__ = ["LABELS", "JoinStats", "LabelJoiner", "label_message", "parse_label"]
 
@@ -129,66 +130,62 @@ class LabelJoiner:
     def __init__(self, bootstrap_servers: str, store: OutcomeStore, topics: TopicNames | None = None,
                  producer: ProducerSettings | None = None, max_message_bytes: int = 1 << 20,
                  security: KafkaSecurity | None = None, raw_capture: bool = False) -> None:
-        from kafka import KafkaConsumer, TopicPartition
-
         self.store = store
         self.raw_capture = raw_capture  # serving.guards.dlq_raw_capture: keep masked payloads in the DLQ
         self.topics = topics or TopicNames()
         self.max_message_bytes = max_message_bytes
         t = self.topics
         self._kind = {t.decisions: "decisions", t.shadow_scores: "shadow", t.labels: "labels"}
-        # earliest: a stored position that fell out of retention must not jump to the end and skip records
-        self._consumer = KafkaConsumer(bootstrap_servers=bootstrap_servers, enable_auto_commit=False,
-                                       auto_offset_reset="earliest", max_poll_records=2000, fetch_max_wait_ms=50,
-                                       client_id="fedfraud-labels", **(security or KafkaSecurity()).kafka_python())
+        # earliest (make_reader): a stored position that fell out of retention must not jump to the end and skip
+        self._consumer = make_reader(bootstrap_servers, client_id="fedfraud-labels", fetch_max_wait_ms=50,
+                                     security=security)
         self._producer = make_producer(bootstrap_servers, producer or ProducerSettings(), client_id="fedfraud-labels",
                                        security=security)
-        parts = [TopicPartition(topic, p) for topic in self._kind
-                 for p in sorted(wait_for_partitions(self._consumer, topic))]
-        self._consumer.assign(parts)
+        parts = [(topic, p) for topic in self._kind for p in sorted(wait_for_partitions(self._consumer, topic))]
         stored = store.positions()
-        for tp in parts:
-            if (tp.topic, tp.partition) in stored:
-                self._consumer.seek(tp, stored[(tp.topic, tp.partition)])
-            else:
-                self._consumer.seek_to_beginning(tp)
+        assign_from(self._consumer, {part: stored.get(part) for part in parts})  # None: from the beginning
+        #: next offset to read of each partition read from a stored position or read from since (else: its beginning)
+        self._positions: dict[tuple[str, int], int] = {part: stored[part] for part in parts if part in stored}
         self.stats = JoinStats()
+
+    def _take(self, timeout_ms: int) -> list[Record]:
+        return take(self._consumer, timeout_ms, 2000)
 
     def step(self, timeout_ms: int = 200) -> int:
         """Poll once and apply what came (rows + positions in one store transaction); returns messages handled."""
-        polled = self._consumer.poll(timeout_ms=timeout_ms)
+        polled = self._take(timeout_ms)
         if not polled:
             return 0
         rows: dict[str, list[dict[str, Any]]] = {"decisions": [], "shadow": [], "labels": []}
         dead: list[DeadLetter] = []
         positions: dict[tuple[str, int], int] = {}
         n = 0
-        for tp, msgs in polled.items():
-            kind = self._kind[tp.topic]
-            for m in msgs:
-                n += 1
-                positions[(tp.topic, tp.partition)] = m.offset + 1
-                raw = m.value or b""
-                if len(raw) > self.max_message_bytes:
-                    dead.append(dead_letter_of(m, "too_large", f"{len(raw)} bytes", LABEL_FIELDS, raw=raw))
-                    continue
-                if kind == "labels":
-                    row, reason, detail = parse_label(raw)
-                else:
-                    try:
-                        value = parse_json(raw)
-                    except Exception as exc:  # our own topics; still never stop on one record
-                        value, detail = None, str(exc)[:200]
-                    row = (_decision_row if kind == "decisions" else _shadow_row)(value)
-                    reason, detail = ("", "") if row is not None else (f"bad_{kind}_record", repr(raw[:80]))
-                if row is None:
-                    dead.append(dead_letter_of(m, reason, detail, LABEL_FIELDS, raw=raw))
-                else:
-                    rows[kind].append(row)
+        for m in polled:
+            kind = self._kind[m.topic]
+            n += 1
+            positions[(m.topic, m.partition)] = m.offset + 1
+            raw = m.value or b""
+            if len(raw) > self.max_message_bytes:
+                dead.append(dead_letter_of(m, "too_large", f"{len(raw)} bytes", LABEL_FIELDS, raw=raw))
+                continue
+            if kind == "labels":
+                row, reason, detail = parse_label(raw)
+            else:
+                try:
+                    value = parse_json(raw)
+                except Exception as exc:  # our own topics; still never stop on one record
+                    value, detail = None, str(exc)[:200]
+                row = (_decision_row if kind == "decisions" else _shadow_row)(value)
+                reason, detail = ("", "") if row is not None else (f"bad_{kind}_record", repr(raw[:80]))
+            if row is None:
+                dead.append(dead_letter_of(m, reason, detail, LABEL_FIELDS, raw=raw))
+            else:
+                rows[kind].append(row)
         self._dead_letter(dead)
         applied = self.store.apply(decisions=rows["decisions"], shadow=rows["shadow"], labels=rows["labels"],
                                    positions=positions,
                                    counters=dict(Counter(f"dlq_{d.reason}" for d in dead)))
+        self._positions.update(positions)
         s = self.stats
         s.messages += n
         s.decisions += applied.decisions
@@ -214,9 +211,8 @@ class LabelJoiner:
 
     def caught_up(self) -> bool:
         """True when every assigned partition is read to its current end."""
-        parts = list(self._consumer.assignment())
-        ends = self._consumer.end_offsets(parts)
-        return all(self._consumer.position(tp) >= ends[tp] for tp in parts)
+        parts = [(tp.topic, tp.partition) for tp in self._consumer.assignment()]
+        return caught_up(self._positions, watermarks(self._consumer, parts))
 
     def run(self, stop: threading.Event | None = None, idle_s: float | None = None) -> JoinStats:
         """Apply until ``stop`` is set, or (``idle_s``) until caught up and nothing came for that long."""

@@ -24,6 +24,7 @@ from fedfraud.core.errors import UserError
 from fedfraud.feature_store.schema import CANONICAL_COLUMNS, COORDINATE_DECIMALS
 from fedfraud.serving.config import KafkaSecurity, ProducerSettings
 from fedfraud.serving.kafka import PRODUCED_HEADER, Producer, json_bytes, make_producer, now_us, wait_for_partitions
+from fedfraud.serving.kafka_consumer import assign_from, make_reader, take, watermarks
 
 if TYPE_CHECKING:
     from fedfraud.feature_store.privacy import PrivateFeaturizer
@@ -205,14 +206,10 @@ class _LabelQueue:
 
 def topic_end_offsets(bootstrap_servers: str, topic: str, security: KafkaSecurity | None = None) -> dict[int, int]:
     """Current end offset of every partition (collect from here to see only new records)."""
-    from kafka import KafkaConsumer, TopicPartition
-
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap_servers, enable_auto_commit=False,
-                             **(security or KafkaSecurity()).kafka_python())
+    consumer = make_reader(bootstrap_servers, client_id="fedfraud-replay", security=security)
     try:
         parts = wait_for_partitions(consumer, topic)
-        ends = consumer.end_offsets([TopicPartition(topic, p) for p in parts])
-        return {tp.partition: off for tp, off in ends.items()}
+        return {p: high for (_, p), (_, high) in watermarks(consumer, [(topic, p) for p in sorted(parts)]).items()}
     finally:
         consumer.close()
 
@@ -233,32 +230,23 @@ def collect(
     """
     import json
 
-    from kafka import KafkaConsumer, TopicPartition
-
     wanted = None if isinstance(expected, int) else set(expected)
     target = expected if isinstance(expected, int) else len(wanted or ())
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap_servers, enable_auto_commit=False, max_poll_records=2000,
-                             fetch_max_wait_ms=20, **(security or KafkaSecurity()).kafka_python())
+    consumer = make_reader(bootstrap_servers, client_id="fedfraud-replay", fetch_max_wait_ms=20, security=security)
     out: list[dict[str, Any]] = []
     seen: set[str] = set()
     try:
-        tps = [TopicPartition(topic, p) for p in sorted(wait_for_partitions(consumer, topic))]
-        consumer.assign(tps)
-        for tp in tps:
-            if start and tp.partition in start:
-                consumer.seek(tp, start[tp.partition])
-            else:
-                consumer.seek_to_beginning(tp)
+        parts = sorted(wait_for_partitions(consumer, topic))
+        assign_from(consumer, {(topic, p): (start or {}).get(p) for p in parts})
         deadline = time.monotonic() + timeout_s
         while len(seen) < target and time.monotonic() < deadline:
-            for msgs in consumer.poll(timeout_ms=100).values():
-                for m in msgs:
-                    record = json.loads(m.value)
-                    rid = str(record.get(id_field)) if isinstance(id_field, str) else \
-                        "/".join(str(record.get(f)) for f in id_field)
-                    if wanted is None or rid in wanted:
-                        out.append(record)
-                        seen.add(rid)
+            for m in take(consumer, 100, 2000):
+                record = json.loads(m.value or b"")
+                rid = str(record.get(id_field)) if isinstance(id_field, str) else \
+                    "/".join(str(record.get(f)) for f in id_field)
+                if wanted is None or rid in wanted:
+                    out.append(record)
+                    seen.add(rid)
     finally:
         consumer.close()
     return out

@@ -10,7 +10,7 @@ HTTP, with the bearer token:
 * the case view of distinct decisions (two records read back by offset, the online store's ego graph and
   merchant risk, two matplotlib drawings);
 * the reference, measured in the same run: a raw Kafka read of one page, i.e. the 50 newest records of
-  ``fraud-decisions`` with kafka-python's consumer (assign, seek, poll), what any Kafka-backed queue pays at
+  ``fraud-decisions`` with a fresh librdkafka consumer (assign at offsets, poll), what any Kafka-backed queue pays at
   least.
 
 The decisions are not the scorer's: a trained model and Ray Serve would add minutes and nothing the console
@@ -172,29 +172,24 @@ def _raw_page_ms(bootstrap_servers: str, topic: str, size: int, security: Any) -
     """The reference: the ``size`` newest records of ``topic`` read straight from Kafka (one fresh consumer, as
     a stateless page request would make).
     """
-    from kafka import KafkaConsumer, TopicPartition
-
-    from fedfraud.serving.kafka import parse_json, wait_for_partitions
+    from fedfraud.serving.kafka import parse_json
+    from fedfraud.serving.kafka_consumer import assign_from, make_reader, take, wait_for_partitions, watermarks
 
     start = time.perf_counter()
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap_servers, enable_auto_commit=False, fetch_max_wait_ms=10,
-                             **security.kafka_python())
+    consumer = make_reader(bootstrap_servers, client_id="fedfraud-bench-console", fetch_max_wait_ms=10,
+                           security=security)
     try:
-        parts = [TopicPartition(topic, p) for p in sorted(wait_for_partitions(consumer, topic))]
-        consumer.assign(parts)
-        ends = consumer.end_offsets(parts)
-        per = -(-size // len(parts))
-        want = 0
-        for tp in parts:
-            first = max(ends[tp] - per, 0)
-            consumer.seek(tp, first)
-            want += ends[tp] - first
+        ends = watermarks(consumer, [(topic, p) for p in sorted(wait_for_partitions(consumer, topic))])
+        per = -(-size // len(ends))
+        starts = {part: max(high - per, 0) for part, (_, high) in ends.items()}
+        want = sum(ends[part][1] - first for part, first in starts.items())
+        assign_from(consumer, starts)
         got = 0
         while got < want:
-            for msgs in consumer.poll(timeout_ms=200).values():
-                for m in msgs:
-                    parse_json(m.value)
-                got += len(msgs)
+            msgs = take(consumer, 200, 500)
+            for m in msgs:
+                parse_json(m.value or b"")
+            got += len(msgs)
     finally:
         consumer.close()
     return (time.perf_counter() - start) * 1000

@@ -165,14 +165,14 @@ def _input_error_line(exc: Exception) -> str | None:
         return f"the CSV cannot be parsed: {str(exc).splitlines()[0]}"
     if isinstance(exc, (pa.ArrowInvalid, pa.ArrowIOError)):
         return f"the file cannot be read as parquet/arrow: {str(exc).splitlines()[0]}"
-    from kafka import errors
+    from confluent_kafka import KafkaError, KafkaException
 
-    names = ("NoBrokersAvailable", "KafkaConnectionError")  # kafka-python 2.x / 3.x
-    unreachable = tuple(getattr(errors, n) for n in names if hasattr(errors, n))
-    if unreachable and isinstance(exc, unreachable):
+    err = exc.args[0] if isinstance(exc, KafkaException) and exc.args else None
+    code = err.code() if isinstance(err, KafkaError) else None
+    if code in (KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN, KafkaError._RESOLVE):
         return "no Kafka broker reachable at the bootstrap servers (is it running? check --bootstrap-servers)"
-    if isinstance(exc, errors.KafkaTimeoutError):
-        return f"Kafka did not answer in time ({str(exc).splitlines()[0]}); check --bootstrap-servers"
+    if code in (KafkaError._TIMED_OUT, KafkaError.REQUEST_TIMED_OUT, KafkaError._MSG_TIMED_OUT):
+        return f"Kafka did not answer in time ({err.str()}); check --bootstrap-servers"
     return None
 
 

@@ -9,9 +9,10 @@ page show and filter on, plus its ``(partition, offset)``. A case reads its whol
 transaction back by offset (:class:`OffsetReader`); no record is kept whole. The rows are capped
 (``max_rows``; the oldest go first).
 
-The Kafka client is the one the project's operator tools use to read topics end to end (kafka-python's
-consumer with assigned partitions, as :class:`fedfraud.serving.labels.LabelJoiner` and
-:func:`fedfraud.serving.replay.collect`), with the deployment's :class:`~fedfraud.serving.config.KafkaSecurity`.
+The Kafka client is the one the project's tools use to read topics end to end (librdkafka's consumer on
+assigned partitions, made by :func:`fedfraud.serving.kafka_consumer.make_reader`, as for
+:class:`fedfraud.serving.labels.LabelJoiner` and :func:`fedfraud.serving.replay.collect`), with the
+deployment's :class:`~fedfraud.serving.config.KafkaSecurity`.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from fedfraud.feature_store.schema import COORDINATE_DECIMALS, is_card_token
 from fedfraud.serving.config import KafkaSecurity, TopicNames
 from fedfraud.serving.dead_letters import mask_text
 from fedfraud.serving.kafka import parse_json, wait_for_partitions
+from fedfraud.serving.kafka_consumer import Record, assign_from, caught_up, make_reader, take, watermarks
 
 __all__ = ["DecisionRow", "LabelRow", "OffsetReader", "QueueFilter", "QueuePage", "ShadowRow", "TopicIndex", "TxRow",
            "masked", "shadow_row"]
@@ -284,35 +286,34 @@ class TopicIndex:
         return self._error
 
     def _run(self) -> None:
-        from kafka import KafkaConsumer, TopicPartition
-
         consumer = None
         try:
-            consumer = KafkaConsumer(bootstrap_servers=self.bootstrap_servers, enable_auto_commit=False,
-                                     max_poll_records=5000, fetch_max_wait_ms=100, client_id="fedfraud-console",
-                                     **self.security.kafka_python())
+            consumer = make_reader(self.bootstrap_servers, client_id="fedfraud-console", fetch_max_wait_ms=100,
+                                   security=self.security)
             topics = (self.topics.decisions, self.topics.transactions, self.topics.labels)
-            parts = [TopicPartition(t, p) for t in topics for p in sorted(wait_for_partitions(consumer, t))]
+            parts = [(t, p) for t in topics for p in sorted(wait_for_partitions(consumer, t))]
             # optional: the scorer creates it with the others, but a console may read topics made without it
-            shadow = consumer.partitions_for_topic(self.topics.shadow_scores)
-            if shadow:
-                parts += [TopicPartition(self.topics.shadow_scores, p) for p in sorted(shadow)]
+            # (asked in the list of all topics: asking for it by name must not create it)
+            shadow = consumer.list_topics(timeout=10).topics.get(self.topics.shadow_scores)
+            if shadow is not None and shadow.error is None and shadow.partitions:
+                parts += [(self.topics.shadow_scores, p) for p in sorted(shadow.partitions)]
                 self.shadow_topic = True
             else:
                 log.info("console: no %r topic; the Models page shows no shadow agreement",
                          self.topics.shadow_scores)
-            consumer.assign(parts)
-            ends = consumer.end_offsets(parts)
-            starts = consumer.beginning_offsets(parts)
-            for tp in parts:
-                first = starts[tp] if self.history is None else max(starts[tp], ends[tp] - self.history)
-                consumer.seek(tp, first)
-            targets = {tp: ends[tp] for tp in parts}
+            marks = watermarks(consumer, parts)
+            positions = {part: low if self.history is None else max(low, high - self.history)
+                         for part, (low, high) in marks.items()}
+            assign_from(consumer, positions)
+            targets = marks
             while not self._stop.is_set():
-                polled = consumer.poll(timeout_ms=200)
-                for tp, msgs in polled.items():
-                    self._ingest(tp.topic, tp.partition, msgs)
-                if targets and all(consumer.position(tp) >= end for tp, end in targets.items()):
+                polled: dict[tuple[str, int], list[Record]] = {}
+                for m in take(consumer, 200, 5000):
+                    polled.setdefault((m.topic, m.partition), []).append(m)
+                for (topic, partition), msgs in polled.items():
+                    self._ingest(topic, partition, msgs)
+                    positions[(topic, partition)] = msgs[-1].offset + 1
+                if targets and caught_up(positions, targets):
                     targets = {}
                     self._caught_up.set()
                     log.info("console index caught up: %d decisions, %d transactions, %d labels",
@@ -493,55 +494,43 @@ def _newest_first(rows: list[DecisionRow]) -> Iterator[DecisionRow]:
 class OffsetReader:
     """Reads one record back by (topic, partition, offset); one consumer, one read at a time (a lock).
 
-    Why a consumer of its own: the index's consumer belongs to its thread, and kafka-python's is not safe to
-    share between threads.
+    Why a consumer of its own: the index's consumer belongs to its thread and reads every partition; this one
+    is assigned the one partition of a read, from that read's offset, and nothing between reads.
     """
 
     def __init__(self, bootstrap_servers: str, topics: Iterable[str], security: KafkaSecurity | None = None,
                  timeout_s: float = 5.0) -> None:
-        from kafka import KafkaConsumer, TopicPartition
-
         self.timeout_s = timeout_s
         self._lock = threading.Lock()
-        # retry_backoff_ms: kafka-python waits that long before fetching a partition it has just resumed; at its
-        # default (100 ms) every read cost about 100 ms more
-        self._consumer = KafkaConsumer(bootstrap_servers=bootstrap_servers, enable_auto_commit=False,
-                                       max_poll_records=1, fetch_max_wait_ms=10, retry_backoff_ms=5,
-                                       max_partition_fetch_bytes=1 << 18, client_id="fedfraud-console-reader",
-                                       **(security or KafkaSecurity()).kafka_python())
-        # every partition assigned once and paused; a read resumes one (a new assignment per read cost more)
-        self._parts = [TopicPartition(t, p) for t in topics for p in sorted(wait_for_partitions(self._consumer, t))]
-        self._consumer.assign(self._parts)
-        self._consumer.pause(*self._parts)
+        # a small fetch (one record is wanted) that the broker answers at once
+        self._consumer = make_reader(bootstrap_servers, client_id="fedfraud-console-reader", fetch_max_wait_ms=10,
+                                     security=security, **{"max.partition.fetch.bytes": 1 << 18})
+        self._parts = {(t, p) for t in topics for p in wait_for_partitions(self._consumer, t)}
 
     def read(self, topic: str, partition: int, offset: int) -> Any:
         """The JSON value at that offset, or None if it cannot be read within the timeout (e.g. past
         retention) or is not JSON.
         """
-        from kafka import TopicPartition
-
-        tp = TopicPartition(topic, partition)
-        if tp not in self._parts:
+        if (topic, partition) not in self._parts:
             return None
         with self._lock:
             c = self._consumer
-            c.resume(tp)
+            assign_from(c, {(topic, partition): offset})
             try:
-                c.seek(tp, offset)
                 deadline = time.monotonic() + self.timeout_s
                 while time.monotonic() < deadline:
-                    for msgs in c.poll(timeout_ms=100, max_records=1).values():
-                        for m in msgs:
-                            if m.offset == offset:
-                                try:
-                                    return parse_json(m.value or b"")
-                                except Exception:  # noqa: BLE001 - not JSON: nothing to show
-                                    return None
-                            if m.offset > offset:  # compacted or deleted: it is gone
+                    for m in take(c, 100, 1):
+                        if (m.topic, m.partition) != (topic, partition) or m.offset < offset:
+                            continue  # fetched for an earlier read
+                        if m.offset == offset:
+                            try:
+                                return parse_json(m.value or b"")
+                            except Exception:  # noqa: BLE001 - not JSON: nothing to show
                                 return None
+                        return None  # past it: compacted or deleted, it is gone
                 return None
             finally:
-                c.pause(tp)
+                c.unassign()
 
     def close(self) -> None:
         self._consumer.close()

@@ -459,26 +459,24 @@ def test_score_and_metrics_need_the_bearer_token_and_the_probes_do_not(runtime, 
 
 def _topic_messages(servers: str, topic: str, start: dict[int, int] | None = None) -> list[tuple]:
     """``(key, value, headers)`` of every message of ``topic`` from ``start`` (else its beginning) to its end."""
-    from kafka import KafkaConsumer, TopicPartition
+    from fedfraud.serving.kafka_consumer import assign_from, caught_up, make_reader, take, watermarks
 
-    consumer = KafkaConsumer(bootstrap_servers=servers, enable_auto_commit=False, max_poll_records=5000)
+    consumer = make_reader(servers, client_id="fedfraud-test")
     try:
-        tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
-        if not tps:
+        meta = consumer.list_topics(timeout=10).topics.get(topic)
+        parts = [(topic, p) for p in sorted(meta.partitions if meta is not None and meta.error is None else ())]
+        if not parts:
             return []
-        consumer.assign(tps)
-        for tp in tps:
-            if start and tp.partition in start:
-                consumer.seek(tp, start[tp.partition])
-            else:
-                consumer.seek_to_beginning(tp)
-        end = consumer.end_offsets(tps)
+        end = watermarks(consumer, parts)
+        positions = {part: (start or {}).get(part[1], end[part][0]) for part in parts}
+        assign_from(consumer, positions)
         out: list[tuple] = []
         deadline = time.monotonic() + 60
-        while any(consumer.position(tp) < end[tp] for tp in tps) and time.monotonic() < deadline:
-            for msgs in consumer.poll(timeout_ms=200).values():
-                out += [(m.key, m.value or b"", [(k, v or b"") for k, v in (m.headers or [])]) for m in msgs]
-        assert all(consumer.position(tp) >= end[tp] for tp in tps), f"{topic}: not read to its end"
+        while not caught_up(positions, end) and time.monotonic() < deadline:
+            for m in take(consumer, 200, 5000):
+                out.append((m.key, m.value or b"", [(k, v or b"") for k, v in (m.headers or [])]))
+                positions[(m.topic, m.partition)] = m.offset + 1
+        assert caught_up(positions, end), f"{topic}: not read to its end"
         return out
     finally:
         consumer.close()

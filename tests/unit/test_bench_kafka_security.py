@@ -21,8 +21,8 @@ BENCH = Path(__file__).resolve().parents[2] / "fedfraud" / "bench"
 SECURED = KafkaSecurity(security_protocol="SSL", ssl_cafile="/etc/kafka-tls/ca.crt")
 
 #: Everything in the project that opens a Kafka connection (clients, admin, and the helpers that make them).
-KAFKA_CLIENTS = {"make_producer", "make_consumer", "create_topics", "LabelJoiner", "KafkaConsumer", "KafkaProducer",
-                 "KafkaAdminClient", "topic_end_offsets", "collect", "replay_and_collect", "_send_labels"}
+KAFKA_CLIENTS = {"make_producer", "make_consumer", "make_reader", "create_topics", "LabelJoiner", "Consumer",
+                 "Producer", "AdminClient", "topic_end_offsets", "collect", "replay_and_collect", "_send_labels"}
 
 
 @dataclass

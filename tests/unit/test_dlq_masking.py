@@ -232,8 +232,6 @@ def stage_path(card: str, raw_capture: bool = False) -> tuple[int, RecordingProd
 
 def label_path(card: str, tmp_path: Any, raw_capture: bool = False) -> tuple[int, RecordingProducer]:
     """The label joiner's DLQ: one poll of hostile ``fraud-labels`` messages through :meth:`LabelJoiner.step`."""
-    from kafka import TopicPartition
-
     msgs = _msgs(label_disguises(card), topic="fraud-labels")
     joiner = object.__new__(LabelJoiner)  # no broker: the consumer and producer are stand-ins
     joiner.topics = ServingConfig().topics
@@ -242,11 +240,8 @@ def label_path(card: str, tmp_path: Any, raw_capture: bool = False) -> tuple[int
     joiner._producer = producer = RecordingProducer()
     joiner.raw_capture = raw_capture
 
-    class _Consumer:
-        def poll(self, timeout_ms: int = 0) -> dict[Any, list[Msg]]:
-            return {TopicPartition(joiner.topics.labels, 0): msgs}
-
-    joiner._consumer = _Consumer()
+    joiner._take = lambda timeout_ms: msgs  # one poll: these records
+    joiner._positions = {}
     joiner.stats = JoinStats()
     with OutcomeStore(tmp_path / f"outcomes-{card}-{raw_capture}.sqlite") as joiner.store:
         assert joiner.step() == len(msgs)
