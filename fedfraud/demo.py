@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import secrets
 import threading
 import time
 from collections import Counter
@@ -349,7 +350,11 @@ def _stage_merchant_risk(cfg: FedfraudConfig, args: DemoArgs, ctx: dict[str, Any
 
     t0 = time.perf_counter()
     client = OnlineStateClient.open(cfg.features, cfg.egograph)
-    done = publish_release(cfg, ctx["split"].history, client, top=5, progress=False)
+    # the banks' noise comes from a fresh secret seed, kept for this run only: the heterogeneous-banks stage writes
+    # the same release (same noise) to its bank's store, so the demo makes one release per day, not two
+    ctx["merchant_risk_seed"] = secrets.randbits(128)
+    done = publish_release(cfg, ctx["split"].history, client, rng=np.random.default_rng(ctx["merchant_risk_seed"]),
+                           top=5, progress=False)
     manifest = json.loads((Path(ctx["data"]) / "manifest.json").read_text(encoding="utf-8"))
     breached = set(manifest.get("generator", {}).get("breached_merchants", []))
     flagged = done.flagged.drop_duplicates("merchant_id")
@@ -421,6 +426,12 @@ def _stage_heterogeneous(cfg: FedfraudConfig, args: DemoArgs, ctx: dict[str, Any
     materialize_repo(store)
     _fresh_serving_state(cfg)
     warm_fraud_state(cfg, ctx["split"].history, bank)
+    if cfg.fraud.merchant_risk_features and "merchant_risk_seed" in ctx:  # the model reads the merchant columns
+        from fedfraud.feature_store.online import OnlineStateClient
+        from fedfraud.training.merchant_risk.publish import publish_release
+
+        publish_release(cfg, ctx["split"].history, OnlineStateClient.open(cfg.features, cfg.egograph),
+                        rng=np.random.default_rng(ctx["merchant_risk_seed"]), top=0, progress=False)
     live = ctx["split"].live[bank]
     hot = HotPath(ScorerConfig.of(cfg), None, "fedfraud.serving.anomaly_stage:load_anomaly_scorer")
     records: list[dict[str, Any]] = []

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -41,7 +42,14 @@ def test_three_schemas_train_and_a_demographics_bank_serves(tmp_path: Path) -> N
     publish_bench_models(ModelRegistry(registry), read_bank(split.history, 0).head(300), cfg)
     spfd = cfg.fraud.spfd.model_copy(update={"rounds": 3, "warm_rounds": 1})
     cfg = update_section(cfg, "fraud", spfd=spfd)
-    result = _stage_heterogeneous(cfg, DemoArgs(out=tmp_path / "out"), {"split": split, "registry": registry})
+    # the stage writes the merchant-risk stage's release again from its seed: the same noise, so the same release
+    from fedfraud.training.merchant_risk.publish import publish_release
+
+    twice = [publish_release(cfg, split.history, None, rng=np.random.default_rng(7), top=5, progress=False)
+             for _ in range(2)]
+    pd.testing.assert_frame_equal(twice[0].flagged, twice[1].flagged)
+    ctx = {"split": split, "registry": registry, "merchant_risk_seed": 7}
+    result = _stage_heterogeneous(cfg, DemoArgs(out=tmp_path / "out"), ctx)
 
     s = result.summary
     assert s["distinct_schemas"] == 3 and s["served_bank"] == 1
