@@ -18,14 +18,14 @@ cardholder's rows land in one bank no matter how the input is chunked.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import numpy as np
 import pandas as pd
 
 from fedfraud.training.data.geo import geo_tables
 
-__all__ = ["PARTITIONERS", "hash_banks", "partitioner", "region_banks", "share_banks", "state_bank_map"]
+__all__ = ["PARTITIONERS", "hash_banks", "partitioner", "region_banks", "share_banks", "stable_units", "state_bank_map"]
 
 
 def _hash_bank(cardholder_id: str, banks: int) -> int:
@@ -41,9 +41,14 @@ def hash_banks(cardholder_ids: pd.Series, home_states: pd.Series | None, banks: 
     return per_unique[codes] if len(codes) else np.zeros(0, dtype=np.int64)
 
 
-def _unit(cardholder_id: str) -> float:
-    digest = hashlib.blake2b(f"fedfraud-share:{cardholder_id}".encode("utf-8", "surrogateescape"), digest_size=8)
-    return int.from_bytes(digest.digest(), "big") / 2**64
+def stable_units(ids: Iterable[str], salt: str) -> np.ndarray:
+    """A stable number in [0, 1) per id, ``blake2b(salt + ":" + id)``: an order or a draw that does not depend on
+    how the input is chunked or shuffled (a different ``salt`` per use keeps the draws independent).
+    """
+    ids = list(ids)
+    return np.fromiter(
+        (int.from_bytes(hashlib.blake2b(f"{salt}:{i}".encode("utf-8", "surrogateescape"), digest_size=8).digest(),
+                        "big") / 2**64 for i in ids), dtype=np.float64, count=len(ids))
 
 
 def share_banks(cardholder_ids: pd.Series, shares: tuple[float, ...]) -> np.ndarray:
@@ -55,7 +60,7 @@ def share_banks(cardholder_ids: pd.Series, shares: tuple[float, ...]) -> np.ndar
     edges = np.cumsum(np.asarray(shares, dtype=np.float64))
     edges[-1] = 1.0 + 1e-12
     codes, uniques = pd.factorize(cardholder_ids.astype(str), sort=False)
-    units = np.fromiter((_unit(u) for u in uniques), dtype=np.float64, count=len(uniques))
+    units = stable_units(uniques, "fedfraud-share")
     per_unique = np.searchsorted(edges, units, side="right").astype(np.int64)
     return per_unique[codes] if len(codes) else np.zeros(0, dtype=np.int64)
 

@@ -22,7 +22,6 @@ cleaned or dropped and the rate achieved (within one cardholder's frauds of the 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 from dataclasses import asdict, dataclass
@@ -35,6 +34,7 @@ import pyarrow.parquet as pq
 
 from fedfraud.core.errors import UserError
 from fedfraud.feature_store.layout import CARDHOLDERS_FILE, MANIFEST_FILE, TRANSACTIONS_FILE, bank_dir, list_banks
+from fedfraud.training.data.partition import stable_units
 
 __all__ = ["DEFAULT_SKEW", "BankSkew", "describe_skew", "skew_dataset", "skew_mask", "skew_rates", "skew_summary"]
 
@@ -71,13 +71,6 @@ def skew_rates(banks: int, low: float = DEFAULT_SKEW[0], high: float = DEFAULT_S
     return tuple(float(r) for r in np.geomspace(low, high, banks))
 
 
-def _units(ids: np.ndarray) -> np.ndarray:
-    return np.fromiter(
-        (int.from_bytes(hashlib.blake2b(f"fedfraud-skew:{c}".encode("utf-8", "surrogateescape"),
-                                        digest_size=8).digest(), "big") / 2**64 for c in ids),
-        dtype=np.float64, count=len(ids))
-
-
 def skew_mask(cardholder_ids: pd.Series, labels: pd.Series | np.ndarray, target: float, bank: int = 0
               ) -> tuple[np.ndarray, BankSkew]:
     """Rows of one bank to keep so that its fraud rate meets ``target`` (see the module docstring), and the report.
@@ -98,7 +91,7 @@ def skew_mask(cardholder_ids: pd.Series, labels: pd.Series | np.ndarray, target:
     dropped = np.zeros(len(uniques), dtype=bool)
     if N and F / N > target:  # clean fraud-touched cardholders in hash order
         cand = np.flatnonzero(f > 0)
-        cand = cand[np.argsort(_units(uniques[cand]), kind="stable")]
+        cand = cand[np.argsort(stable_units(uniques[cand], "fedfraud-skew"), kind="stable")]
         cf = np.cumsum(f[cand])
         ok = (F - cf) <= target * np.maximum(N - cf, 1)
         k = int(np.argmax(ok)) + 1 if ok.any() else len(cand)
@@ -110,7 +103,7 @@ def skew_mask(cardholder_ids: pd.Series, labels: pd.Series | np.ndarray, target:
         if len(cand) == len(uniques):
             raise UserError(f"--skew: bank {bank} cannot reach a fraud rate of {100 * target:.2g} % (no cardholder "
                             f"at or above it; it has {100 * F / N:.2g} %)")
-        cand = cand[np.argsort(_units(uniques[cand]), kind="stable")]
+        cand = cand[np.argsort(stable_units(uniques[cand], "fedfraud-skew"), kind="stable")]
         cn, cf = np.cumsum(n[cand]), np.cumsum(f[cand])
         ok = (F - cf) >= target * (N - cn)
         k = int(np.argmax(ok)) + 1 if ok.any() else len(cand)
