@@ -58,3 +58,31 @@ def test_readme_block_runs(block: str, tmp_path: Path) -> None:
         timeout=600,
     )
     assert result.returncode == 0, f"README block failed:\n{block}\n--- stderr ---\n{result.stderr[-3000:]}"
+
+
+#: A run of this many words that the README shares with a docs page is a copied passage, not a shared phrase.
+SHARED_WORDS = 15
+
+
+def _words(text: str) -> list[str]:
+    """Lower-cased words with the rendered headline block and HTML comments dropped (the block is a view of the
+    benchmark records, which docs/benchmarks.md renders differently)."""
+    text = re.sub(r"<!-- headline results.*?<!-- end of headline results -->", "", text, flags=re.S)
+    text = re.sub(r"<!--.*?-->", "", text, flags=re.S)
+    return re.findall(r"[\w'.,%-]+", text.lower())
+
+
+def test_readme_is_short_and_repeats_no_docs_passage() -> None:
+    """Issue 41: a README a newcomer reads in five minutes, whose text lives in one place only."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert len(readme.splitlines()) <= 200
+    words = _words(readme)
+    shingles = {tuple(words[i:i + SHARED_WORDS]) for i in range(len(words) - SHARED_WORDS + 1)}
+    copied = {}
+    for page in sorted([*(ROOT / "docs").rglob("*.md"), ROOT / "CONTRIBUTING.md"]):
+        doc = _words(page.read_text(encoding="utf-8"))
+        runs = [" ".join(doc[i:i + SHARED_WORDS]) for i in range(len(doc) - SHARED_WORDS + 1)
+                if tuple(doc[i:i + SHARED_WORDS]) in shingles]
+        if runs:
+            copied[page.relative_to(ROOT).as_posix()] = runs[0]
+    assert not copied, f"passages the README shares with docs (keep each in one place): {copied}"
