@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -50,19 +51,33 @@ def test_a_busy_process_uses_about_a_core_and_a_sleeping_one_none():
     assert cpu.share(end + 10, end + 11) == {}  # no sample brackets a window after the sampler stopped
 
 
+def _cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) of ``pid`` so far, from /proc/<pid>/stat."""
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def test_a_process_that_exits_inside_the_window_keeps_the_cpu_it_used_there():
-    """Two busy processes of one role, one killed half-way: the role's share counts both up to their ends."""
+    """Two busy processes of one role, one killed half-way: the role's share counts both up to their ends.
+
+    The reference is the CPU the two processes really used in the window (their /proc counters), so the test holds
+    on a loaded machine too; dropping the killed process's CPU (the earlier bug) falls well short of it.
+    """
+    used: dict[str, float] = {}
     with _children(BUSY, BUSY) as (first, second):
         def kill_one_half_way() -> None:
+            first_0, second_0 = _cpu_s(first.pid), _cpu_s(second.pid)
             time.sleep(0.6)
+            used["second"] = _cpu_s(second.pid) - second_0
             second.kill()
             second.wait()
             time.sleep(0.6)
+            used["first"] = _cpu_s(first.pid) - first_0
 
         cpu, start, end = _measure({first.pid: "busy", second.pid: "busy"}, kill_one_half_way)
-    # ~1.5 cores on 2 free cores; a machine shared with other work gives less, but the killed process's 0.6 s of
-    # CPU must still count (dropping it, the earlier bug, left ~0.75 at most)
-    assert cpu.share(start, end)["busy"] > 0.8
+    counted = cpu.share(start, end)["busy"] * (end - start)
+    assert used["second"] > 0.05  # it ran before the kill
+    assert 0.8 * (used["first"] + used["second"]) - 0.03 <= counted <= 1.2 * (used["first"] + used["second"]) + 0.03
 
 
 def test_roles_come_from_the_command_line():
