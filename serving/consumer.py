@@ -29,7 +29,7 @@ import numpy as np
 
 from fedfraud.serving.config import ServingConfig
 from fedfraud.serving.acks import AckWindow
-from fedfraud.serving.dead_letters import DeadLetter, dead_letter_of, dlq_message
+from fedfraud.serving.kafka.dead_letters import DeadLetter, dead_letter_of, dlq_message
 from fedfraud.serving.kafka import (
     DecodedBatch,
     decode_messages,
@@ -37,7 +37,7 @@ from fedfraud.serving.kafka import (
     json_bytes,
     now_us,
 )
-from fedfraud.serving.kafka_consumer import CommitFailed, IngressConsumer, Partition
+from fedfraud.serving.kafka.consumer import CommitFailed, IngressConsumer, Partition
 from fedfraud.serving.metrics import DurableCounters, PipelineMetrics, StageClock
 from fedfraud.serving.poison import Outage, is_outage, isolate_failures
 
@@ -398,7 +398,7 @@ class StreamConsumer:
         return [out[i] for i in range(len(d.frame))]
 
     def _dead_letter(self, producer: Any, dead: DeadLetter) -> Any:
-        """Send one dead letter, built and masked by :func:`fedfraud.serving.dead_letters.dlq_value` (raw bytes
+        """Send one dead letter, built and masked by :func:`fedfraud.serving.kafka.dead_letters.dlq_value` (raw bytes
         only if the operator opted in); returns the send future, checked before the commit.
         """
         key, value, headers = dlq_message(dead, self.guards.dlq_payload_bytes, self.guards.dlq_raw_capture)

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fedfraud.feature_store.schema import RejectReason, Validator
-from fedfraud.serving.dead_letters import dlq_message
+from fedfraud.serving.kafka.dead_letters import dlq_message
 from fedfraud.serving.kafka import DecodedBatch, decode_messages, dlq_value
 from tests.unit.test_serving_codec import Msg  # a ConsumerRecord-shaped message
 
