@@ -187,9 +187,8 @@ def test_stopping_ends_the_outage_wait_with_the_outage() -> None:
         scorer.score(_batch(2), [])
     stopping.clear()
     stages = _Stages(down=1000)
-    scorer, _, _ = _retrying_scorer(stages, attempts=1)
+    scorer, _, _ = _retrying_scorer(stages, attempts=1, stopping=stopping)
     threading.Timer(0.2, stopping.set).start()
-    scorer.stopping = stopping
     with pytest.raises(Outage):
         scorer.score(_batch(2), [])
     assert len(stages.calls) > 2  # it did wait the outage out until the stop
