@@ -7,8 +7,9 @@ import os
 import socket
 import subprocess
 import sys
-import time
 from typing import Any
+
+from fedfraud.core.retry import RetryError, retrying
 
 __all__ = ["LOOPBACK", "free_port", "is_loopback", "ray_bind", "wait_for_port"]
 
@@ -44,16 +45,18 @@ def wait_for_port(port: int, proc: subprocess.Popen[bytes], what: str, timeout_s
 
     Raises RuntimeError if it exits first, TimeoutError if it never listens.
     """
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+
+    def connect() -> None:
         if proc.poll() is not None:
             raise RuntimeError(f"{what} exited with status {proc.returncode} before listening")
-        try:
-            with socket.create_connection((LOOPBACK, port), timeout=0.5):
-                return
-        except OSError:
-            time.sleep(0.05)
-    raise TimeoutError(f"{what} did not listen on port {port} within {timeout_s:.0f} s")
+        with socket.create_connection((LOOPBACK, port), timeout=0.5):
+            pass
+
+    try:
+        retrying(lambda exc: isinstance(exc, OSError), within_s=timeout_s, first_s=0.05, most_s=0.05,
+                 reraise=False)(connect)
+    except RetryError:
+        raise TimeoutError(f"{what} did not listen on port {port} within {timeout_s:.0f} s") from None
 
 
 def ray_bind(host: str = LOOPBACK) -> dict[str, Any]:

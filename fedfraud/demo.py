@@ -761,7 +761,7 @@ class LiveConsole:
 
     server: Any  # fedfraud.console.runtime.ConsoleServer
     parts: Any  # fedfraud.console.web.Console
-    broker: Any = None  # fedfraud.serving.broker.EmbeddedBroker, once handed over by the stream stage
+    broker: Any = None  # fedfraud.serving.kafka.broker.EmbeddedBroker, once handed over by the stream stage
     _closed: bool = field(default=False, repr=False)
 
     @property

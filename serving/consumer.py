@@ -23,13 +23,11 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
-from typing import Any, Protocol
-
-import numpy as np
+from typing import Any
 
 from fedfraud.serving.config import ServingConfig
 from fedfraud.serving.acks import AckWindow
-from fedfraud.serving.dead_letters import DeadLetter, dead_letter_of, dlq_message
+from fedfraud.serving.kafka.dead_letters import DeadLetter, dead_letter_of, dlq_message
 from fedfraud.serving.kafka import (
     DecodedBatch,
     decode_messages,
@@ -37,23 +35,13 @@ from fedfraud.serving.kafka import (
     json_bytes,
     now_us,
 )
-from fedfraud.serving.kafka_consumer import CommitFailed, IngressConsumer, Partition
+from fedfraud.serving.kafka.consumer import CommitFailed, IngressConsumer, Partition
 from fedfraud.serving.metrics import DurableCounters, PipelineMetrics, StageClock
-from fedfraud.serving.poison import Outage, is_outage, isolate_failures
+from fedfraud.serving.poison import RetryingScorer, Score
 
-__all__ = ["Score", "StreamConsumer"]
+__all__ = ["StreamConsumer"]
 
 log = logging.getLogger(__name__)
-
-class Score(Protocol):
-    """``score(frame, produced_us, content, sends=futures)`` -> one record per frame row, in frame order (a
-    decision or a ``decision: rejected`` record with ``reject_reason``); the decisions are produced and their
-    send futures appended to ``sends`` (the consumer confirms them before it commits).
-    """
-
-    def __call__(self, frame: Any, produced_us: np.ndarray, content: list[str], *,
-                 sends: list[Any]) -> list[dict[str, Any]]: ...
-
 
 def _without(msgs: list[Any], revoked: set[tuple[str, int]]) -> list[Any]:
     """``msgs`` minus those of partitions revoked during the batch window (their new owner reads them)."""
@@ -64,10 +52,6 @@ def _without(msgs: list[Any], revoked: set[tuple[str, int]]) -> list[Any]:
         log.warning("dropped %d records of revoked partitions from the batch; their new owner scores them",
                     len(msgs) - len(kept))
     return kept
-
-
-class _StageFailed(RuntimeError):
-    """Scoring one micro-batch failed ``stage_max_attempts`` times in a row."""
 
 
 class _Revocations:
@@ -112,7 +96,6 @@ class StreamConsumer:
         self.serving = serving
         self.guards = serving.guards
         self.bootstrap_servers = bootstrap_servers
-        self.score = score
         self.metrics = metrics or PipelineMetrics()
         self.clock = clock or StageClock()
         self.durable = durable
@@ -125,9 +108,10 @@ class StreamConsumer:
         self.replay_window = min(replay_window or serving.decision_ring, serving.decision_ring)
         self._uncommitted: Counter[bytes | None] = Counter()
         self._stop = threading.Event()
+        #: bounded retries, bisection and blame of a failing batch (:mod:`fedfraud.serving.poison`)
+        self._scoring = RetryingScorer(score, self.guards, self.metrics, self._stop, self._made_progress)
         self._thread: threading.Thread | None = None
         self.error: BaseException | None = None
-        self._retrying_since: float | None = None
         self._progress = time.monotonic()
         self._lag = 0
         self._inflight = 0
@@ -159,8 +143,9 @@ class StreamConsumer:
         now = time.monotonic()
         if self.error is not None or not self._thread.is_alive():
             out.append(f"consumer loop not running: {self.error!r}")
-        if self._retrying_since is not None and now - self._retrying_since > self.guards.retry_budget_s:
-            out.append(f"a micro-batch has been retrying for {now - self._retrying_since:.0f}s")
+        since = self._scoring.retrying_since
+        if since is not None and now - since > self.guards.retry_budget_s:
+            out.append(f"a micro-batch has been retrying for {now - since:.0f}s")
         if (self._lag > 0 or self._inflight > 0) and now - self._progress > self.guards.stall_s:
             idle = now - self._progress
             out.append(f"stalled: lag {self._lag}, {self._inflight} in flight, no commit for {idle:.0f}s")
@@ -177,6 +162,9 @@ class StreamConsumer:
 
     # ------------------------------------------------------------------ the loop
     def _consume(self) -> None:
+        """The poll loop: poll a micro-batch, cut it to the replay window, process it (:meth:`_process`); when
+        idle, commit what is acknowledged; once a second, the lag and this replica's counters.
+        """
         from fedfraud.serving.kafka import make_consumer, make_producer
 
         s = self.serving
@@ -285,7 +273,7 @@ class StreamConsumer:
             futures = [self._dead_letter(producer, dead) for dead in decoded.dead]
         dead_reasons = [dead.reason for dead in decoded.dead]
         sends: list[Any] = []
-        records = self._score(decoded, sends) if len(decoded.frame) else []
+        records = self._scoring.score(decoded, sends) if len(decoded.frame) else []
         took = time.perf_counter() - t0
         self.metrics.stage.labels(stage="score").observe(took)
         if took > 0.25 and took > 0.002 * len(msgs):  # a stall, not a large batch (~0.2–0.5 ms per record)
@@ -305,6 +293,9 @@ class StreamConsumer:
         fresh = [r for r in records if r["decision"] != "rejected" and "decided_us" in r and "produced_us" in r]
         self.clock.observe("latency.produced_to_picked", [max(picked_us - r["produced_us"], 0) / 1e6 for r in fresh])
         self.clock.observe("latency.picked_to_decided", [max(r["decided_us"] - picked_us, 0) / 1e6 for r in fresh])
+
+    def _made_progress(self) -> None:
+        self._progress = time.monotonic()
 
     def _acked(self, records: list[dict[str, Any]], decoded: DecodedBatch, dead_reasons: list[str]) -> None:
         """A batch's sends are acknowledged: count it (the counters never run ahead of the topics)."""
@@ -330,75 +321,8 @@ class StreamConsumer:
         except Exception as exc:  # counters are observability; the store's health shows on /readyz
             log.warning("saving counters failed: %s", exc)
 
-    def _score(self, d: DecodedBatch, sends: list[Any]) -> list[dict[str, Any]]:
-        """Records of ``d``'s frame (their send futures into ``sends``): bounded retries, then bisection;
-        outages are waited out.
-        """
-        try:
-            return self._retry(lambda: self.score(d.frame, d.produced_us, d.content, sends=sends))
-        except _StageFailed:
-            pass
-        delay = self.guards.retry_backoff_s
-        started = time.monotonic()
-        while True:
-            # rows that all fail alone, with no sign of infrastructure, for longer than the retry budget: poison
-            blame_all = time.monotonic() - started > self.guards.retry_budget_s
-            try:
-                return self._bisect(d, sends, blame_all)
-            except Outage as exc:  # nothing is dead-lettered in an outage; health turns red after the budget
-                if self._stop.is_set():
-                    raise
-                if is_outage(exc.__cause__) if exc.__cause__ is not None else False:
-                    started = time.monotonic()  # a real infrastructure failure: never blame the rows for it
-                log.warning("outage while scoring (%s); retrying in %.1fs", exc, delay)
-                time.sleep(delay)
-                delay = min(delay * 2, 5.0)
-
-    def _retry(self, call: Callable[[], list[dict[str, Any]]]) -> list[dict[str, Any]]:
-        """``call`` up to ``stage_max_attempts`` times with doubling backoff; :class:`_StageFailed` after."""
-        delay = self.guards.retry_backoff_s
-        for attempt in range(1, self.guards.stage_max_attempts + 1):
-            try:
-                result = call()
-                self._retrying_since = None
-                return result
-            except Exception as exc:
-                if self._stop.is_set():
-                    raise
-                if self._retrying_since is None:
-                    self._retrying_since = time.monotonic()
-                self.metrics.retries.labels(stage="score").inc()
-                log.warning("scoring attempt %d/%d failed (%s: %s)", attempt, self.guards.stage_max_attempts,
-                            exc.__class__.__name__, str(exc)[:200])
-                if attempt < self.guards.stage_max_attempts:
-                    time.sleep(delay)
-                    delay = min(delay * 2, 2.0)
-        raise _StageFailed("scoring")
-
-    def _bisect(self, d: DecodedBatch, sends: list[Any], blame_all: bool = False) -> list[dict[str, Any]]:
-        """Score ``d`` in halves until the records that fail alone are found (:mod:`fedfraud.serving.poison`).
-
-        Returns one record per frame row, in frame order: a decision, or a
-        ``rejected`` record with reason ``processing_error``.
-        """
-        out: dict[int, dict[str, Any]] = {}
-
-        def run(rows: list[int]) -> None:
-            piece = d.frame.iloc[rows].reset_index(drop=True)
-            content = [d.content[i] for i in rows] if d.content else []
-            out.update(zip(rows, self.score(piece, d.produced_us[rows], content, sends=sends), strict=True))
-            self._progress = time.monotonic()  # a bisection that scores pieces is progress, not a stall
-            self._retrying_since = time.monotonic()
-
-        log.warning("bisecting a micro-batch of %d rows to find the records that fail", len(d.frame))
-        for i, why in isolate_failures(range(len(d.frame)), run, blame_all).items():
-            out[i] = {"transaction_id": str(d.frame["transaction_id"].iloc[i]), "decision": "rejected",
-                      "reject_reason": "processing_error", "detail": why}
-        self._retrying_since = None
-        return [out[i] for i in range(len(d.frame))]
-
     def _dead_letter(self, producer: Any, dead: DeadLetter) -> Any:
-        """Send one dead letter, built and masked by :func:`fedfraud.serving.dead_letters.dlq_value` (raw bytes
+        """Send one dead letter, built and masked by :func:`fedfraud.serving.kafka.dead_letters.dlq_value` (raw bytes
         only if the operator opted in); returns the send future, checked before the commit.
         """
         key, value, headers = dlq_message(dead, self.guards.dlq_payload_bytes, self.guards.dlq_raw_capture)

@@ -50,7 +50,7 @@ from fedfraud.serving.scored import ScoredBatch
 from fedfraud.serving.side_work import guarded
 
 if TYPE_CHECKING:
-    from fedfraud.serving.kafka_producer import Producer
+    from fedfraud.serving.kafka.producer import Producer
     from fedfraud.training.fraud.model import FraudModel
     from fedfraud.training.merchant_risk.config import MerchantRiskConfig
     from fedfraud.training.registry import ModelRegistry

@@ -15,7 +15,7 @@ positions of record are the store's (Kafka's committed offsets would be a
 second truth that can disagree after a crash). A message that is not a
 valid label goes to ``fraud-labels-dlq`` with its reason, acknowledged by
 the broker before its position is stored; the record is built and masked by
-:mod:`fedfraud.serving.dead_letters` as for the transactions DLQ (label fields only).
+:mod:`fedfraud.serving.kafka.dead_letters` as for the transactions DLQ (label fields only).
 """
 
 from __future__ import annotations
@@ -31,11 +31,11 @@ from typing import Any
 
 from fedfraud.feature_store.outcomes import OutcomeStore
 from fedfraud.serving.config import KafkaSecurity, ProducerSettings, TopicNames
-from fedfraud.serving.dead_letters import LABEL_FIELDS, DeadLetter, dead_letter_of, dlq_message
+from fedfraud.serving.kafka.dead_letters import LABEL_FIELDS, DeadLetter, dead_letter_of, dlq_message
 from fedfraud.serving.kafka import (
     confirm_sent, json_bytes, make_producer, now_us, parse_json, wait_for_partitions,
 )
-from fedfraud.serving.kafka_consumer import Record, assign_from, caught_up, make_reader, take, watermarks
+from fedfraud.serving.kafka.consumer import Record, assign_from, caught_up, make_reader, take, watermarks
 
 __all__ = ["LABELS", "JoinStats", "LabelJoiner", "label_message", "parse_label"]
 
@@ -197,7 +197,7 @@ class LabelJoiner:
         return n
 
     def _dead_letter(self, dead: Iterable[DeadLetter]) -> None:
-        """Send to the labels DLQ (masked: :func:`fedfraud.serving.dead_letters.dlq_message`) and wait for the
+        """Send to the labels DLQ (masked: :func:`fedfraud.serving.kafka.dead_letters.dlq_message`) and wait for the
         broker's acks: their positions are stored right after.
         """
         futures = []

@@ -24,7 +24,7 @@ from fedfraud.core.errors import UserError
 from fedfraud.feature_store.schema import CANONICAL_COLUMNS, COORDINATE_DECIMALS
 from fedfraud.serving.config import KafkaSecurity, ProducerSettings
 from fedfraud.serving.kafka import PRODUCED_HEADER, Producer, json_bytes, make_producer, now_us, wait_for_partitions
-from fedfraud.serving.kafka_consumer import assign_from, make_reader, take, watermarks
+from fedfraud.serving.kafka.consumer import assign_from, make_reader, take, watermarks
 
 if TYPE_CHECKING:
     from fedfraud.feature_store.privacy import PrivateFeaturizer

@@ -26,7 +26,7 @@ from fedfraud.core.credentials import bearer_headers
 from fedfraud.core.net import LOOPBACK, ray_bind
 from fedfraud.serving.app import APP_NAME, ScoringArgs, build_app
 from fedfraud.serving.auth import api_token
-from fedfraud.serving.broker import EmbeddedBroker
+from fedfraud.serving.kafka.broker import EmbeddedBroker
 
 if TYPE_CHECKING:
     import pandas as pd

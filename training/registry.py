@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from fedfraud.core.errors import UserError
+from fedfraud.core.retry import retrying
 
 __all__ = ["ALIASES", "ModelRegistry", "ModelVersion", "RegistryError"]
 
@@ -318,29 +319,25 @@ class ModelRegistry:
         metrics = {} if metrics is None else metrics
         try:
             yield staging
-            for attempt in range(100):
-                latest = self.latest(kind)
-                number = (latest.version if latest else 0) + 1
-                meta = {
-                    "kind": kind,
-                    "version": number,
-                    "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
-                    "config": _jsonable(config),
-                    "metrics": _jsonable(metrics),
-                    "privacy": _jsonable(privacy or {}),
-                    "extra": _jsonable(extra or {}),
-                    "files": sorted(p.name for p in staging.iterdir() if p.name not in (METADATA_FILE, CARD_FILE)),
-                }
-                (staging / METADATA_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True), encoding="utf-8")
-                (staging / CARD_FILE).write_text(_render_card(meta, card), encoding="utf-8")
-                try:
+            # a concurrent publisher that took the next number makes the rename fail: take the one after it
+            for attempt in retrying(lambda exc: isinstance(exc, OSError), attempts=100):
+                with attempt:
+                    latest = self.latest(kind)
+                    number = (latest.version if latest else 0) + 1
+                    meta = {
+                        "kind": kind,
+                        "version": number,
+                        "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
+                        "config": _jsonable(config),
+                        "metrics": _jsonable(metrics),
+                        "privacy": _jsonable(privacy or {}),
+                        "extra": _jsonable(extra or {}),
+                        "files": sorted(p.name for p in staging.iterdir() if p.name not in (METADATA_FILE, CARD_FILE)),
+                    }
+                    (staging / METADATA_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True), encoding="utf-8")
+                    (staging / CARD_FILE).write_text(_render_card(meta, card), encoding="utf-8")
                     os.rename(staging, kind_dir / f"v{number:04d}")
-                except OSError:
-                    if attempt == 99:
-                        raise
-                    continue  # a concurrent publisher took this number; take the next
-                log.info("registry published kind=%s version=%d path=%s", kind, number, kind_dir)
-                return
+            log.info("registry published kind=%s version=%d path=%s", kind, number, kind_dir)
         finally:
             if staging.exists():
                 shutil.rmtree(staging, ignore_errors=True)

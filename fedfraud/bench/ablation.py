@@ -26,7 +26,7 @@ import numpy as np
 import pandas as pd
 from sklearn.metrics import roc_auc_score
 
-from fedfraud.bench.intervals import Interval, bootstrap_by_group
+from fedfraud.training.bootstrap import Interval, bootstrap_by_group
 from fedfraud.core.errors import UserError
 
 __all__ = ["ABLATION_GROUPS", "ABLATION_VARIANTS", "FULL_MODEL", "GRAPH_VARIANTS", "AblationBench", "run_ablation"]

@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from fedfraud.bench.detection import DETECTION_SETTINGS, bootstrap_splits, ingested, score_split, train_run
-from fedfraud.bench.intervals import Interval, TrainedRunsBench, paired_difference_rows
+from fedfraud.bench.intervals import TrainedRunsBench, paired_difference_rows
+from fedfraud.training.bootstrap import Interval
 from fedfraud.bench.privacy import rule_dp_keys
 
 __all__ = [

@@ -59,7 +59,7 @@ import pandas as pd
 
 from fedfraud.bench.adversary import reused
 from fedfraud.bench.detection import DETECTION_SETTINGS, ingested, train_run
-from fedfraud.bench.intervals import Interval, bootstrap_by_group
+from fedfraud.training.bootstrap import Interval, bootstrap_by_group
 from fedfraud.bench.gradient_inversion import CONTROL_SIGMA, GRAPHS, LR, RESTARTS, STEPS, GradientInversion
 from fedfraud.bench.inversion import GRID_DEG, INVERSION_ROWS, InversionBound
 

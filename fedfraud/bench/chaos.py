@@ -98,7 +98,7 @@ def audit(fault: str, ids: set[str], n_extra: int, decisions: list[dict[str, Any
         else:
             unmarked[d["transaction_id"]] = unmarked.get(d["transaction_id"], 0) + 1
     decided = {d["transaction_id"] for d in decisions} & ids
-    # a DLQ record names its transaction in its masked canonical record (fedfraud.serving.dead_letters)
+    # a DLQ record names its transaction in its masked canonical record (fedfraud.serving.kafka.dead_letters)
     dead_ids = {str(tx) for d in dead if (tx := (d.get("record") or {}).get("transaction_id")) is not None} & ids
     lost = len(ids - decided - dead_ids) + max(n_extra - (len(dead) - len(dead_ids)), 0)
     return FaultRow(fault, len(ids) + n_extra, len(decided), len(dead), marked,
@@ -187,7 +187,7 @@ def run_chaos_bench(n_per_fault: int = 600, rate: float = 150.0, outage_s: float
     from fedfraud.bench.serving import COLUMNS, publish_bench_models
     from fedfraud.config import FedfraudConfig
     from fedfraud.serving.auth import per_run_token
-    from fedfraud.serving.broker import EmbeddedBroker, free_port
+    from fedfraud.serving.kafka.broker import EmbeddedBroker, free_port
     from fedfraud.serving.runtime import start
     from fedfraud.training.data.config import GeneratorConfig
     from fedfraud.training.data.synthetic import generate_frame

@@ -173,7 +173,7 @@ def _raw_page_ms(bootstrap_servers: str, topic: str, size: int, security: Any) -
     a stateless page request would make).
     """
     from fedfraud.serving.kafka import parse_json
-    from fedfraud.serving.kafka_consumer import assign_from, make_reader, take, wait_for_partitions, watermarks
+    from fedfraud.serving.kafka.consumer import assign_from, make_reader, take, wait_for_partitions, watermarks
 
     start = time.perf_counter()
     consumer = make_reader(bootstrap_servers, client_id="fedfraud-bench-console", fetch_max_wait_ms=10,
@@ -201,7 +201,7 @@ def run_console_bench(cfg: FedfraudConfig, decisions: int = 20_000, requests: in
     from fedfraud.console.runtime import ConsoleServer, close_console, open_console
     from fedfraud.core.credentials import bearer_headers, new_token
     from fedfraud.core.net import free_port
-    from fedfraud.serving.broker import EmbeddedBroker
+    from fedfraud.serving.kafka.broker import EmbeddedBroker
 
     loads = [f"before: {load_average()}"]
     topics = cfg.serving.topics

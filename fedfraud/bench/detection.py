@@ -46,7 +46,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from fedfraud.bench.intervals import Interval, bootstrap_by_group, fraud_incidents, paired_difference_rows
+from fedfraud.bench.intervals import fraud_incidents, paired_difference_rows
+from fedfraud.training.bootstrap import Interval, bootstrap_by_group
 from fedfraud.training.data.scenarios import all_finite, load_scenarios, roc_auc, scenario_aucs, scenario_column
 
 __all__ = [

@@ -300,7 +300,7 @@ def run_gradient_inversion(
     """
     import torch
 
-    from fedfraud.bench.intervals import bootstrap_statistics
+    from fedfraud.training.bootstrap import bootstrap_statistics
     from fedfraud.bench.inversion import GRID_DEG, LOCATION_STATS, sample_train_rows
     from fedfraud.feature_store.encoders import encode_location, encode_location_torch
     from fedfraud.feature_store.geo import haversine_km

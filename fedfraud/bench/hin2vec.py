@@ -23,7 +23,13 @@ from typing import Any
 
 import numpy as np
 
-from fedfraud.training.fraud.bootstrap import Interval, RankedScores, bootstrap_counts, weighted_metrics
+from fedfraud.training.bootstrap import (
+    Interval,
+    RankedScores,
+    bootstrap_counts,
+    percentile_interval,
+    weighted_metrics,
+)
 
 __all__ = ["Hin2VecBench", "f1_macro", "run_hin2vec_bench"]
 
@@ -58,14 +64,6 @@ def _metrics(label: np.ndarray, scores: np.ndarray, threshold: float, weight: np
             "f1_macro": f1_macro(label, scores >= threshold, weight)}
 
 
-def _interval(point: float, draws: np.ndarray) -> Interval:
-    draws = draws[np.isfinite(draws)]
-    if not draws.size:
-        return Interval(point, float("nan"), float("nan"))
-    lo, hi = np.quantile(draws, [0.025, 0.975])
-    return Interval(point, float(lo), float(hi))
-
-
 def paired_intervals(label: np.ndarray, scores: dict[str, np.ndarray], thresholds: dict[str, float],
                      holder: np.ndarray, reps: int, seed: int, max_fpr: float
                      ) -> tuple[dict[str, dict[str, Interval]], dict[str, Interval]]:
@@ -81,9 +79,9 @@ def paired_intervals(label: np.ndarray, scores: dict[str, np.ndarray], threshold
             got = _metrics(label, scores[m], thresholds[m], w, max_fpr)
             for k in METRICS:
                 draws[m][k][r] = got[k]
-    each = {m: {k: _interval(point[m][k], draws[m][k]) for k in METRICS} for m in MODELS}
+    each = {m: {k: percentile_interval(point[m][k], draws[m][k]) for k in METRICS} for m in MODELS}
     a, b = MODELS[1], MODELS[0]
-    diff = {k: _interval(point[a][k] - point[b][k], draws[a][k] - draws[b][k]) for k in METRICS}
+    diff = {k: percentile_interval(point[a][k] - point[b][k], draws[a][k] - draws[b][k]) for k in METRICS}
     return each, diff
 
 
@@ -102,7 +100,7 @@ class Hin2VecBench:
     @property
     def target_met(self) -> bool:
         d = self.pooled_diff["pr_auc"]
-        return 100 * d.point >= TARGET_POINTS and d.low > 0
+        return 100 * d.value >= TARGET_POINTS and d.low > 0
 
     def to_markdown(self) -> str:
         i = self.info

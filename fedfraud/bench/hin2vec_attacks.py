@@ -28,7 +28,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from fedfraud.bench.intervals import Interval, bootstrap_by_group, bootstrap_statistics
+from fedfraud.training.bootstrap import Interval, bootstrap_by_group, bootstrap_statistics
 
 __all__ = ["Hin2VecAttacks", "linkage_top1", "run_hin2vec_attacks"]
 

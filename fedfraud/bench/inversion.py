@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from fedfraud.bench.intervals import Interval, bootstrap_statistics
+from fedfraud.training.bootstrap import Interval, bootstrap_statistics
 
 __all__ = [
     "INVERSION_ROWS",

@@ -39,8 +39,8 @@ from fedfraud.serving.metrics import StageClock
 
 if TYPE_CHECKING:
     from fedfraud.config import FedfraudConfig
-    from fedfraud.serving.kafka_consumer import IngressConsumer, Record
-    from fedfraud.serving.kafka_producer import Producer
+    from fedfraud.serving.kafka.consumer import IngressConsumer, Record
+    from fedfraud.serving.kafka.producer import Producer
     from fedfraud.training.registry import ModelRegistry
 
 __all__ = ["PEER_GROUP", "PeerProcess", "PlainPeer", "publish_peer_model"]

@@ -42,7 +42,8 @@ from fedfraud.bench.detection import (
     split_counts,
     train_run,
 )
-from fedfraud.bench.intervals import Interval, TrainedRunsBench, bootstrap_by_group, paired_difference_rows
+from fedfraud.bench.intervals import TrainedRunsBench, paired_difference_rows
+from fedfraud.training.bootstrap import Interval, bootstrap_by_group
 from fedfraud.feature_store.config import PrivacyConfig
 
 __all__ = ["PRIVACY_EPSILONS", "PrivacyBench", "PrivacyRun", "rule_dp_keys", "run_privacy_bench"]

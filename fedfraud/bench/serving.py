@@ -195,7 +195,7 @@ class ServingBenchResult:
 
 def _ceiling(bootstrap: str, n: int, settings: Any) -> float:
     """Raw consume → produce → commit throughput, the same client, settings and ``kafka_security`` as the ingress."""
-    from fedfraud.serving.broker import create_topics
+    from fedfraud.serving.kafka.broker import create_topics
     from fedfraud.serving.kafka import make_consumer, make_producer
 
     src, dst = "bench-raw-in", "bench-raw-out"
@@ -239,7 +239,7 @@ def run_serving_bench(
     """Run all three measurements in one process against one embedded broker and one deployment."""
     from fedfraud.config import FedfraudConfig
     from fedfraud.serving.auth import per_run_token
-    from fedfraud.serving.broker import EmbeddedBroker
+    from fedfraud.serving.kafka.broker import EmbeddedBroker
     from fedfraud.serving.runtime import start
     from fedfraud.training.data.config import GeneratorConfig
     from fedfraud.training.data.synthetic import generate_frame
@@ -659,7 +659,7 @@ def run_peer_bench(config: Any = None, rounds: int = 2, backlog: int = 2000, loa
     from fedfraud.config import FedfraudConfig
     from fedfraud.feature_store.privacy import PrivateFeaturizer
     from fedfraud.serving.auth import per_run_token
-    from fedfraud.serving.broker import EmbeddedBroker
+    from fedfraud.serving.kafka.broker import EmbeddedBroker
     from fedfraud.serving.kafka import make_producer
     from fedfraud.serving.replay import replay_and_collect
     from fedfraud.serving.runtime import start

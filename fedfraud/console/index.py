@@ -10,7 +10,7 @@ transaction back by offset (:class:`OffsetReader`); no record is kept whole. The
 (``max_rows``; the oldest go first).
 
 The Kafka client is the one the project's tools use to read topics end to end (librdkafka's consumer on
-assigned partitions, made by :func:`fedfraud.serving.kafka_consumer.make_reader`, as for
+assigned partitions, made by :func:`fedfraud.serving.kafka.consumer.make_reader`, as for
 :class:`fedfraud.serving.labels.LabelJoiner` and :func:`fedfraud.serving.replay.collect`), with the
 deployment's :class:`~fedfraud.serving.config.KafkaSecurity`.
 """
@@ -30,9 +30,9 @@ from typing import Any
 
 from fedfraud.feature_store.schema import COORDINATE_DECIMALS, is_card_token
 from fedfraud.serving.config import KafkaSecurity, TopicNames
-from fedfraud.serving.dead_letters import mask_text
+from fedfraud.serving.kafka.dead_letters import mask_text
 from fedfraud.serving.kafka import parse_json, wait_for_partitions
-from fedfraud.serving.kafka_consumer import Record, assign_from, caught_up, make_reader, take, watermarks
+from fedfraud.serving.kafka.consumer import Record, assign_from, caught_up, make_reader, take, watermarks
 
 __all__ = ["DecisionRow", "LabelRow", "OffsetReader", "QueueFilter", "QueuePage", "ShadowRow", "TopicIndex", "TxRow",
            "masked", "shadow_row"]

@@ -63,7 +63,7 @@ def ray_session():
 @pytest.fixture(scope="session")
 def kafka_broker():
     """The embedded Tansu broker with the pipeline's topics (memory only, stopped at session end)."""
-    from fedfraud.serving.broker import EmbeddedBroker
+    from fedfraud.serving.kafka.broker import EmbeddedBroker
     from fedfraud.serving.config import ServingConfig
 
     s = ServingConfig()

@@ -36,7 +36,7 @@ def _as_streamed(rows: pd.DataFrame, featurizer) -> pd.DataFrame:
 def test_plain_peer_consumes_and_produces_on_the_broker_and_decides_as_its_model(frame, tmp_path: Path) -> None:
     from fedfraud.bench.peer import PlainPeer, publish_peer_model
     from fedfraud.config import FedfraudConfig
-    from fedfraud.serving.broker import EmbeddedBroker
+    from fedfraud.serving.kafka.broker import EmbeddedBroker
     from fedfraud.serving.replay import replay_and_collect
     from fedfraud.training.fraud.features import ANOMALY_FEATURE, build_features
     from fedfraud.training.registry import ModelRegistry

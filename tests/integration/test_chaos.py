@@ -17,7 +17,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.chaos, pyte
 def test_every_fault_loses_nothing_and_marks_every_duplicate(ray_session):
     from fedfraud.bench.chaos import run_chaos_bench
     from fedfraud.config import load_config
-    from fedfraud.serving.broker import free_port
+    from fedfraud.serving.kafka.broker import free_port
 
     ray_session()
     cfg = load_config(overrides=[f"serving.http_port={free_port()}"])

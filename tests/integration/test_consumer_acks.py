@@ -13,7 +13,7 @@ pytestmark = pytest.mark.integration
 
 
 def _topic(broker, partitions: int = 1) -> str:
-    from fedfraud.serving.broker import create_topics
+    from fedfraud.serving.kafka.broker import create_topics
 
     name = f"t-{uuid.uuid4().hex[:8]}"
     create_topics(broker.bootstrap_servers, {name: partitions})
@@ -109,7 +109,7 @@ def test_offsets_are_committed_in_order_and_only_once_the_broker_acknowledged(ka
 
     # a send that never reaches its broker (every connection to it cut): DeliveryError, offset never committed
     from fedfraud.core.tcpproxy import TcpProxy
-    from fedfraud.serving.broker import EmbeddedBroker, free_port
+    from fedfraud.serving.kafka.broker import EmbeddedBroker, free_port
 
     broker_port = free_port()
     proxy = TcpProxy(broker_port).start()

@@ -32,7 +32,7 @@ def demo_broker() -> Iterator[Any]:
     """An embedded broker with the pipeline's default topics, as ``fedfraud.serving.runtime.start`` makes it for the
     stream stage (a broker of this module: the session's is shared, and the demo's console reads default names).
     """
-    from fedfraud.serving.broker import EmbeddedBroker
+    from fedfraud.serving.kafka.broker import EmbeddedBroker
 
     s = FedfraudConfig().serving
     broker = EmbeddedBroker(topics={t: s.partitions for t in s.topics.all()}).start()
@@ -155,7 +155,7 @@ def test_held_console_keeps_the_broker_until_it_is_stopped_then_stops_both(demo_
     """``--hold-console``: the stream stage hands its broker to the console; holding ends on Ctrl-C (here: the
     event the CLI's wait would see set) and stops the server, the readers and the broker."""
     from fedfraud.demo import open_live_console
-    from fedfraud.serving.broker import EmbeddedBroker
+    from fedfraud.serving.kafka.broker import EmbeddedBroker
 
     cfg, out = demo_cfg
     s = cfg.serving

@@ -86,7 +86,7 @@ def test_labels_join_exactly_once_across_a_kill_and_bad_labels_go_to_the_dlq(tmp
         stored = store.positions()
         for p, end in topic_end_offsets(bootstrap, topics.labels).items():
             assert stored[(topics.labels, p)] >= end
-    from fedfraud.serving.dead_letters import payload_digest
+    from fedfraud.serving.kafka.dead_letters import payload_digest
 
     dead = collect(bootstrap, topics.labels_dlq, 10**9, dlq_start, timeout_s=5)  # everything since the start
     # this run's bad labels only: a new outcome store reads the topic from the beginning, so another test's bad

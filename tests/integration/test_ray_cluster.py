@@ -102,7 +102,7 @@ def deployed(cluster, tmp_path_factory, api_token):
     """Models in a registry, Feast applied, the broker up, and infra/serve_config.yaml deployed to the cluster."""
     from fedfraud.config import load_config
     from fedfraud.feature_store.feast_store import apply_repo, open_store
-    from fedfraud.serving.broker import EmbeddedBroker
+    from fedfraud.serving.kafka.broker import EmbeddedBroker
     from tests.integration.test_streaming_pipeline import COLUMNS, publish_anomaly
     from fedfraud.training.data.config import GeneratorConfig
     from fedfraud.training.data.synthetic import generate_frame

@@ -36,7 +36,7 @@ def world(tmp_path_factory, ray_session, kafka_broker, api_token):
     from fedfraud.feature_store.feast_store import apply_repo, materialize_repo, open_store
     from fedfraud.feature_store.offline import write_offline
     from fedfraud.feature_store.online import OnlineStateClient
-    from fedfraud.serving.broker import free_port
+    from fedfraud.serving.kafka.broker import free_port
     from fedfraud.serving.runtime import start
     from fedfraud.serving.warm import warm_fraud_state
     from fedfraud.training.data.config import GeneratorConfig

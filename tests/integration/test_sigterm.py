@@ -18,7 +18,7 @@ CHILD = textwrap.dedent(
     """
     import time
     from fedfraud.cli.app import sigterm_unwinds
-    from fedfraud.serving.broker import EmbeddedBroker
+    from fedfraud.serving.kafka.broker import EmbeddedBroker
 
     with sigterm_unwinds():
         with EmbeddedBroker() as broker:  # what `fedfraud serve` and the demo start, in a session of its own

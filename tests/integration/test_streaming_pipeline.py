@@ -137,7 +137,7 @@ def _own_dead_letters(runtime, start: dict[int, int], values: list[bytes]) -> li
     """The DLQ records since ``start`` whose source message is one of ``values`` (by the digest a DLQ record
     keeps instead of the bytes), once the group is idle: another test's poison, redelivered meanwhile (at least
     once), is not this test's."""
-    from fedfraud.serving.dead_letters import payload_digest
+    from fedfraud.serving.kafka.dead_letters import payload_digest
     from fedfraud.serving.replay import collect
 
     runtime.wait_idle()
@@ -459,7 +459,7 @@ def test_score_and_metrics_need_the_bearer_token_and_the_probes_do_not(runtime, 
 
 def _topic_messages(servers: str, topic: str, start: dict[int, int] | None = None) -> list[tuple]:
     """``(key, value, headers)`` of every message of ``topic`` from ``start`` (else its beginning) to its end."""
-    from fedfraud.serving.kafka_consumer import assign_from, caught_up, make_reader, take, watermarks
+    from fedfraud.serving.kafka.consumer import assign_from, caught_up, make_reader, take, watermarks
 
     consumer = make_reader(servers, client_id="fedfraud-test")
     try:

@@ -44,7 +44,7 @@ def test_bad_arguments_give_one_line(tmp_path, capsys, args, message):
 
 def test_markdown_without_histograms_says_so_and_keeps_the_membership_table():
     from fedfraud.bench.attacks import AttacksBench, MembershipResult
-    from fedfraud.bench.intervals import Interval
+    from fedfraud.training.bootstrap import Interval
 
     run = MembershipResult("DP off", math.inf, {"dp": "off"}, Interval(0.51, 0.47, 0.55), 60, 40, 0.7, 0.71)
     md = AttacksBench("x.csv", {"rounds": 1, "max-train-pairs": 100, "dp-delta": 1e-5}, membership=[run]).to_markdown()

@@ -18,7 +18,7 @@ from fedfraud.bench.detection import (
     scenario_aucs,
     scenario_column,
 )
-from fedfraud.bench.intervals import Interval
+from fedfraud.training.bootstrap import Interval
 from fedfraud.core.errors import UserError
 from fedfraud.training.anomaly.baselines import RANK_TERMS
 

@@ -11,7 +11,7 @@ import pytest
 import fedfraud.bench.adversary as adversary
 import fedfraud.bench.privacy as privacy
 import fedfraud.training.registry as registry_module
-from fedfraud.bench.intervals import Interval
+from fedfraud.training.bootstrap import Interval
 from fedfraud.training.anomaly.federated.task import RunSettings
 from fedfraud.training.federated.config import AGGREGATIONS, DSFLConfig
 from fedfraud.training.federated.dsfl import dsfl_card

@@ -91,7 +91,7 @@ def test_cosine_distance_is_zero_for_equal_gradients_and_skips_zero_tensors():
 
 def test_markdown_of_a_gradient_inversion_only_run_and_contradicting_switches(tmp_path, capsys):
     from fedfraud.bench.attacks import AttacksBench
-    from fedfraud.bench.intervals import Interval
+    from fedfraud.training.bootstrap import Interval
     from fedfraud.cli.app import main
 
     one = Interval(1.0, 0.5, 1.5)

@@ -2,7 +2,8 @@
 
 from fedfraud.bench.adversary import AdversaryBench
 from fedfraud.bench.detection import DetectionBench
-from fedfraud.bench.intervals import Interval, paired_difference_rows
+from fedfraud.bench.intervals import paired_difference_rows
+from fedfraud.training.bootstrap import Interval
 from fedfraud.bench.privacy import PrivacyBench
 
 TABLE = {

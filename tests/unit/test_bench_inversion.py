@@ -5,7 +5,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from fedfraud.bench.intervals import bootstrap_statistics
+from fedfraud.training.bootstrap import bootstrap_statistics
 from fedfraud.bench.inversion import (
     GRID_DEG, decode_locations_grid, decode_times, inversion_bound, nearest,
 )

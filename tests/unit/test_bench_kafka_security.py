@@ -74,7 +74,7 @@ class _Broker:
 
 @pytest.fixture
 def broker(monkeypatch: pytest.MonkeyPatch) -> _Broker:
-    from fedfraud.serving import broker as broker_module
+    from fedfraud.serving.kafka import broker as broker_module
     from fedfraud.serving import kafka
 
     fake = _Broker()

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from fedfraud.bench.intervals import Interval
+from fedfraud.training.bootstrap import Interval
 from fedfraud.bench.privacy import PrivacyBench, PrivacyRun
 from fedfraud.cli.app import main
 

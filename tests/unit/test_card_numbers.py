@@ -22,7 +22,7 @@ from fedfraud.feature_store.schema import (
     mask_card_numbers_bytes,
 )
 from fedfraud.serving.config import GuardSettings
-from fedfraud.serving.dead_letters import dlq_message
+from fedfraud.serving.kafka.dead_letters import dlq_message
 from fedfraud.serving.kafka import decode_messages, dlq_value, ingress_validator
 from tests.unit.test_serving_codec import Msg  # a ConsumerRecord-shaped message
 

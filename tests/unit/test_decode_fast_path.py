@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from fedfraud.feature_store import schema
 from fedfraud.feature_store.schema import Validator
-from fedfraud.serving import kafka
+from fedfraud.serving.kafka import codec
 from fedfraud.serving.kafka import PRODUCED_HEADER, DecodedBatch, content_hashes, decode_messages
 from tests.kafka_messages import Msg
 
@@ -95,7 +95,7 @@ def test_clean_batches_decode_as_on_the_frame_path(drawn: list[tuple[bytes, byte
     pd.testing.assert_frame_equal(fast.frame, slow.frame)
     assert _comparable(fast) == _comparable(slow)
     assert fast.content == content_hashes(fast.frame)  # the one hash rule, whichever path computed it
-    assert kafka.event_order(fast.frame) is None  # already in event order
+    assert codec.event_order(fast.frame) is None  # already in event order
 
 
 def test_out_of_order_ties_copies_and_conflicts(monkeypatch: pytest.MonkeyPatch) -> None:

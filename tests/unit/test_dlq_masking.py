@@ -302,7 +302,7 @@ def test_a_dead_letter_keeps_the_canonical_fields_masked_and_coarse_and_no_paylo
 
 
 def test_card_rejects_never_keep_the_payload_and_unparseable_bytes_only_a_digest() -> None:
-    from fedfraud.serving.dead_letters import payload_digest
+    from fedfraud.serving.kafka.dead_letters import payload_digest
 
     _, producer = decode_path(CARDS[0], raw_capture=True)
     sent = {json.loads(v)["offset"]: (k, json.loads(v)) for k, v, _ in producer.messages("transactions-dlq")}

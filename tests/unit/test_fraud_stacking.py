@@ -7,7 +7,7 @@ import pytest
 from fedfraud.cli.app import main
 from fedfraud.training.data.config import IngestConfig
 from fedfraud.training.data.partition import share_banks
-from fedfraud.training.fraud.bootstrap import RankedScores, bootstrap_counts, interval, weighted_metrics
+from fedfraud.training.bootstrap import RankedScores, bootstrap_counts, interval, weighted_metrics
 from fedfraud.training.fraud.metrics import classification_metrics
 from fedfraud.training.fraud.stacking import (
     cardholder_folds,
@@ -107,7 +107,7 @@ def test_bootstrap_counts_and_interval():
     counts = bootstrap_counts(30, 200, seed=1)
     assert counts.shape == (200, 30) and (counts.sum(axis=1) == 30).all()
     iv = interval([0.5, 0.7], np.vstack([np.linspace(0, 1, 101), np.linspace(0, 1, 101)]))
-    assert iv.point == pytest.approx(0.6) and iv.low == pytest.approx(0.025) and iv.high == pytest.approx(0.975)
+    assert iv.value == pytest.approx(0.6) and iv.low == pytest.approx(0.025) and iv.high == pytest.approx(0.975)
     assert iv.excludes_zero and not interval([0.0], np.array([[-1.0, 1.0]])).excludes_zero
 
 

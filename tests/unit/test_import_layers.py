@@ -32,7 +32,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("fedfraud.feature_store",),
     ("fedfraud.core.logs", "fedfraud.core.net", "fedfraud.core.tcpproxy", "fedfraud.core.credentials",
      "fedfraud.core.pki"),
-    ("fedfraud.core.errors",),
+    ("fedfraud.core.errors", "fedfraud.core.retry"),
 ]
 
 #: Allowed exceptions, each with its reason.

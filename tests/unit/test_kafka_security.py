@@ -64,9 +64,9 @@ def test_every_client_factory_hands_the_settings_to_librdkafka(tls, monkeypatch)
     """The producer, the ingress consumer, the topic reader and the admin client are built with SASL_SSL and
     mutual TLS; librdkafka loads the certificate files when it builds a client, so a wrong CA path fails here,
     proving the settings arrive."""
-    from fedfraud.serving.broker import _admin
+    from fedfraud.serving.kafka.broker import _admin
     from fedfraud.serving.kafka import make_consumer, make_producer
-    from fedfraud.serving.kafka_consumer import make_reader
+    from fedfraud.serving.kafka.consumer import make_reader
 
     monkeypatch.setenv(PASSWORD_ENV, "s3cret")
     sec = _sasl_ssl(tls)
@@ -91,8 +91,8 @@ def test_readers_and_the_admin_client_get_the_one_mapping(tls, monkeypatch):
     import confluent_kafka
     import confluent_kafka.admin
 
-    from fedfraud.serving.broker import _admin
-    from fedfraud.serving.kafka_consumer import make_reader
+    from fedfraud.serving.kafka.broker import _admin
+    from fedfraud.serving.kafka.consumer import make_reader
 
     made: list[dict] = []
     monkeypatch.setattr(confluent_kafka, "Consumer", lambda config: made.append(config))

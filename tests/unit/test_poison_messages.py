@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fedfraud.feature_store.schema import RejectReason, Validator
-from fedfraud.serving.dead_letters import dlq_message
+from fedfraud.serving.kafka.dead_letters import dlq_message
 from fedfraud.serving.kafka import DecodedBatch, decode_messages, dlq_value
 from tests.unit.test_serving_codec import Msg  # a ConsumerRecord-shaped message
 
@@ -142,65 +142,6 @@ def test_fuzz_every_message_is_scorable_a_copy_or_dead_lettered_with_a_reason(va
         json.loads(dlq_value(dead))  # every DLQ record is valid JSON
 
 
-# ---------------------------------------------------------------- bisecting a failing batch
-def _scorer(poison: set[int], calls: list[list[int]], done: list[int]):
-    def run(rows: list[int]) -> None:
-        calls.append(rows)
-        if poison.intersection(rows):
-            raise OverflowError("cannot convert float infinity to integer")
-        done.extend(rows)
-
-    return run
-
-
-@pytest.mark.parametrize("poison", [{0}, {37}, {99}, {3, 64}])
-def test_bisection_pins_each_poison_record_and_scores_every_other_row_once_in_order(poison: set[int]) -> None:
-    from fedfraud.serving.poison import isolate_failures
-
-    calls: list[list[int]] = []
-    done: list[int] = []
-    errors = isolate_failures(range(100), _scorer(poison, calls, done))
-    assert set(errors) == poison and all("OverflowError" in e for e in errors.values())
-    assert done == [i for i in range(100) if i not in poison]  # each clean row once, in order
-    assert len(calls) <= 1 + len(poison) * 2 * 7  # about 2·log2(n) calls per poison record
-
-
-def test_bisection_blames_no_record_in_an_outage() -> None:
-    from fedfraud.serving.poison import Outage, isolate_failures
-
-    def store_down(rows: list[int]) -> None:
-        raise ConnectionError("Error 111 connecting to 127.0.0.1:6379. Connection refused.")
-
-    with pytest.raises(Outage):
-        isolate_failures(range(10), store_down)
-
-    def everything_fails(rows: list[int]) -> None:
-        raise ValueError("same error for every record")
-
-    with pytest.raises(Outage, match="every record"):
-        isolate_failures(range(10), everything_fails)
-
-
-def test_outage_is_recognised_through_a_wrapping_exception() -> None:
-    from fedfraud.serving.poison import is_outage
-
-    class RayTaskError(RuntimeError):  # the shape Ray gives a remote exception: a wrapper with a cause
-        pass
-
-    class RedisConnectionError(Exception):
-        pass
-
-    try:
-        try:
-            raise RedisConnectionError("refused")
-        except RedisConnectionError as inner:
-            raise RayTaskError("replica failed") from inner
-    except RayTaskError as exc:
-        assert is_outage(exc)
-    assert not is_outage(ValueError("amount is inf"))
-    assert is_outage(TimeoutError())
-
-
 def test_review_probes_bad_stamps_huge_keys_and_separator_lookalikes() -> None:
     """Found in review: an int64-overflowing produce stamp raised out of decoding; a 1 MB key made a DLQ record
     over max_request_size; ids joined with a separator could make two transactions look like copies."""
@@ -214,15 +155,6 @@ def test_review_probes_bad_stamps_huge_keys_and_separator_lookalikes() -> None:
     b = json.dumps(_record(0, cardholder_id="a", transaction_id="b\x1fc")).encode()
     out = _decode([a, b])
     assert len(out.frame) == 2 and not out.copies and not out.dead
-
-
-def test_rows_that_all_fail_alone_are_blamed_once_the_caller_has_waited() -> None:
-    from fedfraud.serving.poison import isolate_failures
-
-    def two_poison(rows: list[int]) -> None:
-        raise ValueError("both rows are poison")
-
-    assert set(isolate_failures(range(2), two_poison, blame_all=True)) == {0, 1}
 
 
 def test_records_of_partitions_revoked_during_the_batch_window_are_dropped() -> None:

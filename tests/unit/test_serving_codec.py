@@ -11,7 +11,7 @@ import pytest
 
 from fedfraud.feature_store.schema import Validator
 from fedfraud.serving.config import ConsumerSettings
-from fedfraud.serving.dead_letters import payload_digest
+from fedfraud.serving.kafka.dead_letters import payload_digest
 from fedfraud.serving.kafka import PRODUCED_HEADER, decode_messages, dlq_value
 from fedfraud.serving.kvstore import SqliteKV
 from tests.prerequisites import require_redis

@@ -190,7 +190,7 @@ def test_eval_backtest_skew_reports_the_skewed_banks(ingested, tmp_path, capsys)
 
 def test_a_bank_without_test_fraud_is_not_measured_rather_than_met():
     """At 0.2 % a small bank can end with no fraud among its test cardholders (the handbook's bank 0 did)."""
-    from fedfraud.training.fraud.bootstrap import METRICS, Interval
+    from fedfraud.training.bootstrap import METRICS, Interval
     from fedfraud.training.fraud.evaluate import StudyReport
 
     nan, one = Interval(float("nan"), float("nan"), float("nan")), Interval(0.02, 0.01, 0.03)

@@ -23,7 +23,7 @@ a model, pick a threshold or fit a stacked score's model):
 * optionally ``FL-bagging`` (the Flower FedXgbBagging baseline).
 
 Noise: every metric comes with a 95 % interval from a bootstrap over test
-**cardholders** (:mod:`fedfraud.training.fraud.bootstrap`), averaged over the model
+**cardholders** (:mod:`fedfraud.training.bootstrap`), averaged over the model
 seeds; differences are paired (same replicates). Decisions use the pooled
 intervals; per-bank figures are printed for the bank's-eye view.
 """
@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from fedfraud.training.fraud.bootstrap import METRICS, Interval, RankedScores, bootstrap_counts, interval, metric_draws
+from fedfraud.training.bootstrap import METRICS, Interval, RankedScores, bootstrap_counts, interval, metric_draws
 from fedfraud.training.fraud.config import FraudConfig
 from fedfraud.training.fraud.features import ANOMALY_FEATURE, FraudFeatures
 from fedfraud.training.fraud.metrics import ClassificationMetrics, classification_metrics
@@ -97,24 +97,24 @@ class StudyReport:
         out: list[tuple[str, str, bool | None]] = []
         gap = self.pooled_diff["FL − Central"]["pr_auc"]
         out.append((f"FL within {FL_CENTRAL_GAP:g} PR-AUC point of Central (pooled)",
-                    f"FL − Central = {gap.fmt(100, 2, True)} points", abs(100 * gap.point) <= FL_CENTRAL_GAP))
+                    f"FL − Central = {gap.fmt(100, 2, True)} points", abs(100 * gap.value) <= FL_CENTRAL_GAP))
         gains = {b: d["FL − Local"] for b, d in self.bank_diff.items()}
-        worse = [b for b, g in gains.items() if g.point <= 0]
-        unmeasured = [b for b, g in gains.items() if not math.isfinite(g.point)]  # no test fraud in the bank
+        worse = [b for b, g in gains.items() if g.value <= 0]
+        unmeasured = [b for b, g in gains.items() if not math.isfinite(g.value)]  # no test fraud in the bank
         out.append(("FL above Local for every bank (PR-AUC)",
-                    "; ".join(f"bank {b}: {g.fmt(100, 1, True)}" if math.isfinite(g.point) else
+                    "; ".join(f"bank {b}: {g.fmt(100, 1, True)}" if math.isfinite(g.value) else
                               f"bank {b}: no test fraud" for b, g in sorted(gains.items())),
                     False if worse else (None if unmeasured else True)))
         small = min(self.bank_info, key=lambda b: self.bank_info[b]["test_cardholders"])
         g = gains[small]
         out.append((f"smallest bank ({small}) gains >= {SMALL_BANK_GAIN:g} PR-AUC points from FL",
                     f"{g.fmt(100, 1, True)} points",
-                    100 * g.point >= SMALL_BANK_GAIN if math.isfinite(g.point) else None))
+                    100 * g.value >= SMALL_BANK_GAIN if math.isfinite(g.value) else None))
         if "FL+AS − FL" in self.pooled_diff:
             d = self.pooled_diff["FL+AS − FL"]["pr_auc"]
             out.append((f"FL+AS − FL >= +{STACKING_GAIN:g} point, 95 % interval above 0 (pooled)",
                         f"{d.fmt(100, 2, True)} points ({self.info.get('as_source', '?')})",
-                        100 * d.point >= STACKING_GAIN and d.low > 0))
+                        100 * d.value >= STACKING_GAIN and d.low > 0))
         else:
             out.append((f"FL+AS − FL >= +{STACKING_GAIN:g} point (pooled)", "not measured (no AS source)", None))
         if "FL+AS − FL" in self.pooled_diff and "FL−prev+AS − FL−prev" in self.pooled_diff:
@@ -123,7 +123,7 @@ class StudyReport:
                         f"+{STRONG_BASE_STACKING_GAIN:g} point, interval above 0 (pooled)",
                         f"{d.fmt(100, 2, True)} points; over the weaker base "
                         f"{self.pooled_diff['FL−prev+AS − FL−prev']['pr_auc'].fmt(100, 2, True)}",
-                        100 * d.point >= STRONG_BASE_STACKING_GAIN and d.low > 0))
+                        100 * d.value >= STRONG_BASE_STACKING_GAIN and d.low > 0))
         if "FL+Perm − FL" in self.pooled_diff:
             d = self.pooled_diff["FL+Perm − FL"]["pr_auc"]
             out.append(("negative control: FL+Perm − FL ≈ 0 (interval contains 0)", f"{d.fmt(100, 2, True)} points",
@@ -133,7 +133,7 @@ class StudyReport:
             d = self.pooled_diff[pos_key]["pr_auc"]
             out.append((f"positive control: design detects a +{POSITIVE_CONTROL_GAIN:g}-point effect "
                         f"({pos_key} >= {POSITIVE_CONTROL_GAIN:g}, interval above 0)", f"{d.fmt(100, 2, True)} points",
-                        100 * d.point >= POSITIVE_CONTROL_GAIN and d.low > 0))
+                        100 * d.value >= POSITIVE_CONTROL_GAIN and d.low > 0))
         return out
 
     def to_markdown(self) -> str:
@@ -175,7 +175,7 @@ class StudyReport:
             none = not info["test_frauds"]  # no fraud among the bank's test cardholders: nothing to measure
             lines.append(f"| {b} | {info.get('rows', '?')} | {rate} | {info['test_cardholders']} | "
                          f"{info['test_frauds']} | "
-                         + " | ".join("—" if none else f"{self.per_bank[b][v]['pr_auc'].point:.3f}" for v in cols)
+                         + " | ".join("—" if none else f"{self.per_bank[b][v]['pr_auc'].value:.3f}" for v in cols)
                          + " | " + " | ".join("—" if none else self.bank_diff[b][p].fmt(100, 1, True) for p in pairs)
                          + " |")
         if self.info.get("skew"):
@@ -183,9 +183,9 @@ class StudyReport:
         lines += ["", "Per bank, recall@1%FPR and F1 (Local → FL):", ""]
         for b in sorted(self.per_bank):
             r = self.per_bank[b]
-            lines.append(f"- bank {b}: recall@1%FPR {r['Local']['recall_at_fpr'].point:.3f} → "
-                         f"{r['FL']['recall_at_fpr'].point:.3f}; F1 {r['Local']['f1'].point:.3f} → "
-                         f"{r['FL']['f1'].point:.3f}")
+            lines.append(f"- bank {b}: recall@1%FPR {r['Local']['recall_at_fpr'].value:.3f} → "
+                         f"{r['FL']['recall_at_fpr'].value:.3f}; F1 {r['Local']['f1'].value:.3f} → "
+                         f"{r['FL']['f1'].value:.3f}")
         lines += ["", "Seed spread of pooled PR-AUC (min..max over seeds):", ""]
         for v, pts in self.seed_points.items():
             lines.append(f"- {v}: {min(pts):.4f}..{max(pts):.4f}")

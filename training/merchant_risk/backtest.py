@@ -22,7 +22,7 @@ Variants, all scored on every transaction from ``--train-until`` on:
 
 Metrics: PR-AUC and recall at 1 % FPR, pooled, per bank and per fraud scenario (genuine rows + that
 scenario's frauds), each with a 95 % interval from the cardholder bootstrap of
-:mod:`fedfraud.training.fraud.bootstrap`; differences are paired (same replicates).
+:mod:`fedfraud.training.bootstrap`; differences are paired (same replicates).
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ from fedfraud.feature_store.config import EncoderConfig, PrivacyConfig
 from fedfraud.feature_store.encoders import timestamps_us
 from fedfraud.feature_store.privacy import PrivateFeaturizer
 from fedfraud.training.data.config import IngestConfig
-from fedfraud.training.fraud.bootstrap import (
+from fedfraud.training.bootstrap import (
     Interval,
     RankedScores,
     bootstrap_counts,
@@ -329,13 +329,13 @@ class BacktestReport:
         else:
             r = s2.metrics["fl+merchant-fed"]["recall_at_fpr"]
             out.append((f"S2 recall@1%FPR of fl+merchant-fed >= {S2_RECALL_TARGET:.2f}", r.fmt(),
-                        r.point >= S2_RECALL_TARGET))
+                        r.value >= S2_RECALL_TARGET))
             d = s2.diffs["fl+merchant-fed − fl+merchant-bank"]["recall_at_fpr"]
             out.append((f"S2 recall@1%FPR fl+merchant-fed − fl+merchant-bank >= +{S2_GAIN_TARGET:.2f}, "
-                        "interval above 0", d.fmt(signed=True), d.point >= S2_GAIN_TARGET and d.low > 0))
+                        "interval above 0", d.fmt(signed=True), d.value >= S2_GAIN_TARGET and d.low > 0))
         d = self.groups["pooled"].diffs["fl+merchant-fed − fl"]["pr_auc"]
         out.append((f"pooled PR-AUC fl+merchant-fed − fl >= +{PR_AUC_GAIN_POINTS:g} points, interval above 0",
-                    f"{d.fmt(100, 2, True)} points", 100 * d.point >= PR_AUC_GAIN_POINTS and d.low > 0))
+                    f"{d.fmt(100, 2, True)} points", 100 * d.value >= PR_AUC_GAIN_POINTS and d.low > 0))
         for variant, noise in self.private.items():
             if noise["epsilon"] != S2_PRIVATE_EPSILON:
                 continue
@@ -345,7 +345,7 @@ class BacktestReport:
                 out.append((name, "no S2 frauds in the test rows (give --scenarios)", None))
             else:
                 d = s2.diffs[f"{variant} − {CLEAR}"]["recall_at_fpr"]
-                out.append((name, d.fmt(signed=True), d.point >= -S2_PRIVATE_LOSS))
+                out.append((name, d.fmt(signed=True), d.value >= -S2_PRIVATE_LOSS))
         return out
 
     def _private_lines(self) -> list[str]:

@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 
 from fedfraud.feature_store.outcomes import OutcomeStore
-from fedfraud.training.fraud.bootstrap import RankedScores, bootstrap_counts, interval, weighted_metrics
+from fedfraud.training.bootstrap import RankedScores, bootstrap_counts, interval, weighted_metrics
 from fedfraud.training.registry import ModelRegistry, RegistryError
 from fedfraud.training.retrain.config import RetrainConfig
 
@@ -69,7 +69,7 @@ def compare(pairs: pd.DataFrame, cfg: RetrainConfig) -> dict[str, Any]:
     for metric, draws in diffs.items():
         ci = interval([point["challenger"][metric] - point["champion"][metric]], np.asarray([draws]))
         out[metric] = {"champion": point["champion"][metric], "challenger": point["challenger"][metric],
-                       "difference": ci.point, "difference_95ci": [ci.low, ci.high]}
+                       "difference": ci.value, "difference_95ci": [ci.low, ci.high]}
     return out
 
 

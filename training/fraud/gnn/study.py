@@ -16,7 +16,7 @@ Hyperparameters are chosen on **validation** cardholders only: with ``tune``, λ
 ``FedRPDA − RA`` job and α (``risk_alpha``) on the ``FedRPDA − DRA`` job, by the validation PR-AUC the server
 computes from the banks' summed validation histograms; FedRPDA takes both choices. Everything else is the config.
 
-Noise: 95 % intervals from a bootstrap over test **cardholders** (:mod:`fedfraud.training.fraud.bootstrap`),
+Noise: 95 % intervals from a bootstrap over test **cardholders** (:mod:`fedfraud.training.bootstrap`),
 every variant on the same replicates, so differences are paired; GNN metrics are averaged over seeds inside
 every replicate. F1-macro is the mean of the fraud and legit classes' F1 at the model's validation threshold.
 """
@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from fedfraud.training.fraud.bootstrap import Interval, RankedScores, bootstrap_counts, interval, metric_draws
+from fedfraud.training.bootstrap import Interval, RankedScores, bootstrap_counts, interval, metric_draws
 from fedfraud.training.fraud.config import FraudConfig
 from fedfraud.training.fraud.features import FraudFeatures
 from fedfraud.training.fraud.metrics import classification_metrics
@@ -113,7 +113,7 @@ class VariantsReport:
                 return "holds (interval above 0)"
             if d.high < 0:
                 return "fails: worse (interval below 0)"
-            return "not shown: interval contains 0" + (" (point above 0)" if d.point > 0 else " (point at or below 0)")
+            return "not shown: interval contains 0" + (" (point above 0)" if d.value > 0 else " (point at or below 0)")
 
         for name, key in (("risk-aware aggregation alone beats FedAvg-GNN on PR-AUC",
                            "RA only (FedRPDA − DRA) − FedAvg-GNN"),
@@ -126,12 +126,12 @@ class VariantsReport:
         if h2v is not None:
             d = h2v["pr_auc"]
             out.append(("the hin2vec columns add >= +0.5 PR-AUC points to federated XGBoost (pooled, interval above 0)",
-                        f"{d.fmt(100, 2, True)} points", "met" if d.point >= 0.005 and d.low > 0 else "NOT met"))
+                        f"{d.fmt(100, 2, True)} points", "met" if d.value >= 0.005 and d.low > 0 else "NOT met"))
         small = min(self.bank_info, key=lambda b: self.bank_info[b]["cardholders"])
         d = self.bank_diff[small]["FedRPDA − FedAvg-GNN"]["pr_auc"]
         out.append((f"on the smallest bank ({small}, {self.bank_info[small]['share']}), FedRPDA >= FedAvg-GNN (PR-AUC)",
                     f"{d.fmt(100, 2, True)} points",
-                    ("met" if d.point >= 0 else "NOT met") + (" (interval contains 0)" if not d.excludes_zero
+                    ("met" if d.value >= 0 else "NOT met") + (" (interval contains 0)" if not d.excludes_zero
                                                               else "")))
         return out
 

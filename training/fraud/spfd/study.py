@@ -15,7 +15,7 @@ sets (``banks.<k>.private_features``); the split is the project's, by cardholder
 λ_alg is chosen on **validation** cardholders only (with ``tune``: the validation PR-AUC the server computes from
 the banks' summed histograms, seed 0); everything else is the config's. Each bank's model scores its own test
 rows; pooled figures concatenate them. 95 % intervals: a bootstrap over test **cardholders**
-(:mod:`fedfraud.training.fraud.bootstrap`), every variant on the same replicates, so differences are paired;
+(:mod:`fedfraud.training.bootstrap`), every variant on the same replicates, so differences are paired;
 network metrics are averaged over seeds inside every replicate.
 """
 
@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from fedfraud.training.fraud.bootstrap import (
+from fedfraud.training.bootstrap import (
     Interval,
     RankedScores,
     bootstrap_counts,

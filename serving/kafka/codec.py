@@ -1,4 +1,4 @@
-"""Kafka wire formats and client factories of the streaming pipeline.
+"""Kafka wire formats of the streaming pipeline: JSON encoding, the produce stamp, and decoding a poll's messages.
 
 Topics (DESIGN §2), all keyed by the cardholder's keyed pseudonym so one
 cardholder's messages share a partition and keep their order:
@@ -9,17 +9,12 @@ cardholder's messages share a partition and keep their order:
 * ``fraud-decisions``: :class:`DecisionRecord` as JSON.
 * ``transactions-dlq``: the reject reason (:class:`fedfraud.feature_store.schema.RejectReason` value), detail
   and source offset with the masked canonical record and a digest of the payload, never the payload itself
-  unless an operator opts in (:mod:`fedfraud.serving.dead_letters`, the one place DLQ records are built);
+  unless an operator opts in (:mod:`fedfraud.serving.kafka.dead_letters`, the one place DLQ records are built);
   headers ``reason`` and ``detail`` as well so tools can filter without decoding.
 
-The scoring path's clients are librdkafka's (:mod:`fedfraud.serving.kafka_consumer`,
-:mod:`fedfraud.serving.kafka_producer`, re-exported here); their factories apply
-:class:`fedfraud.serving.config.ConsumerSettings` / :class:`fedfraud.serving.config.ProducerSettings`
-and nothing else, so the same code talks to the embedded Tansu broker and to a
-production cluster. The tools that read topics end to end (replay's ``collect``, the
-label joiner, the console) use librdkafka's consumer too, made by
-:func:`fedfraud.serving.kafka_consumer.make_reader`; the topic admin of
-:mod:`fedfraud.serving.broker` is librdkafka's ``AdminClient``.
+The clients live beside this module (:mod:`fedfraud.serving.kafka.consumer`,
+:mod:`fedfraud.serving.kafka.producer`, the topic admin and embedded broker in
+:mod:`fedfraud.serving.kafka.broker`); :mod:`fedfraud.serving.kafka` exports them all.
 """
 
 from __future__ import annotations
@@ -47,34 +42,20 @@ from fedfraud.feature_store.schema import (
 )
 
 from fedfraud.serving.config import GuardSettings
-from fedfraud.serving.dead_letters import DeadLetter, dead_letter_of, dlq_headers, dlq_value
-from fedfraud.serving.kafka_consumer import IngressConsumer, Record, make_consumer, wait_for_partitions
-from fedfraud.serving.kafka_producer import Delivery, DeliveryError, Producer, confirm_sent, make_producer
+from fedfraud.serving.kafka.dead_letters import DeadLetter, dead_letter_of
 
 
 __all__ = [
     "PRODUCED_HEADER",
-    "Record",
-    "DeadLetter",
     "DecodedBatch",
+    "content_hashes",
     "decode_messages",
     "ingress_validator",
-    "Delivery",
-    "IngressConsumer",
-    "DeliveryError",
-    "Producer",
-    "confirm_sent",
-    "content_hashes",
-    "dlq_headers",
-    "dlq_value",
     "json_bytes",
     "json_value",
-    "make_consumer",
-    "make_producer",
     "now_us",
     "parse_json",
     "produced_us_of",
-    "wait_for_partitions",
 ]
 
 PRODUCED_HEADER = "produced-us"
@@ -365,6 +346,6 @@ def _repeats(ids: list[tuple[str, str]], content: list[str], msgs: list[Any],
 
 def _dead(msg: Any, raw: bytes, reason: str, detail: str) -> DeadLetter:
     """A dead letter of ``msg`` with ``raw`` as its payload; what of it reaches the DLQ (masked, reduced) is
-    decided by :func:`fedfraud.serving.dead_letters.dlq_value`, for decode and stage rejects alike.
+    decided by :func:`fedfraud.serving.kafka.dead_letters.dlq_value`, for decode and stage rejects alike.
     """
     return dead_letter_of(msg, reason, detail, raw=raw)

@@ -24,6 +24,7 @@ from typing import Any
 
 from fedfraud.core.errors import UserError
 from fedfraud.core.net import free_port
+from fedfraud.core.retry import RetryError, retrying
 from fedfraud.serving.config import KafkaSecurity
 
 __all__ = ["BrokerError", "EmbeddedBroker", "create_topics", "free_port", "tansu_binary", "wait_for_broker"]
@@ -70,15 +71,13 @@ def wait_for_broker(bootstrap_servers: str, timeout_s: float = 20.0) -> None:
 
     deadline = time.monotonic() + timeout_s
     admin = _admin(bootstrap_servers, 3.0, log_level=0)  # refused connects until it listens are expected: silent
-    last: Exception | None = None
-    while time.monotonic() < deadline:
-        try:
-            admin.list_topics(timeout=min(max(deadline - time.monotonic(), 0.1), 3.0))
-            return
-        except KafkaException as exc:
-            last = exc
-            time.sleep(0.1)
-    raise BrokerError(f"Kafka broker at {bootstrap_servers} did not answer within {timeout_s:.0f} s ({last!r})")
+    try:
+        retrying(lambda exc: isinstance(exc, KafkaException), within_s=timeout_s, first_s=0.1, most_s=0.1,
+                 reraise=False)(lambda: admin.list_topics(timeout=min(max(deadline - time.monotonic(), 0.1), 3.0)))
+    except RetryError as exc:
+        last = exc.last_attempt.exception()
+        raise BrokerError(f"Kafka broker at {bootstrap_servers} did not answer within {timeout_s:.0f} s ({last!r})"
+                          ) from None
 
 
 def create_topics(
