@@ -180,7 +180,7 @@ def test_redis_hash_bytes_are_what_the_sdk_push_writes(built) -> None:
 
 @pytest.mark.parametrize("built", ["sqlite"], indirect=True)  # the SQLite writer only
 def test_sqlite_writes_a_batch_of_every_view_in_one_transaction(built) -> None:
-    """Serving's SQLite writes: Feast's own upserts for every view, one commit per batch (not one per view)."""
+    """Serving's SQLite writes: Feast's upsert for every view, one commit per batch (not one per view)."""
     _, store, client = built
     conn = client._io._conn
     statements: list[str] = []
