@@ -173,7 +173,8 @@ class _SqliteViewIO(_ViewIO):
     Feast's SQLite store commits each view's ``online_write_batch`` on its own, and with the default rollback
     journal every commit syncs the journal and the database: four views were four syncs per micro-batch. Here
     one transaction holds every view of the batch, and one commit (or one rollback) ends it. WAL lets readers
-    of other processes go on while a replica writes.
+    of other processes go on while a replica writes; ``synchronous=NORMAL``, as serving's SQLite KV store, syncs
+    at checkpoints instead of at every commit.
 
     Feast's ``online_write_batch`` and ``online_read`` also build a ``Value`` proto per feature and serialise
     each entity key on every call, then run one ``execute`` per feature (issue 42: about 16 per transaction,
@@ -192,6 +193,10 @@ class _SqliteViewIO(_ViewIO):
         super().__init__(online, config)
         self._conn = online._get_conn(config)  # Feast's SqliteOnlineStore keeps one connection per store
         self._conn.execute("PRAGMA journal_mode=WAL")
+        # the durability of serving's SQLite KV store (score rings, fraud states): no fsync per commit, so a
+        # micro-batch no longer waits on the disk (issue 42); a process crash loses nothing, a power loss or an
+        # OS crash may roll back the last commits (the file stays consistent), as for the KV store's rows
+        self._conn.execute("PRAGMA synchronous=NORMAL")
         store = config.online_store
         self._plain = not (getattr(store, "vector_enabled", False)
                            or getattr(store, "enable_openai_compatible_store", False))

@@ -197,6 +197,7 @@ def test_sqlite_writes_a_batch_of_every_view_in_one_transaction(built) -> None:
     assert len({q.split("(")[0] for q in upserts}) >= 2, "a batch writes several views"
     assert sum(q.strip().upper() == "COMMIT" for q in statements) == 1
     assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert conn.execute("PRAGMA synchronous").fetchone()[0] == 1  # NORMAL: no fsync per micro-batch
     sdk = store.get_online_features(features=["cardholder_activity:amount_sum"],
                                     entity_rows=[{"cardholder": "tx-2"}]).to_dict()
     assert sdk["amount_sum"] == [5.0]  # Feast's SDK reads what the one transaction wrote
