@@ -171,6 +171,10 @@ def timestamps_us(values: object) -> np.ndarray:
     import pandas as pd
 
     if isinstance(values, pd.Series | pd.Index):
+        if isinstance(values.dtype, pd.DatetimeTZDtype) or values.dtype.kind == "M":
+            # already datetimes (what decoding and the generators give): the UTC integers themselves, without a
+            # DatetimeIndex and its tz conversions (~0.2 ms per call on a micro-batch, twice per batch; issue 42)
+            return values.array.as_unit("us").asi8.astype(np.int64)
         idx = pd.DatetimeIndex(values)
     else:
         arr = np.asarray(values)

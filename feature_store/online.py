@@ -34,7 +34,7 @@ from fedfraud.feature_store.activity import Activity
 from fedfraud.feature_store.cardholder import CardholderState, PreparedBatch
 from fedfraud.feature_store.config import EgoGraphConfig
 from fedfraud.feature_store.egograph import CorruptStateError, EgoGraphState
-from fedfraud.feature_store.feast_values import from_proto, to_proto, value_kind
+from fedfraud.feature_store.feast_values import from_proto, from_wire, to_proto, value_kind, wire_encoder
 from fedfraud.feature_store.store_config import FeatureStoreConfig
 
 if TYPE_CHECKING:
@@ -168,28 +168,133 @@ class _RedisViewIO(_ViewIO):
 
 
 class _SqliteViewIO(_ViewIO):
-    """All views of a batch in one SQLite transaction, on a WAL journal.
+    """All views of a batch in one SQLite transaction, on a WAL journal, in Feast's tables and row format.
 
     Feast's SQLite store commits each view's ``online_write_batch`` on its own, and with the default rollback
     journal every commit syncs the journal and the database: four views were four syncs per micro-batch. Here
-    Feast's own upserts (its serialisation, its tables) run inside one transaction: while they run, the store's
-    connection is a :class:`_OneTransaction` whose ``with conn:`` blocks do not commit, and one commit (or one
-    rollback) ends the batch. WAL lets readers of other processes go on while a replica writes.
+    one transaction holds every view of the batch, and one commit (or one rollback) ends it. WAL lets readers
+    of other processes go on while a replica writes; ``synchronous=NORMAL``, as serving's SQLite KV store, syncs
+    at checkpoints instead of at every commit.
+
+    Feast's ``online_write_batch`` and ``online_read`` also build a ``Value`` proto per feature and serialise
+    each entity key on every call, then run one ``execute`` per feature (issue 42: about 16 per transaction,
+    the largest CPU section of a replica on SQLite). Where the store's layout is Feast's plain one (no
+    ``value_num`` or vector column), this class writes the very rows Feast writes (same serialised key,
+    feature name, ``Value`` bytes (:func:`~fedfraud.feature_store.feast_values.to_wire`), ``value_text`` and
+    timestamps, same upsert) with one ``executemany`` per view, reads them with Feast's query and decodes the
+    bytes with :func:`~fedfraud.feature_store.feast_values.from_wire`, as the Redis path does; entity keys are
+    serialised once per process (``tests/integration/test_feature_store_online.py`` reads the rows back
+    through the SDK). Any other layout goes through Feast's own methods inside the same one transaction.
     """
+
+    _KEY_CACHE = 1 << 17
 
     def __init__(self, online: SqliteOnlineStore, config: RepoConfig) -> None:
         super().__init__(online, config)
         self._conn = online._get_conn(config)  # Feast's SqliteOnlineStore keeps one connection per store
         self._conn.execute("PRAGMA journal_mode=WAL")
+        # the durability of serving's SQLite KV store (score rings, fraud states): no fsync per commit, so a
+        # micro-batch no longer waits on the disk (issue 42); a process crash loses nothing, a power loss or an
+        # OS crash may roll back the last commits (the file stays consistent), as for the KV store's rows
+        self._conn.execute("PRAGMA synchronous=NORMAL")
+        store = config.online_store
+        self._plain = not (getattr(store, "vector_enabled", False)
+                           or getattr(store, "enable_openai_compatible_store", False))
+        self._keys: dict[Entity, bytes] = {}
+        self._tables: dict[str, tuple[str, dict[str, tuple[Any, Any]]]] = {}
+
+    def forget_views(self) -> None:
+        super().forget_views()
+        self._tables.clear()
+
+    def _key_bytes(self, entities: Sequence[Entity]) -> list[bytes]:
+        """Feast's ``serialize_entity_key`` of each entity, computed once per entity."""
+        from feast.infra.key_encoding_utils import serialize_entity_key
+
+        missing = list(dict.fromkeys(e for e in entities if e not in self._keys))
+        if missing:
+            if len(self._keys) + len(missing) > self._KEY_CACHE:
+                self._keys.clear()
+            version = self.config.entity_key_serialization_version
+            for e, key in zip(missing, _entity_keys(missing), strict=True):
+                self._keys[e] = serialize_entity_key(key, entity_key_serialization_version=version)
+        return [self._keys[e] for e in entities]
+
+    def _table(self, table: FeatureView) -> tuple[str, dict[str, tuple[Any, Any]]]:
+        """The quoted SQLite table of ``table`` and, per feature, its wire encoder and its ``value_text`` (None:
+        Feast leaves the column null for that kind, ``extract_text_and_num``).
+        """
+        known = self._tables.get(table.name)
+        if known is None:
+            from feast.infra.online_stores.sqlite import _quote_id, _table_id
+
+            name = _quote_id(_table_id(self.config.project, table,
+                                       self.config.registry.enable_online_feature_view_versioning))
+            features = {}
+            for f in table.features:
+                kind = value_kind(f.dtype)
+                features[f.name] = (wire_encoder(kind), _TEXT.get(kind))
+            known = self._tables[table.name] = (name, features)
+        return known
+
+    def read(self, tables: Sequence[tuple[FeatureView, Sequence[str]]], entities: Sequence[Entity]) -> list[ViewValues]:
+        if not self._plain:
+            return super().read(tables, entities)
+        keys = self._key_bytes(entities)
+        marks = ",".join("?" * len(keys))
+        out: list[ViewValues] = []
+        for table, _features in tables:  # like Feast's online_read, every stored feature of the row comes back
+            if not keys:
+                out.append([])
+                continue
+            name, _ = self._table(table)
+            found: dict[bytes, dict[str, Any]] = {}
+            for key, feature, raw in self._conn.execute(
+                    f"SELECT entity_key, feature_name, value FROM {name} WHERE entity_key IN ({marks})", keys):
+                found.setdefault(key, {})[feature] = from_wire(raw)
+            out.append([found.get(k) for k in keys])
+        return out
 
     def write(self, rows: Sequence[tuple[FeatureView, ViewRows]]) -> None:
         online: Any = self.online
         online._conn = _OneTransaction(self._conn)
         try:
             with self._conn:  # commits once at the end, rolls every view back if one fails
-                super().write(rows)
+                if self._plain:
+                    self._write_rows(rows)
+                else:
+                    super().write(rows)
         finally:
             online._conn = self._conn
+
+    def _write_rows(self, rows: Sequence[tuple[FeatureView, ViewRows]]) -> None:
+        """Feast's rows of each view (its ``online_write_batch`` without ``value_num`` or vectors), one
+        ``executemany`` per view.
+        """
+        from feast.utils import to_naive_utc
+
+        for table, view_rows in rows:
+            if not view_rows:
+                continue
+            name, features = self._table(table)
+            keys = self._key_bytes([entity for entity, *_ in view_rows])
+            data = []
+            for key, (_, values, ts, created) in zip(keys, view_rows, strict=True):
+                event, made = to_naive_utc(ts), None if created is None else to_naive_utc(created)
+                for feature, value in values.items():
+                    encode, text = features[feature]
+                    raw = encode(value)
+                    shown = None if value is None or text is None else text(value)
+                    data.append((key, feature, raw, shown, event, made))
+            self._conn.executemany(
+                f"INSERT INTO {name} (entity_key, feature_name, value, value_text, event_ts, created_ts) "
+                "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT(entity_key, feature_name) DO UPDATE SET "
+                "value = excluded.value, value_text = excluded.value_text, event_ts = excluded.event_ts, "
+                "created_ts = excluded.created_ts;", data)
+
+
+#: Feast's ``value_text`` of a set ``Value`` of each kind (``extract_text_and_num``: ``str`` of what the proto holds).
+_TEXT: dict[str, Any] = {"string_val": str, "int64_val": lambda v: str(int(v)), "double_val": lambda v: str(float(v))}
 
 
 class _OneTransaction:

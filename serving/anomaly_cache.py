@@ -1,4 +1,5 @@
-"""The anomaly stage's two per-replica caches: L'/T' feature rows by noise key, and which stored q_t is fresh.
+"""The anomaly stage's per-replica caches: L'/T' feature rows by noise key, which stored q_t is fresh, and the
+challenger's q_t while one shadows.
 
 :class:`CachedFeatures` computes each transaction's private location/time rows
 once instead of once per graph snapshot they appear in. :class:`FreshCache`
@@ -6,7 +7,8 @@ says whether the ``q_t`` in a cardholder's stored state was written by this
 process with the current model at the state's current version; only then may
 :class:`fedfraud.serving.anomaly_stage.AnomalyStage` reuse it as q_{t-1} (otherwise
 G_{t-1} is embedded again, so a model swap or another replica's write never
-mixes embeddings of two models).
+mixes embeddings of two models). A second :class:`FreshCache` keeps the shadowing challenger's own q_t per
+cardholder (it is never stored), so a shadow embeds G_t alone, as the champion does, instead of G_{t-1} too.
 """
 
 from __future__ import annotations
@@ -133,17 +135,27 @@ class CachedFeatures:
 
 
 class FreshCache:
-    """cardholder → (state version, model tag) of the q_t this process wrote; bounded LRU."""
+    """cardholder → (state version, model tag) of the q_t this process wrote; bounded LRU.
+
+    With ``q`` given to :meth:`put`, it also keeps that q_t (the challenger's, which no store holds:
+    :meth:`q` returns it while the state is at that version and the challenger is the same model).
+    """
 
     def __init__(self, capacity: int = 200_000) -> None:
         self.capacity = capacity
-        self._d: OrderedDict[str, tuple[int, str]] = OrderedDict()
+        self._d: OrderedDict[str, tuple[int, str, np.ndarray | None]] = OrderedDict()
 
     def valid(self, holder: str, version: int, tag: str) -> bool:
-        return self._d.get(holder) == (version, tag)
+        got = self._d.get(holder)
+        return got is not None and got[:2] == (version, tag)
 
-    def put(self, holder: str, version: int, tag: str) -> None:
-        self._d[holder] = (version, tag)
+    def q(self, holder: str, version: int, tag: str) -> np.ndarray | None:
+        """The q_t kept with (``version``, ``tag``), None when another (or none) is kept."""
+        got = self._d.get(holder)
+        return got[2] if got is not None and got[:2] == (version, tag) else None
+
+    def put(self, holder: str, version: int, tag: str, q: np.ndarray | None = None) -> None:
+        self._d[holder] = (version, tag, q)
         self._d.move_to_end(holder)
         if len(self._d) > self.capacity:
             self._d.popitem(last=False)

@@ -30,7 +30,9 @@ Cached q_{t-1}: the store's ``q_t`` is reused when this process wrote it with
 the current model at the state's current version
 (:class:`fedfraud.serving.anomaly_cache.FreshCache`); otherwise G_{t-1} is embedded
 again, so a model swap or another replica's write never mixes embeddings of
-two models.
+two models. A shadowing challenger's q_t is kept the same way, in memory
+(``AnomalyStage.shadow_fresh``): with both fresh, a shadowed transaction costs each
+model one embedding of G_t, not two graphs each.
 
 The model is anything that meets :class:`GraphScorer`; the default loader hook
 :func:`load_anomaly_scorer` returns the training side's
@@ -128,6 +130,8 @@ class AnomalyWork:
     batches: list[GraphBatch] = field(default_factory=list)  # the model input of each forward, built once
     prev_graph: list[int] = field(default_factory=list)  # row → graph index of G_{t-1}, -1 none
     prev_cached: dict[int, np.ndarray] = field(default_factory=dict)  # row → cached q_{t-1}
+    shadow_prev_cached: dict[int, np.ndarray] = field(default_factory=dict)  # row → the challenger's cached q_{t-1}
+    shadow_q: np.ndarray | None = None  # the challenger's Q of ``graphs`` (its q_t are kept once the batch is written)
     cur_graph: list[int] = field(default_factory=list)  # row → graph index of G_t, -1 if not applied
     redelivered: list[bool] = field(default_factory=list)
     last_graph: dict[str, int] = field(default_factory=dict)
@@ -175,6 +179,7 @@ class AnomalyStage:
         self.ring = ring
         self.clock = clock or StageClock()
         self.fresh = FreshCache()
+        self.shadow_fresh = FreshCache()  # the challenger's q_t, in memory only (no store holds it)
         self.features = CachedFeatures(featurizer)
         self.shadow: GraphScorer | None = None  # the challenger GNN while one shadows (HotPath sets it)
         #: The G-HIN2Vec encoder whose columns the fraud model reads (HotPath sets it; None: none computed, no cost).
@@ -233,8 +238,9 @@ class AnomalyStage:
             if ego.num_nodes:
                 if holder in work.last_graph:
                     prev = work.last_graph[holder]
-                elif work.shadow is None and state.q_t.size and self.fresh.valid(holder, state.version, model.tag):
-                    # the stored q_{t-1} is the champion's; a shadowing challenger needs G_{t-1} itself
+                elif state.q_t.size and self.fresh.valid(holder, state.version, model.tag) and (
+                        work.shadow is None or self._shadow_prev(work, i, holder, state.version)):
+                    # the stored q_{t-1} is the champion's; a shadowing challenger's comes from its own cache
                     work.prev_cached[i] = state.q_t
                 else:
                     snapshot(ego, eps)
@@ -260,6 +266,15 @@ class AnomalyStage:
         if histories:  # one vectorised call instead of one per graph
             work.history = torch.from_numpy(history_summary(np.stack(histories)))
         return work
+
+    def _shadow_prev(self, work: AnomalyWork, row: int, holder: str, version: int) -> bool:
+        """Whether the challenger's q_{t-1} of ``holder`` at ``version`` is kept (then row ``row`` takes it)."""
+        assert work.shadow is not None
+        q = self.shadow_fresh.q(holder, version, work.shadow.tag)
+        if q is None:
+            return False
+        work.shadow_prev_cached[row] = q
+        return True
 
     def complete(self, work: AnomalyWork, q: np.ndarray) -> ScoredBatch:
         """Score with the embeddings of ``work.graphs`` and fold them into rings and states, in memory.
@@ -341,6 +356,9 @@ class AnomalyStage:
             self.client.push(work.changed, self.bank_id, work.batch, work.applied_rows, **extra)
         for state in work.changed:
             self.fresh.put(state.cardholder, state.version, work.model.tag)
+        if work.shadow is not None and work.shadow_q is not None:  # the challenger's q_t, once the state is written
+            for holder, g in work.last_graph.items():
+                self.shadow_fresh.put(holder, work.states[holder].version, work.shadow.tag, work.shadow_q[g])
 
     def embed(self, work: AnomalyWork) -> np.ndarray:
         """Embeddings of ``work.graphs``: one GNN forward per run of at most ``max_nodes`` graph nodes."""
@@ -395,7 +413,10 @@ class AnomalyStage:
 
     def _shadow_scores(self, work: AnomalyWork) -> np.ndarray:
         assert work.shadow is not None
-        return _gnn_scores(work, self._embed_with(work.shadow, work), work.shadow)
+        q = self._embed_with(work.shadow, work)
+        scores = _gnn_scores(work, q, work.shadow, work.shadow_prev_cached)
+        work.shadow_q = q.astype(np.float32)
+        return scores
 
 
 def _hin_states(states: dict[str, CardholderState], blobs: Sequence[bytes | None]) -> dict[str, HinState]:
@@ -427,14 +448,18 @@ def _hin_graph(hin: HinState, h2v: Hin2VecModel | None) -> HinGraph | None:
     return hin.graph(cfg.merchant_buckets, cfg.cell_deg, cfg.cardholder_summary)
 
 
-def _gnn_scores(work: AnomalyWork, q: np.ndarray, model: GraphScorer) -> np.ndarray:
-    """AS of every row of ``work`` with a G_{t-1} and a G_t, from the embeddings ``q`` of ``work.graphs``."""
+def _gnn_scores(work: AnomalyWork, q: np.ndarray, model: GraphScorer,
+                cached: dict[int, np.ndarray] | None = None) -> np.ndarray:
+    """AS of every row of ``work`` with a G_{t-1} and a G_t, from the embeddings ``q`` of ``work.graphs`` and
+    ``model``'s cached q_{t-1} (``cached``; the champion's ``work.prev_cached`` by default).
+    """
+    cached = work.prev_cached if cached is None else cached
     scores = np.full(len(work.batch), np.nan, dtype=np.float64)
     rows = [i for i in range(len(scores))
             if work.cur_graph[i] >= 0 and (work.prev_graph[i] >= 0 or i in work.prev_cached)]
     if not rows:
         return scores
-    q_prev = np.stack([q[work.prev_graph[i]] if work.prev_graph[i] >= 0 else work.prev_cached[i] for i in rows])
+    q_prev = np.stack([q[work.prev_graph[i]] if work.prev_graph[i] >= 0 else cached[i] for i in rows])
     if model.uses_events:
         prior = np.stack([work.events[i][0] for i in rows])
         event = np.stack([work.events[i][1] for i in rows])

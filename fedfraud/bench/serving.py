@@ -525,7 +525,24 @@ class PeersResult:
                          + " | ".join(cells) + f" | {self._median(v, 'cpu_ms_tx'):.3f} (×{r['cpu_ms_tx']:.2f}) | "
                          f"{self._median(v, 'process_cpu_ms_tx'):.3f} (×{r['process_cpu_ms_tx']:.2f}) |")
         return ("\n".join(lines) + f"\n\n{MORE}\n" + self._targets_markdown() + self._blocks_markdown()
-                + self._cores_markdown())
+                + self._sections_markdown() + self._cores_markdown())
+
+    def _sections_markdown(self) -> str:
+        """Per-stage CPU ms/tx over the backlog (the scoring thread's StageClock sections, median over blocks)."""
+        names = sorted({n for b in self.blocks for n in b.get("sections_ms_tx", {})})
+        if not names:
+            return ""
+        lines = ["", "Replica CPU ms/tx per section over the backlog (the scoring thread's sections; median over "
+                 "the variant's blocks; – where the variant has no such section):", "",
+                 "| section | " + " | ".join(PEER_VARIANTS) + " |", "|---|" + "---|" * len(PEER_VARIANTS)]
+        for name in names:
+            cells = []
+            for v in PEER_VARIANTS:
+                mine = [b["sections_ms_tx"][name] for b in self.blocks
+                        if b["variant"] == v and name in b.get("sections_ms_tx", {})]
+                cells.append(f"{np.median(mine):.4f}" if mine else "–")
+            lines.append(f"| {name} | " + " | ".join(cells) + " |")
+        return "\n".join(lines) + "\n"
 
     def _targets_markdown(self) -> str:
         """Issue 42's targets for the full hot path, each as a ratio to the plain peer of this run."""
@@ -628,6 +645,7 @@ def _measure(target: _Target, frame: Any, backlog: int, loads: tuple[float, ...]
         "cpu_ms_tx": sum(v["cpu_s"] for v in sections.values()) / n * 1e3,
         "process_cpu_ms_tx": _cpu_seconds(cpu, res.stats.started, res.stats.started + span, "scoring replicas")
         / n * 1e3,
+        "sections_ms_tx": {name: v["cpu_s"] / n * 1e3 for name, v in sorted(sections.items())},  # per-stage CPU
         "loads": {},
     }
     for rate in loads:

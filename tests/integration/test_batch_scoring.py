@@ -212,3 +212,53 @@ def test_batch_scoring_with_a_gnn_fraud_model_equals_the_offline_graph(published
     np.testing.assert_allclose(bank0["fraud_score"].to_numpy(), offline, rtol=0, atol=1e-5)
     assert set(bank0["decision"]) <= {"fraud", "legit"}
     assert all(len(json.loads(r)) == 3 for r in bank0["top_reasons"])
+
+
+def test_a_shadowing_challenger_embeds_g_t_alone_and_scores_as_batch_scoring(published: tuple[Path, Path],
+                                                                              tmp_path: Path) -> None:
+    """Issue 42: the challenger keeps its own q_t in memory, so a shadowed batch embeds each transaction's G_t
+    once (no G_{t-1} for a cardholder this stage wrote), and its shadow scores are still the challenger's batch
+    scores (``AnomalyScorer.score_frame``, which embeds both graphs), as the champion's are the champion's.
+    """
+    from fedfraud.feature_store.feast_store import apply_repo, open_store
+    from fedfraud.feature_store.online import OnlineStateClient
+    from fedfraud.feature_store.privacy import PrivateFeaturizer
+    from fedfraud.serving.anomaly_stage import AnomalyStage, load_anomaly_scorer
+    from fedfraud.serving.kvstore import open_kv
+    from fedfraud.training.anomaly.scorer import AnomalyScorer
+
+    data, registry = published
+    features = CFG.features.model_copy(update={"project": "fedfraud_shadow_test"})
+    store = open_store(features, tmp_path / "repo", "sqlite")
+    apply_repo(store)
+    featurizer = PrivateFeaturizer.for_bank(CFG.encoder, CFG.privacy, 0)
+    champion = load_anomaly_scorer(ModelRegistry(registry))
+    torch.manual_seed(1)  # other weights than the champion's: a mixed-up q_{t-1} would show in the scores
+    other = AnomalyModel(ANOMALY, CFG.encoder, CFG.egograph.max_nodes)
+    challenger = AnomalyScorer(other, CFG.egograph, tag="anomaly:challenger")
+    stage = AnomalyStage(OnlineStateClient(store, CFG.egograph, features.location_cell_deg), featurizer,
+                         open_kv(str(tmp_path / "kv.db")), champion, 0, features.location_cell_deg,
+                         CFG.egograph.dedupe_ring)
+    stage.shadow = challenger
+    ordered = read_bank(data, 0).sort_values(["timestamp", "transaction_id"], kind="stable").reset_index(drop=True)
+    served: dict[str, tuple[float, float]] = {}
+    seen: set[str] = set()
+    for start in range(0, len(ordered), 64):
+        part = ordered.iloc[start : start + 64]
+        work, scored = stage.score(part, np.zeros(len(part), dtype=np.int64))
+        stage.write(work)
+        assert len(work.graphs) == sum(g >= 0 for g in work.cur_graph)  # G_t only
+        # each cardholder written by an earlier batch: its first row here takes both models' kept q_{t-1}
+        again = {h for h in work.states if h in seen}
+        assert len(work.shadow_prev_cached) == len(work.prev_cached) == len(again)
+        seen |= set(work.states)
+        assert scored.shadow_anomaly_model == "anomaly:challenger"
+        for t, a, s in zip(scored.transaction_id, scored.anomaly_score, scored.shadow_anomaly_score, strict=True):
+            served[t] = (a, s)
+    ids = ordered["transaction_id"].astype(str)
+    for scorer, k in ((champion, 0), (challenger, 1)):
+        want = scorer.score_frame(ordered, featurizer)
+        got = np.array([served[t][k] for t in ids])
+        assert np.array_equal(np.isnan(want), np.isnan(got))
+        np.testing.assert_allclose(got[~np.isnan(got)], want[~np.isnan(want)], rtol=0, atol=1e-5)
+    store.teardown()

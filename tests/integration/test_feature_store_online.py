@@ -180,7 +180,7 @@ def test_redis_hash_bytes_are_what_the_sdk_push_writes(built) -> None:
 
 @pytest.mark.parametrize("built", ["sqlite"], indirect=True)  # the SQLite writer only
 def test_sqlite_writes_a_batch_of_every_view_in_one_transaction(built) -> None:
-    """Serving's SQLite writes: Feast's own upserts for every view, one commit per batch (not one per view)."""
+    """Serving's SQLite writes: Feast's upsert for every view, one commit per batch (not one per view)."""
     _, store, client = built
     conn = client._io._conn
     statements: list[str] = []
@@ -197,9 +197,54 @@ def test_sqlite_writes_a_batch_of_every_view_in_one_transaction(built) -> None:
     assert len({q.split("(")[0] for q in upserts}) >= 2, "a batch writes several views"
     assert sum(q.strip().upper() == "COMMIT" for q in statements) == 1
     assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert conn.execute("PRAGMA synchronous").fetchone()[0] == 1  # NORMAL: no fsync per micro-batch
     sdk = store.get_online_features(features=["cardholder_activity:amount_sum"],
                                     entity_rows=[{"cardholder": "tx-2"}]).to_dict()
     assert sdk["amount_sum"] == [5.0]  # Feast's SDK reads what the one transaction wrote
+
+
+@pytest.mark.parametrize("built", ["sqlite"], indirect=True)  # the SQLite writer only
+def test_sqlite_rows_are_what_feasts_online_write_batch_writes(built) -> None:
+    """Serving's SQLite writer skips Feast's per-feature protos and executes: every stored column (value bytes,
+    value_text, timestamps) is what Feast's own ``online_write_batch`` stores for the same rows, and the reader
+    returns what Feast's ``online_read`` decodes.
+    """
+    from fedfraud.feature_store.online import _ViewIO
+
+    _, store, client = built
+    io = client._io
+    states = client.read_states(["rows-ours-0", "rows-ours-1"])
+    for k, s in enumerate(states):
+        s.ego.update(key=5 + k, merchant=2, lat=41.5, lon=-73.25, ts_us=1_767_225_600_000_321 + k, amount=9.75,
+                     mcc="travel")
+        s.activity.update(1_767_225_600_000_321 + k, 9.75 + k, 41.5, -73.25, "travel", 0.1)
+        s.q_t = np.linspace(-1, 1, 5, dtype=np.float32) * (k + 1)
+        s.time_embedding = np.array([0.1, -2.5, 3e-8], dtype=np.float32)
+        s.epsilon = 0.75 + k
+    rows = client._cardholder_rows(states)
+    when = pd.Timestamp("2026-01-02 03:04:05.678901", tz="UTC").to_pydatetime()
+    rows.append((store.get_feature_view("merchant_location"),
+                 [((4, "rows-m-ours"), {"location_embedding": np.array([0.25, -1.5], dtype=np.float32),
+                                        "merchant_bucket": 77}, when, when)]))
+    io.write(rows)
+    renamed = [(view, [(e.replace("ours", "feast") if isinstance(e, str) else (e[0], "rows-m-feast"), v, ts, made)
+                       for e, v, ts, made in view_rows]) for view, view_rows in rows]
+    _ViewIO.write(io, renamed)  # Feast's online_write_batch, value protos and all
+    for (view, ours), (_, feast) in zip(rows, renamed, strict=True):
+        table, _ = io._table(view)
+        for a, b in zip(io._key_bytes([e for e, *_ in ours]), io._key_bytes([e for e, *_ in feast]), strict=True):
+            query = f"SELECT feature_name, value, value_text, event_ts, created_ts FROM {table} WHERE entity_key = ? "\
+                    "ORDER BY feature_name"
+            written, stored = io._conn.execute(query, (a,)).fetchall(), io._conn.execute(query, (b,)).fetchall()
+            assert written and written == stored
+        features = [(view, [f.name for f in view.features])]
+        entities = [e for e, *_ in ours]
+        mine = io.read(features, entities)[0]
+        theirs = _ViewIO.read(io, features, entities)[0]
+        for m, t in zip(mine, theirs, strict=True):
+            assert m is not None and m.keys() == t.keys()
+            for name in m:
+                np.testing.assert_array_equal(m[name], t[name])
 
 
 @pytest.mark.parametrize("blob", [b"garbage bytes, not a state", b"truncated"])

@@ -31,3 +31,15 @@ def test_ratios_are_medians_over_the_peers_median_and_targets_say_met_or_missed(
     # issue 38: the GNN fraud model against XGBoost on the full hot path (medians 0.4 against 0.2)
     assert "| replica CPU per transaction with the GNN fraud model ≤ 2× with XGBoost | ×2.00 | met" in text
     assert "| replica CPU per transaction with G-HIN2Vec columns, against XGBoost alone | ×1.50 | no target |" in text
+
+
+def test_the_per_stage_table_gives_each_sections_median_and_a_dash_where_a_variant_has_none() -> None:
+    peer, off, full, gnn, h2v = PEER_VARIANTS
+    blocks = [_block(v, r, 1000, 0.1, 10) for r in (0, 1) for v in PEER_VARIANTS]
+    for b in blocks:
+        b["sections_ms_tx"] = {"fraud.model": 0.01 * (b["round"] + 1)}
+        if b["variant"] == full:
+            b["sections_ms_tx"]["anomaly.gnn_embed"] = 0.05 * (b["round"] + 1)
+    text = PeersResult(blocks=blocks, backlog=100, seconds=1).to_markdown()
+    assert "| anomaly.gnn_embed | – | – | 0.0750 | – | – |" in text
+    assert "| fraud.model | 0.0150 | 0.0150 | 0.0150 | 0.0150 | 0.0150 |" in text

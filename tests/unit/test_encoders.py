@@ -115,6 +115,24 @@ def test_timestamps_us_handles_pandas_and_datetime64():
     assert epoch_seconds(pd.Series([1_735_689_601.7]))[0] == 1_735_689_601  # numbers are already seconds
 
 
+@pytest.mark.parametrize("tz", [None, "UTC", "America/New_York"])
+@pytest.mark.parametrize("unit", ["ns", "us", "ms", "s"])
+def test_timestamps_us_of_a_datetime_column_is_the_datetimeindex_conversion(tz: str | None, unit: str) -> None:
+    """The fast path for datetime columns (no DatetimeIndex) gives what the general path gives, before 1970 too."""
+    ns = np.random.default_rng(0).integers(-2 * 10**18, 2 * 10**18, 500)
+    series = pd.Series(pd.to_datetime(ns, unit="ns"))
+    if tz:
+        series = series.dt.tz_localize("UTC").dt.tz_convert(tz)
+    series = series.dt.as_unit(unit)
+    idx = pd.DatetimeIndex(series)
+    if idx.tz is not None:
+        idx = idx.tz_convert("UTC").tz_localize(None)
+    expected = idx.as_unit("us").asi8
+    got = timestamps_us(series)
+    assert got.dtype == np.int64 and np.array_equal(got, expected)
+    assert np.array_equal(timestamps_us(pd.Index(series)), expected)
+
+
 def test_merchant_bucket_stable_and_in_range():
     ids = [f"merchant_{i}" for i in range(2000)]
     a, b = merchant_bucket(ids, CFG), merchant_bucket(list(ids), CFG)
