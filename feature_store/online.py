@@ -25,7 +25,7 @@ blob is logged and rebuilt from empty (``rebuilt=True``), never raised.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime, UTC
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -93,10 +93,27 @@ class _ViewIO:
         self.online = online
         self.config = config
         self._kinds: dict[str, dict[str, str]] = {}
+        self._keys: dict[Entity, bytes] = {}
 
     def forget_views(self) -> None:
         """Drop what was cached about the views (after a ``feast apply`` changed them)."""
         self._kinds.clear()
+
+    #: Entities whose serialized keys are kept (a bounded cache: cleared whole when it would overflow).
+    _KEY_CACHE = 1 << 17
+
+    def _cached_keys(self, entities: Sequence[Entity],
+                     build: Callable[[list[Entity]], Sequence[bytes]]) -> list[bytes]:
+        """The store's key bytes of each entity, ``build`` run once per entity not seen before: a hot card's key
+        is serialized once, not once per micro-batch.
+        """
+        cache = self._keys
+        missing = list(dict.fromkeys(e for e in entities if e not in cache))
+        if missing:
+            if len(cache) + len(missing) > self._KEY_CACHE:
+                cache.clear()
+            cache.update(zip(missing, build(missing), strict=True))
+        return [cache[e] for e in entities]
 
     def read(self, tables: Sequence[tuple[FeatureView, Sequence[str]]], entities: Sequence[Entity]) -> list[ViewValues]:
         keys = _entity_keys(entities)
@@ -131,25 +148,17 @@ class _ViewIO:
 class _RedisViewIO(_ViewIO):
     """All views of a batch, cardholders and merchants, in one Redis pipeline each way (:mod:`.redis_store`)."""
 
-    _KEY_CACHE = 1 << 17
-
     def __init__(self, online: MultiViewRedisOnlineStore, config: RepoConfig) -> None:
         super().__init__(online, config)
         self.multi = online
-        self._keys: dict[Entity, bytes] = {}
 
     def forget_views(self) -> None:
         super().forget_views()
         self.multi.forget_views()
 
     def _redis_keys(self, entities: Sequence[Entity]) -> list[bytes]:
-        missing = list(dict.fromkeys(e for e in entities if e not in self._keys))
-        if missing:
-            if len(self._keys) + len(missing) > self._KEY_CACHE:
-                self._keys.clear()
-            built = self.multi._generate_redis_keys_for_entities(self.config, _entity_keys(missing))
-            self._keys.update(zip(missing, built, strict=True))
-        return [self._keys[e] for e in entities]
+        return self._cached_keys(
+            entities, lambda missing: self.multi._generate_redis_keys_for_entities(self.config, _entity_keys(missing)))
 
     def read(self, tables: Sequence[tuple[FeatureView, Sequence[str]]], entities: Sequence[Entity]) -> list[ViewValues]:
         return self.multi.read_views(self.config, tables, self._redis_keys(entities))
@@ -187,8 +196,6 @@ class _SqliteViewIO(_ViewIO):
     through the SDK). Any other layout goes through Feast's own methods inside the same one transaction.
     """
 
-    _KEY_CACHE = 1 << 17
-
     def __init__(self, online: SqliteOnlineStore, config: RepoConfig) -> None:
         super().__init__(online, config)
         self._conn = online._get_conn(config)  # Feast's SqliteOnlineStore keeps one connection per store
@@ -200,7 +207,6 @@ class _SqliteViewIO(_ViewIO):
         store = config.online_store
         self._plain = not (getattr(store, "vector_enabled", False)
                            or getattr(store, "enable_openai_compatible_store", False))
-        self._keys: dict[Entity, bytes] = {}
         self._tables: dict[str, tuple[str, dict[str, tuple[Any, Any]]]] = {}
 
     def forget_views(self) -> None:
@@ -211,14 +217,9 @@ class _SqliteViewIO(_ViewIO):
         """Feast's ``serialize_entity_key`` of each entity, computed once per entity."""
         from feast.infra.key_encoding_utils import serialize_entity_key
 
-        missing = list(dict.fromkeys(e for e in entities if e not in self._keys))
-        if missing:
-            if len(self._keys) + len(missing) > self._KEY_CACHE:
-                self._keys.clear()
-            version = self.config.entity_key_serialization_version
-            for e, key in zip(missing, _entity_keys(missing), strict=True):
-                self._keys[e] = serialize_entity_key(key, entity_key_serialization_version=version)
-        return [self._keys[e] for e in entities]
+        version = self.config.entity_key_serialization_version
+        return self._cached_keys(entities, lambda missing: [
+            serialize_entity_key(key, entity_key_serialization_version=version) for key in _entity_keys(missing)])
 
     def _table(self, table: FeatureView) -> tuple[str, dict[str, tuple[Any, Any]]]:
         """The quoted SQLite table of ``table`` and, per feature, its wire encoder and its ``value_text`` (None:

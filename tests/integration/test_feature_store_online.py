@@ -138,6 +138,19 @@ def test_push_round_trip_and_sdk_compat(built) -> None:
     assert sdk["amount_sum"] == [12.5, 25.0, 37.5]
 
 
+def _touched_states(client, names: list[str], key: int, ts_us: int, amount: float) -> list:
+    """The states of ``names``, each given one transaction, an embedding, a time embedding and an ε (every kind of
+    stored value)."""
+    states = client.read_states(names)
+    for k, s in enumerate(states):
+        s.ego.update(key=key + k, merchant=3, lat=41.5, lon=-73.25, ts_us=ts_us + k, amount=amount, mcc="travel")
+        s.activity.update(ts_us + k, amount + k, 41.5, -73.25, "travel", 0.1)
+        s.q_t = np.linspace(-1, 1, 5, dtype=np.float32) * (k + 1)
+        s.time_embedding = np.array([0.1, -2.5, 3e-8], dtype=np.float32)
+        s.epsilon = 0.75 + k
+    return states
+
+
 @pytest.mark.parametrize("built", ["redis"], indirect=True)  # the Redis writer only
 def test_redis_hash_bytes_are_what_the_sdk_push_writes(built) -> None:
     """Serving's Redis writer encodes values itself: the stored hash is byte for byte the SDK push's."""
@@ -147,14 +160,7 @@ def test_redis_hash_bytes_are_what_the_sdk_push_writes(built) -> None:
 
     _, store, client = built
     ours, sdk = ["bytes-ours-0", "bytes-ours-1"], ["bytes-sdk-0", "bytes-sdk-1"]
-    states = client.read_states(ours)
-    for k, s in enumerate(states):
-        s.ego.update(key=9 + k, merchant=3, lat=41.5, lon=-73.25, ts_us=1_767_225_600_000_123 + k, amount=7.25,
-                     mcc="travel")
-        s.activity.update(1_767_225_600_000_123 + k, 7.25 + k, 41.5, -73.25, "travel", 0.1)
-        s.q_t = np.linspace(-1, 1, 5, dtype=np.float32) * (k + 1)
-        s.time_embedding = np.array([0.1, -2.5, 3e-8], dtype=np.float32)
-        s.epsilon = 0.75 + k
+    states = _touched_states(client, ours, key=9, ts_us=1_767_225_600_000_123, amount=7.25)
     client.push_states(states)
     for s, name in zip(states, sdk, strict=True):
         s.cardholder = name
@@ -213,14 +219,8 @@ def test_sqlite_rows_are_what_feasts_online_write_batch_writes(built) -> None:
 
     _, store, client = built
     io = client._io
-    states = client.read_states(["rows-ours-0", "rows-ours-1"])
-    for k, s in enumerate(states):
-        s.ego.update(key=5 + k, merchant=2, lat=41.5, lon=-73.25, ts_us=1_767_225_600_000_321 + k, amount=9.75,
-                     mcc="travel")
-        s.activity.update(1_767_225_600_000_321 + k, 9.75 + k, 41.5, -73.25, "travel", 0.1)
-        s.q_t = np.linspace(-1, 1, 5, dtype=np.float32) * (k + 1)
-        s.time_embedding = np.array([0.1, -2.5, 3e-8], dtype=np.float32)
-        s.epsilon = 0.75 + k
+    states = _touched_states(client, ["rows-ours-0", "rows-ours-1"], key=5, ts_us=1_767_225_600_000_321,
+                             amount=9.75)
     rows = client._cardholder_rows(states)
     when = pd.Timestamp("2026-01-02 03:04:05.678901", tz="UTC").to_pydatetime()
     rows.append((store.get_feature_view("merchant_location"),
