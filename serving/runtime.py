@@ -57,13 +57,15 @@ def ensure_ray(num_cpus: int = 2, host: str = LOOPBACK, direct_ingress: bool = F
     Its GCS, raylet and workers listen on ``host`` (``serving.ray_host``; loopback by default, see
     :func:`fedfraud.core.net.ray_bind`), with no dashboard. ``direct_ingress`` puts :data:`DIRECT_INGRESS_ENV` in the
     environment of the Ray it starts, and only of that one (the driver's environment is restored after
-    ``ray.init``). Returns whether direct ingress is known to be on: this Ray was started with it, or the driver's
-    environment already asked for it (a Ray started by someone else keeps the environment it started with).
+    ``ray.init``). Returns whether direct ingress is known to be on: this Ray was started with it (now or by an
+    earlier call: a bench's next deployment), or the driver's environment already asked for it (a Ray started by
+    someone else keeps the environment it started with).
     """
+    global _ray_direct_ingress
     import ray
 
     if ray.is_initialized():
-        active = os.environ.get("RAY_SERVE_ENABLE_DIRECT_INGRESS") == "1"
+        active = _ray_direct_ingress or os.environ.get("RAY_SERVE_ENABLE_DIRECT_INGRESS") == "1"
         if direct_ingress and not active:
             log.warning("Ray was started without direct ingress: POST /score goes through the Serve proxy only")
         return direct_ingress and active
@@ -78,7 +80,12 @@ def ensure_ray(num_cpus: int = 2, host: str = LOOPBACK, direct_ingress: bool = F
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+    _ray_direct_ingress = direct_ingress
     return direct_ingress
+
+
+#: Whether the Ray this process started last has direct ingress (its environment is not the driver's any more).
+_ray_direct_ingress = False
 
 
 @dataclass
@@ -297,13 +304,14 @@ def start(
         direct = ensure_ray(num_cpus, s.ray_host, s.direct_ingress)
         # with direct ingress Serve's proxy (and so every replica's own port: Serve binds them to the proxy's host)
         # stays on loopback, and the front holds the documented address
-        proxy = (LOOPBACK, s.internal_proxy_port or free_port()) if direct else (s.http_host, s.http_port)
-        serve.start(http_options={"host": proxy[0], "port": proxy[1], "request_timeout_s": s.http_request_timeout_s})
+        wanted = (LOOPBACK, s.internal_proxy_port or free_port()) if direct else (s.http_host, s.http_port)
+        serve.start(http_options={"host": wanted[0], "port": wanted[1], "request_timeout_s": s.http_request_timeout_s})
+        proxy = _proxy_address()  # a Serve already running on this Ray (a bench's second block) keeps its own
         args = ScoringArgs(config=config.model_dump(mode="json"), bootstrap_servers=bootstrap, consume=consume,
                            **({"anomaly_loader": anomaly_loader} if anomaly_loader else {}))
         t0 = time.perf_counter()
         handle = serve.run(build_app(args), name=APP_NAME, route_prefix="/")
-        proxy_url = f"http://{LOOPBACK if proxy[0] in ('0.0.0.0', '::') else proxy[0]}:{proxy[1]}"
+        proxy_url = f"http://{f'[{proxy[0]}]' if ':' in proxy[0] else proxy[0]}:{proxy[1]}"
         if consume:
             _wait_ready(proxy_url, timeout_s=120.0)
         _mount_tokenizer(s.registry_root, s.auth, s.guards.http_max_body_bytes)
@@ -320,6 +328,17 @@ def start(
             broker.stop()
         raise
     return rt
+
+
+def _proxy_address() -> tuple[str, int]:
+    """Where the running Serve's HTTP proxy answers on this machine (``serve.start`` keeps an existing instance's
+    options; a wildcard host is reached on loopback).
+    """
+    from ray.serve.context import _get_global_client
+
+    http = _get_global_client().http_config
+    host = str(http.host or "")
+    return (LOOPBACK if host in ("", "0.0.0.0", "::") else host), int(http.port)
 
 
 def _start_front(rt: ServingRuntime, proxy: tuple[str, int]) -> ScoreFront:

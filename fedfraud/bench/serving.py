@@ -236,6 +236,7 @@ def run_serving_bench(
 ) -> ServingBenchResult:
     """Run all three measurements in one process against one embedded broker and one deployment."""
     from fedfraud.config import FedfraudConfig
+    from fedfraud.core.net import free_port
     from fedfraud.serving.auth import per_run_token
     from fedfraud.serving.broker import EmbeddedBroker
     from fedfraud.serving.runtime import start
@@ -253,7 +254,8 @@ def run_serving_bench(
     reg = ModelRegistry(registry or tmp / "registry")
     publish_bench_models(reg, frame.head(2000), cfg)
     serving = cfg.serving.model_copy(update={"registry_root": str(reg.root), "bootstrap_servers": None,
-                                             "auth": per_run_token(cfg.serving.auth, tmp), "direct_ingress": True})
+                                             "auth": per_run_token(cfg.serving.auth, tmp), "direct_ingress": True,
+                                             "http_port": free_port()})  # 8000 may be another deployment's
     features = cfg.features.model_copy(update={"repo_dir": str(tmp / "repo")})
     store = cfg.features.profile.strip().lower()
     if store == "redis":
@@ -531,6 +533,7 @@ def run_http_bench(config: Any = None, requests: int = 300, rounds: int = 3, war
     import httpx
 
     from fedfraud.config import FedfraudConfig
+    from fedfraud.core.net import free_port
     from fedfraud.serving.auth import per_run_token
     from fedfraud.serving.replay import wire_records
     from fedfraud.serving.runtime import start
@@ -549,7 +552,8 @@ def run_http_bench(config: Any = None, requests: int = 300, rounds: int = 3, war
     reg = ModelRegistry(tmp / "registry")
     publish_bench_models(reg, frame.head(2000), cfg)
     serving = cfg.serving.model_copy(update={"registry_root": str(reg.root), "bootstrap_servers": None,
-                                             "auth": per_run_token(cfg.serving.auth, tmp), "direct_ingress": True})
+                                             "auth": per_run_token(cfg.serving.auth, tmp), "direct_ingress": True,
+                                             "http_port": free_port()})  # 8000 may be another deployment's
     features = cfg.features.model_copy(update={"repo_dir": str(tmp / "repo")})
     if cfg.features.profile.strip().lower() == "redis":
         serving, features = _bench_redis(serving, features)

@@ -80,6 +80,20 @@ try:
     out["sockets"] = found
 finally:
     rt.stop()
+with httpx.Client(timeout=5) as client:  # the front went with the runtime: nothing answers on the documented port
+    try:
+        out["after_stop"] = client.get(f"{rt.url}/healthz").status_code
+    except httpx.ConnectError:
+        out["after_stop"] = "refused"
+# a second deployment on the same Ray and Serve (as a bench's next block): the front binds the documented port
+# again and falls back to the proxy Serve already runs, wherever that is
+rt = start(cfg, consume=False)
+try:
+    record = wire_records(frame.iloc[710:711].reset_index(drop=True), rt.featurizer())[0]
+    out["again"] = [rt.url, rt.proxy_url, httpx.post(f"{rt.url}/score", json=record, headers=rt.headers,
+                                                     timeout=30).status_code]
+finally:
+    rt.stop()
 print("RESULT " + json.dumps(out))
 """
 
@@ -111,6 +125,9 @@ def test_the_documented_port_reaches_the_replica_directly_with_the_same_token(tm
     assert (out["tokenizer"], out["tokenizer_no_token"]) == (200, 401)
     # every /score connection went to the replica's own port (the fast path), the tokenizer's to the proxy
     assert out["routed"]["replica"] >= 1 and out["routed"]["proxy"] == 1, out["routed"]
+
+    assert out["after_stop"] == "refused"
+    assert out["again"] == [out["front"], out["proxy"], 200]
 
     sockets = [tuple(s) for s in out["sockets"]]
     names = {name for name, _, _, _ in sockets}
