@@ -1,33 +1,60 @@
-"""A loopback TCP proxy: sees what crosses a boundary, and can cut it.
+"""A TCP proxy: sees what crosses a boundary, can cut it, and can pick where each connection goes.
 
-Two uses, one implementation:
+Three uses, one implementation:
 
 - privacy tests read the bytes a client really sends (``record=True``:
   :class:`fedfraud.training.fraud.federated.wire.RecordingProxy` decodes them as gRPC);
 - fault tests put it in front of a real server (the broker, Redis) and
   :meth:`TcpProxy.cut` it: open connections are reset and new ones refused,
   which is what a restarting server looks like from the client, while the
-  server keeps its data; :meth:`TcpProxy.restore` accepts again on the same port.
+  server keeps its data; :meth:`TcpProxy.restore` accepts again on the same port;
+- :class:`fedfraud.serving.front.ScoreFront` holds the documented HTTP port with it and sends each connection to
+  a replica's direct-ingress port (``route``): the client's first bytes are read before the proxy connects, so the
+  route may look at the first request line, and the candidates are tried in order until one accepts.
+
+A connection is two threads pumping bytes with blocking sockets and ``TCP_NODELAY`` both ways (a forwarded
+response written in two pieces must not wait for the client's delayed ACK); keep-alive connections pass through,
+so a client that reuses its connection pays for the proxy's connect once.
 """
 
 from __future__ import annotations
 
+import logging
 import socket
 import threading
+from collections import Counter
+from collections.abc import Callable, Sequence
 
-__all__ = ["TcpProxy"]
+__all__ = ["Route", "TcpProxy"]
+
+log = logging.getLogger(__name__)
 
 _RESET = b"\x01\x00\x00\x00\x00\x00\x00\x00"  # SO_LINGER on, 0 s: close() sends RST, not FIN
+#: Where a connection may go, given the first bytes its client sent: (host, port) candidates, tried in order.
+Route = Callable[[bytes], Sequence[tuple[str, int]]]
+#: How many bytes of a routed connection are read (at most) before its route is asked: one HTTP request line.
+_PEEK_BYTES = 8192
+#: A routed connection whose client sends nothing for this long is closed (no thread waits on it for ever).
+_FIRST_BYTES_TIMEOUT_S = 30.0
 
 
 class TcpProxy:
-    """Forward ``127.0.0.1:port`` to ``target_host:target_port`` (``port`` 0 or None: the OS picks one)."""
+    """Forward ``host:port`` to ``target_host:target_port`` (``port`` 0 or None: the OS picks one).
 
-    def __init__(self, target_port: int, port: int | None = None, target_host: str = "127.0.0.1",
-                 record: bool = False) -> None:
-        self.target = (target_host, target_port)
+    ``route``: instead of the one target, the candidates it returns for each connection (from the connection's
+    first bytes); :attr:`connections` counts the connections each target took.
+    """
+
+    def __init__(self, target_port: int | None = None, port: int | None = None, target_host: str = "127.0.0.1",
+                 record: bool = False, host: str = "127.0.0.1", route: Route | None = None) -> None:
+        if route is None and target_port is None:
+            raise ValueError("TcpProxy needs a target_port or a route")
+        self.target = (target_host, target_port or 0)
+        self.host = host
         self.record = record
+        self.route = route
         self.sent = bytearray()  # every byte the clients sent, when ``record``
+        self.connections: Counter[tuple[str, int]] = Counter()
         self._lock = threading.Lock()
         self._conns: set[socket.socket] = set()
         self._listener: socket.socket | None = None
@@ -35,14 +62,19 @@ class TcpProxy:
 
     @property
     def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
+        return f"{self.host}:{self.port}"
 
     def start(self) -> TcpProxy:
         """Listen (again) on :attr:`port` and forward every connection."""
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(("127.0.0.1", self.port))
-        sock.listen(128)
+        try:
+            sock.bind((self.host, self.port))
+        except OSError:
+            sock.close()
+            raise
+        sock.listen(512)
         self.port = int(sock.getsockname()[1])
         self._listener = sock
         threading.Thread(target=self._accept, args=(sock,), name=f"tcpproxy-{self.port}", daemon=True).start()
@@ -54,6 +86,10 @@ class TcpProxy:
         """Refuse new connections and reset every open one."""
         listener, self._listener = self._listener, None
         if listener is not None:
+            try:  # wakes the thread blocked in accept(); a close alone leaves the socket listening until it returns
+                listener.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
             listener.close()
         with self._lock:
             conns, self._conns = self._conns, set()
@@ -72,16 +108,62 @@ class TcpProxy:
                 client, _ = listener.accept()
             except OSError:  # closed by cut()
                 return
-            try:
-                upstream = socket.create_connection(self.target, timeout=5)
-                upstream.settimeout(None)
-            except OSError:
-                client.close()
-                continue
+            client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             with self._lock:
-                self._conns |= {client, upstream}
-            for src, dst, record in ((client, upstream, self.record), (upstream, client, False)):
-                threading.Thread(target=self._pump, args=(src, dst, record), daemon=True).start()
+                self._conns.add(client)
+            if self.route is None:
+                self._connect(client, b"")
+            else:  # reading the first bytes waits for the client: not on the accepting thread
+                threading.Thread(target=self._connect, args=(client, None), daemon=True).start()
+
+    def _connect(self, client: socket.socket, first: bytes | None) -> None:
+        """Connect ``client`` to its target (the first candidate of :attr:`route` that accepts) and pump."""
+        if first is None:
+            try:
+                client.settimeout(_FIRST_BYTES_TIMEOUT_S)
+                first = client.recv(_PEEK_BYTES)
+                client.settimeout(None)
+            except OSError:  # also the timeout
+                first = b""
+            if not first:
+                self._drop(client)
+                return
+        candidates = [self.target] if self.route is None else list(self.route(first))
+        upstream = None
+        for target in candidates:
+            try:
+                upstream = socket.create_connection(target, timeout=5)
+                break
+            except OSError as exc:
+                log.debug("tcpproxy %s: %s:%d refused (%s); next candidate", self.address, *target, exc)
+        if upstream is None:
+            log.warning("tcpproxy %s: no target accepted the connection (%s)", self.address, candidates)
+            self._drop(client)
+            return
+        upstream.settimeout(None)
+        upstream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        with self._lock:
+            self._conns.add(upstream)
+            self.connections[target] += 1
+            if self.record and first:
+                self.sent.extend(first)
+        try:
+            if first:
+                upstream.sendall(first)
+        except OSError:
+            self._drop(client, upstream)
+            return
+        for src, dst, record in ((client, upstream, self.record), (upstream, client, False)):
+            threading.Thread(target=self._pump, args=(src, dst, record), daemon=True).start()
+
+    def _drop(self, *socks: socket.socket) -> None:
+        for s in socks:
+            try:
+                s.close()
+            except OSError:
+                pass
+        with self._lock:
+            self._conns -= set(socks)
 
     def _pump(self, src: socket.socket, dst: socket.socket, record: bool) -> None:
         try:

@@ -150,8 +150,10 @@ def _ray(cfg: FedfraudConfig) -> Iterator[Check]:
     else:
         yield Check("serve replica grpc", "ok", "each replica's gRPC server on loopback (serving/grpc_bind.py)")
     if cfg.serving.direct_ingress:
-        yield Check("direct ingress", "warn", "each replica answers HTTP on a port of its own (30000-30999): a "
-                    "firewall that admits the proxy's port must admit that range too, or nothing")
+        yield Check("direct ingress", "warn", "alpha in Ray 2.55: under `fedfraud serve` each replica answers HTTP "
+                    "on a loopback port of its own (30000-30999) behind the front on http_host:http_port "
+                    "(serving/front.py, one machine); under `serve deploy` those ports are on Serve's http_options "
+                    "host, and a firewall that admits the proxy's port must admit that range too, or nothing")
 
 
 def _federated_xgboost(cfg: FedfraudConfig) -> Check:

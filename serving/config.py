@@ -267,17 +267,33 @@ class ServingConfig(_Section):
         "priority (a co-located broker, a batch job, the load generator) take the CPU from scoring. 0 is what "
         "Ray's job supervisor uses for itself; a negative value would need CAP_SYS_NICE and is not offered",
     )
-    http_port: int = Field(8000, ge=0, le=65535)
+    http_host: str = Field(
+        "127.0.0.1", min_length=1,
+        description="address of the documented HTTP port (/score, /healthz, /readyz, /metrics, /tokenizer): Serve's "
+        "proxy binds it, or with direct_ingress the front (serving/front.py). Loopback by default; a node address "
+        "or 0.0.0.0 exposes it, and then authentication cannot be disabled")
+    http_port: int = Field(8000, ge=0, le=65535, description="the documented HTTP port (docs/serving.md)")
     http_request_timeout_s: float = Field(
         30.0, gt=0, le=3600,
         description="Serve's end-to-end limit of one HTTP request at the proxy (HTTPOptions.request_timeout_s; 408 "
         "past it), so a slow or stuck request cannot hold a replica slot for ever")
     direct_ingress: bool = Field(
         False, description="Ray Serve's direct ingress (alpha in Ray 2.55): each replica also answers HTTP on a port "
-        "of its own (30000-30999 by default, the same routes and bearer token), so a `POST /score` skips the proxy "
-        "and its hop to the replica; the proxy on http_port keeps working. Takes effect when fedfraud starts Ray "
-        "itself (the flag must be in the raylet's environment; on a cluster, set it where `ray start` runs)",
+        "of its own (30000-30999 by default, bound to loopback, the same routes and bearer token), and a front in "
+        "the process that starts the runtime (serving/front.py) holds http_host:http_port and forwards each "
+        "connection to a replica's port, so a `POST /score` on the documented port skips Serve's proxy and its hop "
+        "to the replica; Serve's proxy moves to internal_proxy_port on loopback. Takes effect when fedfraud starts "
+        "Ray itself (the flag must be in the raylet's environment; on a cluster, set it where `ray start` runs)",
     )
+    internal_proxy_port: int | None = Field(
+        None, ge=1, le=65535,
+        description="with direct_ingress: the loopback port Serve's own proxy moves to (the front's fallback, and "
+        "the door of /tokenizer); None: a free port chosen at start and logged")
+    front_refresh_s: float = Field(
+        1.0, gt=0, le=60,
+        description="with direct_ingress: how often the front reads the replicas' ports again from Serve (a "
+        "restarted replica may get another port; until then a refused connection goes to the next replica or to "
+        "Serve's proxy)")
     ray_host: str = Field(
         "127.0.0.1", min_length=1,
         description="address Ray's GCS, raylet and workers listen on when `fedfraud serve` starts Ray itself: "

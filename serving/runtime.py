@@ -10,7 +10,10 @@
 (one line each, before anything starts), prepares the Feast online store
 (render + apply, idempotent), initialises Ray if nobody did (2 CPUs, no
 dashboard, bound to ``serving.ray_host``), starts Serve's HTTP proxy on
-``cfg.serving.http_port`` and deploys :func:`fedfraud.serving.app.build_app`.
+``cfg.serving.http_host:http_port`` and deploys :func:`fedfraud.serving.app.build_app`.
+With direct ingress the proxy moves to a loopback port (``serving.internal_proxy_port``) and a
+:class:`fedfraud.serving.front.ScoreFront` holds the documented address instead, forwarding to the
+replicas' own ports. ``rt.url`` is the documented address either way, ``rt.proxy_url`` Serve's proxy;
 ``rt.headers`` carries the bearer token for in-process clients (bench, demo, tests).
 """
 
@@ -23,9 +26,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from fedfraud.core.credentials import bearer_headers
-from fedfraud.core.net import LOOPBACK, ray_bind
+from fedfraud.core.errors import UserError
+from fedfraud.core.net import LOOPBACK, free_port, ray_bind
 from fedfraud.serving.app import APP_NAME, ScoringArgs, build_app
-from fedfraud.serving.auth import api_token
+from fedfraud.serving.auth import api_token, check_open_http
 from fedfraud.serving.kafka.broker import EmbeddedBroker
 
 if TYPE_CHECKING:
@@ -33,6 +37,7 @@ if TYPE_CHECKING:
 
     from fedfraud.config import FedfraudConfig
     from fedfraud.serving.config import AuthSettings
+    from fedfraud.serving.front import ScoreFront
     from fedfraud.serving.replay import ReplayResult
 
 __all__ = ["ServingRuntime", "ensure_ray", "start"]
@@ -52,13 +57,15 @@ def ensure_ray(num_cpus: int = 2, host: str = LOOPBACK, direct_ingress: bool = F
     Its GCS, raylet and workers listen on ``host`` (``serving.ray_host``; loopback by default, see
     :func:`fedfraud.core.net.ray_bind`), with no dashboard. ``direct_ingress`` puts :data:`DIRECT_INGRESS_ENV` in the
     environment of the Ray it starts, and only of that one (the driver's environment is restored after
-    ``ray.init``). Returns whether direct ingress is known to be on: this Ray was started with it, or the driver's
-    environment already asked for it (a Ray started by someone else keeps the environment it started with).
+    ``ray.init``). Returns whether direct ingress is known to be on: this Ray was started with it (now or by an
+    earlier call: a bench's next deployment), or the driver's environment already asked for it (a Ray started by
+    someone else keeps the environment it started with).
     """
+    global _ray_direct_ingress
     import ray
 
     if ray.is_initialized():
-        active = os.environ.get("RAY_SERVE_ENABLE_DIRECT_INGRESS") == "1"
+        active = _ray_direct_ingress or os.environ.get("RAY_SERVE_ENABLE_DIRECT_INGRESS") == "1"
         if direct_ingress and not active:
             log.warning("Ray was started without direct ingress: POST /score goes through the Serve proxy only")
         return direct_ingress and active
@@ -73,12 +80,21 @@ def ensure_ray(num_cpus: int = 2, host: str = LOOPBACK, direct_ingress: bool = F
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+    _ray_direct_ingress = direct_ingress
     return direct_ingress
+
+
+#: Whether the Ray this process started last has direct ingress (its environment is not the driver's any more).
+_ray_direct_ingress = False
 
 
 @dataclass
 class ServingRuntime:
-    """A running scoring stack; :meth:`stop` tears down what :func:`start` started (and nothing else)."""
+    """A running scoring stack; :meth:`stop` tears down what :func:`start` started (and nothing else).
+
+    ``url``: the documented HTTP address (``serving.http_host:http_port``), the front's under direct ingress;
+    ``proxy_url``: Serve's proxy (the same address without direct ingress, a loopback port of its own with it).
+    """
 
     config: FedfraudConfig
     bootstrap_servers: str
@@ -86,8 +102,13 @@ class ServingRuntime:
     broker: EmbeddedBroker | None = None
     handle: Any = None
     token: str | None = field(default=None, repr=False)
+    proxy_url: str = ""
+    front: ScoreFront | None = None
     _stopped: bool = field(default=False, repr=False)
     _producer: Any = field(default=None, repr=False)  # the replay source's, long-lived like a card switch's
+
+    def __post_init__(self) -> None:
+        self.proxy_url = self.proxy_url or self.url
 
     @property
     def headers(self) -> dict[str, str]:
@@ -122,26 +143,35 @@ class ServingRuntime:
                                   extra, progress, labels, s.kafka_security, self._producer)
 
     def direct_urls(self) -> list[str]:
-        """The replicas' own HTTP addresses under direct ingress (``serving.direct_ingress``); empty without it.
+        """The replicas' own HTTP addresses under direct ingress (``serving.direct_ingress``); empty without it."""
+        return [f"http://{host}:{port}" for host, port in self.direct_addresses()]
+
+    def direct_addresses(self) -> list[tuple[str, int]]:
+        """The replicas' own ``(host, port)`` under direct ingress, as Serve publishes them now; empty without it.
 
         Serve publishes them as the application's target groups (a replica's port is assigned after it starts, and
-        a restarted replica may get another). A replica's server binds the proxy's host and its own port, so the
-        address is that host unless the host is a wildcard, then the replica's node address.
+        a restarted replica may get another); the controller's ``get_target_groups`` of this application only, not
+        the whole instance's details, because the front (:mod:`fedfraud.serving.front`) reads them every
+        ``serving.front_refresh_s`` in the process that forwards the requests. A replica's server binds the proxy's
+        host and its own port, so the address is that host unless the host is a wildcard, then the replica's node
+        address.
         """
+        import ray
         from ray.serve.context import _get_global_client
 
-        details = _get_global_client().get_serve_details()
-        bound = str((details.get("http_options") or {}).get("host") or "")
+        client = _get_global_client()
+        bound = str(client.http_config.host or "")
+        groups = ray.get(client._controller.get_target_groups.remote(APP_NAME), timeout=10)
         out = []
-        for group in details.get("target_groups") or []:
-            protocol = group.get("protocol")
-            if group.get("app_name") != APP_NAME or getattr(protocol, "value", protocol) != "HTTP":
+        for group in groups:
+            protocol = getattr(group.protocol, "value", group.protocol)
+            if group.app_name != APP_NAME or protocol != "HTTP":
                 continue
-            for target in group.get("targets", []):
-                if not str(target.get("name", "")).startswith("SERVE_REPLICA::"):
+            for target in group.targets:
+                if not target.name.startswith("SERVE_REPLICA::"):
                     continue  # the proxy, listed while no replica runs
-                host = target["ip"] if bound in ("", "0.0.0.0", "::") else bound
-                out.append(f"http://{host}:{target['port']}")
+                host = target.ip if bound in ("", "0.0.0.0", "::") else bound
+                out.append((str(host), int(target.port)))
         return out
 
     def counters(self) -> dict[str, Any]:
@@ -164,6 +194,8 @@ class ServingRuntime:
         if self._stopped:
             return
         self._stopped = True
+        if self.front is not None:  # first: no connection is forwarded to a replica being deleted
+            self.front.stop()
         from ray import serve
 
         try:
@@ -249,6 +281,7 @@ def start(
 
     s = config.serving
     token = api_token(s.auth)  # no API token (and no --insecure-no-auth): one line, before anything starts
+    check_open_http(s.auth, s.http_host)  # ... and no authentication beyond loopback, whoever holds the port
     s.kafka_security.librdkafka()  # a missing SASL password stops here, in one line, not in a replica
     if s.fraud_state_path.startswith(("redis://", "rediss://")):  # ... and a refused Redis password too
         from fedfraud.serving.kvstore import open_kv
@@ -269,19 +302,25 @@ def start(
 
             apply_repo(open_store(config.features))
         direct = ensure_ray(num_cpus, s.ray_host, s.direct_ingress)
-        serve.start(http_options={"host": LOOPBACK, "port": s.http_port, "request_timeout_s": s.http_request_timeout_s})
+        # with direct ingress Serve's proxy (and so every replica's own port: Serve binds them to the proxy's host)
+        # stays on loopback, and the front holds the documented address
+        wanted = (LOOPBACK, s.internal_proxy_port or free_port()) if direct else (s.http_host, s.http_port)
+        serve.start(http_options={"host": wanted[0], "port": wanted[1], "request_timeout_s": s.http_request_timeout_s})
+        proxy = _proxy_address()  # a Serve already running on this Ray (a bench's second block) keeps its own
         args = ScoringArgs(config=config.model_dump(mode="json"), bootstrap_servers=bootstrap, consume=consume,
                            **({"anomaly_loader": anomaly_loader} if anomaly_loader else {}))
         t0 = time.perf_counter()
         handle = serve.run(build_app(args), name=APP_NAME, route_prefix="/")
+        proxy_url = f"http://{f'[{proxy[0]}]' if ':' in proxy[0] else proxy[0]}:{proxy[1]}"
         if consume:
-            _wait_ready(f"http://127.0.0.1:{s.http_port}", timeout_s=120.0)
+            _wait_ready(proxy_url, timeout_s=120.0)
         _mount_tokenizer(s.registry_root, s.auth, s.guards.http_max_body_bytes)
-        rt = ServingRuntime(config, bootstrap, f"http://{LOOPBACK}:{s.http_port}", broker, handle, token,
-                            _producer=producer)
+        rt = ServingRuntime(config, bootstrap, proxy_url, broker, handle, token, _producer=producer)
         if direct:
             _wait_direct(rt, timeout_s=30.0)
-        log.info("serving up in %.1fs bootstrap=%s", time.perf_counter() - t0, bootstrap)
+            rt.front = _start_front(rt, proxy)
+            rt.url = rt.front.url
+        log.info("serving up in %.1fs bootstrap=%s HTTP %s", time.perf_counter() - t0, bootstrap, rt.url)
     except BaseException:
         if producer is not None:
             producer.close(timeout=1)
@@ -289,6 +328,34 @@ def start(
             broker.stop()
         raise
     return rt
+
+
+def _proxy_address() -> tuple[str, int]:
+    """Where the running Serve's HTTP proxy answers on this machine (``serve.start`` keeps an existing instance's
+    options; a wildcard host is reached on loopback).
+    """
+    from ray.serve.context import _get_global_client
+
+    http = _get_global_client().http_config
+    host = str(http.host or "")
+    return (LOOPBACK if host in ("", "0.0.0.0", "::") else host), int(http.port)
+
+
+def _start_front(rt: ServingRuntime, proxy: tuple[str, int]) -> ScoreFront:
+    """The documented address's front (:mod:`fedfraud.serving.front`); if it cannot bind, the deployment goes."""
+    from fedfraud.serving.front import ScoreFront
+
+    s = rt.config.serving
+    front = ScoreFront(s.http_host, s.http_port, proxy, rt.direct_addresses, s.front_refresh_s, (TOKENIZER_PREFIX,))
+    try:
+        return front.start()
+    except OSError as exc:
+        from ray import serve
+
+        for app in (APP_NAME, TOKENIZER_APP):  # the caller stops the broker and the producer
+            if app in serve.status().applications:
+                serve.delete(app)
+        raise UserError(f"serving.http_host:http_port {s.http_host}:{s.http_port}: cannot listen ({exc})") from exc
 
 
 def _wait_direct(rt: ServingRuntime, timeout_s: float) -> None:

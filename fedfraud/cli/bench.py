@@ -165,7 +165,8 @@ def serving(
                            "merchant-risk read, alternated in one run")
     ] = False,
     rounds: Annotated[
-        int, typer.Option("--rounds", min=1, help="A/B (or A/B/C/D) rounds (with --merchant-risk-ab or --peers)")
+        int, typer.Option("--rounds", min=1, help="A/B (or A/B/C/D) rounds (with --merchant-risk-ab, --peers or "
+                          "--http-only)")
     ] = 2,
     peers: Annotated[
         bool, typer.Option("--peers", help="instead: the plain consumer → XGBoost → producer peer, the hot path with "
@@ -173,9 +174,25 @@ def serving(
                            "model (fedrpda), alternated in one run; throughput, p50/p99 at "
                            "250 and 1,000 tx/s and CPU per transaction, each as a ratio to the peer")
     ] = False,
+    http_only: Annotated[
+        bool, typer.Option("--http-only", help="instead: only POST /score p50/p99 on the documented port (the "
+                           "direct-ingress front), straight to the replica's port and through Serve's proxy, "
+                           "alternated --rounds times on a deployment that reads no Kafka (about a minute)")
+    ] = False,
+    requests: Annotated[
+        int, typer.Option("--requests", min=50, help="with --http-only: measured requests per door and round")
+    ] = 300,
     out: OutOption = None,
 ) -> None:
-    """End-to-end streaming: ceiling, max sustained tx/s, p50/p99/p99.9 at 250/500/1,000/2,000 tx/s offered."""
+    """End-to-end streaming: ceiling, max sustained tx/s, p50/p99/p99.9 at 250/500/1,000/2,000 tx/s offered, and
+    POST /score through each door (documented port, the replica's own port, Serve's proxy).
+    """
+    if http_only:
+        from fedfraud.bench.serving import run_http_bench
+
+        result = run_http_bench(config_of(ctx), requests=requests, rounds=rounds)
+        emit(result.to_markdown(), out, result)
+        return
     if peers:
         from fedfraud.bench.serving import run_peer_bench
 

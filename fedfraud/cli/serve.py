@@ -22,7 +22,8 @@ def serve_command(
         typer.Option("--bootstrap-servers", help="Kafka cluster; omitted: start the embedded Tansu broker"),
     ] = None,
     registry: Annotated[str | None, typer.Option("--registry", help="model registry folder")] = None,
-    port: Annotated[int | None, typer.Option("--port", help="HTTP port of /score, /healthz, /readyz, /metrics")] = None,
+    port: Annotated[int | None, typer.Option(
+        "--port", help="HTTP port of /score, /healthz, /readyz, /metrics (serving.http_port)")] = None,
     no_consume: Annotated[bool, typer.Option("--no-consume", help="HTTP only, do not read Kafka")] = False,
     insecure_no_auth: Annotated[bool, typer.Option(
         "--insecure-no-auth", help="local development only: /score and /metrics without a token")] = False,
@@ -42,7 +43,8 @@ def serve_command(
     rt = start(cfg, consume=not no_consume)
     where = f"embedded Tansu broker at {rt.bootstrap_servers}" if rt.embedded else f"Kafka at {rt.bootstrap_servers}"
     auth = "NO AUTHENTICATION (--insecure-no-auth)" if rt.token is None else "bearer token on /score and /metrics"
-    direct = f"; direct ingress {' '.join(rt.direct_urls())}" if cfg.serving.direct_ingress else ""
+    direct = (f" → direct ingress {' '.join(rt.direct_urls()) or '(no replica port yet)'}, Serve proxy on "
+              f"{rt.proxy_url} as fallback" if rt.front is not None else "")
     typer.echo(f"serving: {where}; HTTP {rt.url}{direct} (/score /healthz /readyz /metrics; {auth}); Ctrl-C to "
                "stop", err=True)
     try:

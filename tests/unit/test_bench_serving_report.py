@@ -56,3 +56,21 @@ def test_each_load_reports_the_cores_of_each_kind_of_process_and_the_ceiling_run
     assert "this machine has 2" in md
     assert "median of 3: 29,000, 30,000, 90,000) | 30,000 msg/s |" in md
     assert "| ratio to ceiling | 10.0% |" in md
+
+
+def test_the_documented_port_is_printed_next_to_direct_ingress_with_its_target():
+    from fedfraud.bench.serving import HttpDoorsResult
+
+    front = {"n": 100.0, "p50_ms": 6.2, "p99_ms": 9.5, "mean_ms": 7.0}
+    direct = {"n": 100.0, "p50_ms": 6.0, "p99_ms": 8.0, "mean_ms": 8.0}
+    proxy = {"n": 100.0, "p50_ms": 9.0, "p99_ms": 12.0, "mean_ms": 10.0}
+    md = ServingBenchResult(1000.0, 500.0, 10, http=proxy, http_direct=direct, http_front=front).to_markdown()
+    assert ("| POST /score on the documented port (the front → the replica's own port), one transaction, 100 "
+            "sequential requests: p50 / p99 | 6.2 / 9.5 ms |") in md
+    assert "| POST /score through the Serve proxy (on its internal port), one transaction" in md
+    assert "| documented port within 2 ms of direct ingress (p99) | +1.5 ms (met) | ≤ +2 ms |" in md
+    doors = {"front": {**front, "p99_ms": 10.5}, "direct": direct, "proxy": proxy}
+    md = HttpDoorsResult(doors, [doors, doors], 50, 2, (1.0, 2.0), 1).to_markdown()
+    assert "| documented port within 2 ms of direct ingress (p99) | +2.5 ms (**missed**) | ≤ +2 ms |" in md
+    assert "load average 1.0 at start and 2.0 at end; 1 replica port(s)" in md
+    assert "p99 of each round (ms): front 10.5, direct 8.0, proxy 12.0; front 10.5" in md
