@@ -166,7 +166,7 @@ class TokenizerBench:
             f"{MORE}",
             "",
             "Floor of each engine: the same " + f"{c['clients']} nodes on 2 documents per institution, one round: "
-            + "; ".join(f"{e} {c['floor'][e]:.1f} s wall, {c['floor_ratio'][e]:.1f}× BpeTrainer at "
+            + "; ".join(f"{e} {c['floor'][e]:.1f} s wall, {c['floor_ratio'][e]:.2f}× BpeTrainer at "
                         f"{self.timing[0]['reached']:,}" for e in c["floor"])
             + " (start-up, the clients' set-up, one round of messages: what any algorithm pays on that engine).",
         ]
