@@ -344,9 +344,10 @@ def run_tokenizer_bench(cfg: TokenizerConfig, *, quick: bool = False, privacy: b
             })
         corpus["trend"][engine] = _trend(erun.history, first_round)
         notes.append(
-            f"{engine}: 'wall' includes start-up and the end ({startup:.1f} s: imports, "
-            + ("Ray and its client processes, " if engine == "simulation" else "")
-            + f"the privacy account, the tokenizer's assembly) and the first round ({first_round:.1f} s: the clients "
+            f"{engine}: 'wall' includes what is not the merge loop ({startup:.1f} s: imports, "
+            + ("Ray's start and stop, " if engine == "simulation" else "")
+            + "the server's set-up and, at the end of the run to the largest size, the privacy account and the "
+            f"tokenizer's assembly, charged to every row) and the first round ({first_round:.1f} s: the clients "
             "load the corpus, wipe PII and count); 'rounds-only' is the merge loop after that."
         )
     corpus["same_merges"] = _same(runs)
