@@ -114,9 +114,11 @@ def train_federated_flower(
 
 
 def _documents(corpus_path: Path) -> int:
-    from fedfraud.training.tokenizer.corpus import read_jsonl
-
-    return sum(1 for _ in read_jsonl(corpus_path))
+    """Documents in a corpus file: its non-blank lines, one document each (``read_jsonl``), counted without parsing
+    the JSON (re-parsing an 8 MB corpus took 2 s of the bench's federated wall time).
+    """
+    with corpus_path.open("rb") as fh:
+        return sum(1 for line in fh if line.strip())
 
 
 def train_federated_inprocess(
