@@ -4,9 +4,12 @@
 ``docs/benchmarks.md``, headed by the command, the commit and the load average
 (the machine is shared: compare ratios measured in one run, not seconds across runs):
 
-* training time: FedByteBPE as a Flower app on the Ray simulation backend
-  (batched merges) vs HF ``BpeTrainer`` on the pooled text, at vocab 8,000,
-  16,000 and 50,257, as ratios. One Flower run aims at 50,257; smaller sizes are
+* training time: FedByteBPE as a Flower app (batched merges) vs HF ``BpeTrainer``
+  on the pooled text, at vocab 8,000, 16,000 and 50,257, as ratios, once per
+  engine: ``loopback`` (the ServerApp and ClientApps in this process over the
+  loopback grid, every message serialized as over the SuperLink) and
+  ``simulation`` (Flower's simulation engine on Ray, one SuperNode per
+  institution); the two must choose the same merges. One Flower run per engine aims at 50,257; smaller sizes are
   read from its per-round history (a smaller tokenizer is the prefix of its
   merges that holds that many tokens). If the vocabulary runs out first, the
   size reached is reported and BpeTrainer is timed at that same size. The
@@ -34,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fedfraud.bench.records import MORE
 from fedfraud.core.net import free_port
 from fedfraud.training.tokenizer.config import TokenizerConfig
 
@@ -47,6 +51,8 @@ MODE_DOCS = 150
 # noisy count, so the vocabulary never runs out and the default schedule needs ~70 rounds; with exact counts
 # (--no-privacy) the pairs above θ run out first (~17k tokens on the default bench corpus).
 MAX_ROUNDS = 200
+#: The engines the federated row is timed on (the first one's tokenizer is scored); both run the same Flower apps.
+ENGINES = ("loopback", "simulation")
 _REPO = Path(__file__).resolve().parents[2]
 
 
@@ -115,6 +121,14 @@ class TokenizerBench:
     notes: list[str] = field(default_factory=list)
     run_info: dict[str, str] = field(default_factory=dict)
 
+    def _ends(self) -> list[dict[str, Any]]:
+        """Each engine's rows at the smallest and the largest target (the headline)."""
+        out = []
+        for engine in dict.fromkeys(t["engine"] for t in self.timing):
+            rows = [t for t in self.timing if t["engine"] == engine]
+            out += [rows[0], rows[-1]] if len(rows) > 1 else rows
+        return out
+
     def to_markdown(self) -> str:
         c = self.corpus
         r = self.run_info
@@ -131,26 +145,32 @@ class TokenizerBench:
             f"Config: {c['config']}.",
             "",
             "**FedByteBPE / HF BpeTrainer, wall time:** " + "; ".join(
-                f"{t['reached']:,} tokens: **{t['ratio_wall']:.1f}×** ({t['ratio_wipe']:.1f}× against wipe + "
-                "BpeTrainer)" for t in self.timing if t is self.timing[0] or t is self.timing[-1]) + ".",
+                f"{t['engine']} engine, {t['reached']:,} tokens: **{t['ratio_wall']:.1f}×** ({t['ratio_wipe']:.1f}×"
+                " against wipe + BpeTrainer)" for t in self._ends()) + ".",
             "",
-            "| target vocab | federated reached | federated wall (s) | federated rounds-only (s) | rounds |"
+            "| engine | target vocab | federated reached | federated wall (s) | federated rounds-only (s) | rounds |"
             " centralized BpeTrainer at that size (s) | ratio wall | ratio rounds-only | ratio wall vs wipe +"
             " BpeTrainer |",
-            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         ]
         for t in self.timing:
             lines.append(
-                f"| {t['target']:,} | {t['reached']:,} | {t['fed_wall']:.1f} | {t['fed_rounds']:.1f} | {t['rounds']} |"
-                f" {t['central']:.2f} | {t['ratio_wall']:.1f}× | {t['ratio_rounds']:.1f}× | {t['ratio_wipe']:.1f}× |"
+                f"| {t['engine']} | {t['target']:,} | {t['reached']:,} | {t['fed_wall']:.1f} | {t['fed_rounds']:.1f} |"
+                f" {t['rounds']} | {t['central']:.2f} | {t['ratio_wall']:.1f}× | {t['ratio_rounds']:.1f}× |"
+                f" {t['ratio_wipe']:.1f}× |"
             )
         lines += [
             "",
-            f"Flower/Ray floor: the same {c['clients']}-node simulation on 2 documents per institution, one round: "
-            f"{c['floor']:.1f} s wall, {c['floor_ratio']:.1f}× BpeTrainer at {self.timing[0]['reached']:,} (Ray "
-            "start-up, the client processes, one round of messages: what any algorithm pays here).",
+            f"Same merges on both engines: {c['same_merges']}.",
+            "",
+            f"{MORE}",
+            "",
+            "Floor of each engine: the same " + f"{c['clients']} nodes on 2 documents per institution, one round: "
+            + "; ".join(f"{e} {c['floor'][e]:.1f} s wall, {c['floor_ratio'][e]:.2f}× BpeTrainer at "
+                        f"{self.timing[0]['reached']:,}" for e in c["floor"])
+            + " (start-up, the clients' set-up, one round of messages: what any algorithm pays on that engine).",
         ]
-        lines += ["", f"Federated trend: {self.corpus['trend']}."]
+        lines += ["", "Federated trend: " + "; ".join(f"{e}: {t}" for e, t in c["trend"].items()) + "."]
         lines += ["", "Quality per client (mean ± std over clients, lower is better):", "", self.table, ""]
         lines += ["One merge per round vs batched (in-process driver, same core):", "", self.modes, ""]
         s = self.service
@@ -235,6 +255,21 @@ def _service_throughput(tok: Any, cfg: TokenizerConfig, texts: list[str], second
     return {"direct_tps": direct, "service_tps": service, "ratio": service / direct, "concurrency": concurrency}
 
 
+def _same(runs: dict[str, Any]) -> str:
+    """Whether the engines' runs chose the same merges, or where they first differ."""
+    (a, ra), *rest = runs.items()
+    out = []
+    for b, rb in rest:
+        if ra.merges == rb.merges:
+            out.append(f"yes, {a} and {b}: all {len(ra.merges):,} merges in the same order")
+        else:
+            first = next((i for i, (x, y) in enumerate(zip(ra.merges, rb.merges, strict=False)) if x != y),
+                         min(len(ra.merges), len(rb.merges)))
+            out.append(f"**no**, {a} and {b} differ from merge {first:,} on ({len(ra.merges):,} vs "
+                       f"{len(rb.merges):,} merges)")
+    return "; ".join(out)
+
+
 def run_tokenizer_bench(cfg: TokenizerConfig, *, quick: bool = False, privacy: bool = True) -> TokenizerBench:
     """Run everything on one generated corpus (``quick``: small sizes for a smoke run; ``privacy=False``: the
     federated run releases exact counts, as ``fedfraud tokenizer train --no-privacy``).
@@ -265,52 +300,71 @@ def run_tokenizer_bench(cfg: TokenizerConfig, *, quick: bool = False, privacy: b
            if privacy else "no privacy (exact counts)") + f", p={cfg.p}, K={cfg.k_fraction}",
     }
 
+    runs = {}
     with tempfile.TemporaryDirectory() as tmp:
         path = write_jsonl(Path(tmp) / "corpus.jsonl", docs)
-        big = cfg.model_copy(update={"vocab_size": max(targets), "max_rounds": min(cfg.max_rounds, MAX_ROUNDS)})
-        run = train_federated_flower(big, path, num_supernodes=len(raw), privacy=privacy)
-    first_round = run.history[0][1] if run.history else 0.0
-    startup = run.wall_seconds - run.train_seconds
+        for engine in ENGINES:
+            big = cfg.model_copy(update={"vocab_size": max(targets), "max_rounds": min(cfg.max_rounds, MAX_ROUNDS),
+                                         "engine": engine})
+            runs[engine] = train_federated_flower(big, path, num_supernodes=len(raw), privacy=privacy)
+    run = runs[ENGINES[0]]
     specials = len(cfg.special_tokens)
-    timing, fed_tokens = [], {}
-    for target in targets:
-        reached_at = next(((v, t) for v, t in run.history if v >= target - specials), None)
-        if reached_at is None:
-            t_fed = run.train_seconds
-            notes.append(
-                f"Vocabulary {target:,} not reached: the federated run stopped at {run.vocab_size:,} tokens "
-                f"({run.stop_reason}) on this corpus; times are to that point."
-            )
-            merges = run.merges
-        else:
-            t_fed = reached_at[1]
-            merges = _prefix(run.merges, target - specials)
-        fed_tok = build_tokenizer(merges, cfg.special_tokens)
-        fed_tokens[target] = fed_tok
-        # best of three: the shared machine's load only ever slows a run down, and a 3-second run can fall entirely
-        # into a burst of other jobs (the best is the conservative choice for the ratio)
-        t_central = min(_central_time(pooled, fed_tok.get_vocab_size(), list(cfg.special_tokens))[0] for _ in range(3))
-        timing.append({
-            "target": target, "reached": fed_tok.get_vocab_size(), "fed_wall": startup + t_fed,
-            "fed_rounds": t_fed - first_round, "rounds": sum(1 for v, t in run.history if t <= t_fed),
-            "central": t_central, "ratio_wall": (startup + t_fed) / t_central,
-            "ratio_rounds": (t_fed - first_round) / t_central, "ratio_wipe": (startup + t_fed) / (wipe + t_central),
-        })
-    corpus["trend"] = _trend(run.history, first_round)
+    timing, fed_tokens, centrals = [], {}, {}
+    corpus["trend"] = {}
+    for engine, erun in runs.items():
+        first_round = erun.history[0][1] if erun.history else 0.0
+        startup = erun.wall_seconds - erun.train_seconds
+        for target in targets:
+            reached_at = next(((v, t) for v, t in erun.history if v >= target - specials), None)
+            if reached_at is None:
+                t_fed = erun.train_seconds
+                notes.append(
+                    f"{engine}: vocabulary {target:,} not reached: the federated run stopped at {erun.vocab_size:,} "
+                    f"tokens ({erun.stop_reason}) on this corpus; times are to that point."
+                )
+                merges = erun.merges
+            else:
+                t_fed = reached_at[1]
+                merges = _prefix(erun.merges, target - specials)
+            fed_tok = build_tokenizer(merges, cfg.special_tokens)
+            if engine == ENGINES[0]:
+                fed_tokens[target] = fed_tok
+            size = fed_tok.get_vocab_size()
+            if size not in centrals:
+                # best of three: the shared machine's load only ever slows a run down, and a 3-second run can fall
+                # entirely into a burst of other jobs (the best is the conservative choice for the ratio)
+                centrals[size] = min(_central_time(pooled, size, list(cfg.special_tokens))[0] for _ in range(3))
+            t_central = centrals[size]
+            timing.append({
+                "engine": engine, "target": target, "reached": size, "fed_wall": startup + t_fed,
+                "fed_rounds": t_fed - first_round, "rounds": sum(1 for v, t in erun.history if t <= t_fed),
+                "central": t_central, "ratio_wall": (startup + t_fed) / t_central,
+                "ratio_rounds": (t_fed - first_round) / t_central,
+                "ratio_wipe": (startup + t_fed) / (wipe + t_central),
+            })
+        corpus["trend"][engine] = _trend(erun.history, first_round)
+        notes.append(
+            f"{engine}: 'wall' includes what is not the merge loop ({startup:.1f} s: imports, "
+            + ("Ray's start and stop, " if engine == "simulation" else "")
+            + "the server's set-up and, at the end of the run to the largest size, the privacy account and the "
+            f"tokenizer's assembly, charged to every row) and the first round ({first_round:.1f} s: the clients "
+            "load the corpus, wipe PII and count); 'rounds-only' is the merge loop after that."
+        )
+    corpus["same_merges"] = _same(runs)
     notes.append(
-        f"'wall' includes Ray/Flower start-up ({startup:.1f} s) and the first round ({first_round:.1f} s: Ray starts "
-        "the client processes, which load the corpus, wipe PII and count); 'rounds-only' is the merge loop after "
-        "that. BpeTrainer: best of three runs on the wiped, pooled text (its own pre-tokenization and counting "
-        "included); 'wipe + BpeTrainer' adds the one-process PII wipe above."
+        "BpeTrainer: best of three runs on the wiped, pooled text (its own pre-tokenization and counting included); "
+        "'wipe + BpeTrainer' adds the one-process PII wipe above."
     )
-    # The floor any algorithm pays in this simulation: the same nodes on 2 documents each, one round.
+    # The floor any algorithm pays on each engine: the same nodes on 2 documents each, one round.
+    corpus["floor"], corpus["floor_ratio"] = {}, {}
     with tempfile.TemporaryDirectory() as tmp:
         tiny = generate_corpus(clients_n, 2, pii_rate=cfg.pii_rate, seed=cfg.seed, multilingual=True)
-        floor_cfg = cfg.model_copy(update={"vocab_size": 256 + 64 + specials, "max_rounds": 1})
-        floor = train_federated_flower(floor_cfg, write_jsonl(Path(tmp) / "tiny.jsonl", tiny),
-                                       num_supernodes=len(raw), privacy=privacy)
-    corpus["floor"] = floor.wall_seconds
-    corpus["floor_ratio"] = floor.wall_seconds / timing[0]["central"]
+        tiny_path = write_jsonl(Path(tmp) / "tiny.jsonl", tiny)
+        for engine in ENGINES:
+            floor_cfg = cfg.model_copy(update={"vocab_size": 256 + 64 + specials, "max_rounds": 1, "engine": engine})
+            floor = train_federated_flower(floor_cfg, tiny_path, num_supernodes=len(raw), privacy=privacy)
+            corpus["floor"][engine] = floor.wall_seconds
+            corpus["floor_ratio"][engine] = floor.wall_seconds / timing[0]["central"]
     largest = fed_tokens[targets[-1]]
     ids = {i for e in largest.encode_batch(pooled, add_special_tokens=False) for i in e.ids}
     notes.append(
@@ -326,7 +380,7 @@ def run_tokenizer_bench(cfg: TokenizerConfig, *, quick: bool = False, privacy: b
     locals_ = {c: _central_time(t, size, list(cfg.special_tokens))[1] for c, t in masked.items()}
     names = list(masked)
     rows_in = [
-        (f"federated ({cfg.mode}, Flower)", fed.get_vocab_size(), lambda _c: hf_counter(fed)),
+        (f"federated ({cfg.mode}, Flower, {ENGINES[0]} engine)", fed.get_vocab_size(), lambda _c: hf_counter(fed)),
         ("centralized (BpeTrainer)", central.get_vocab_size(), lambda _c: hf_counter(central)),
         ("local, own data (in-sample)", size, lambda c: hf_counter(locals_[c])),
         ("local, next institution's tokenizer", size, lambda c: hf_counter(locals_[_next(names, c)])),

@@ -54,7 +54,9 @@ def train(
     corpus: CorpusOption = None,
     vocab_size: Annotated[int | None, typer.Option("--vocab-size", help="overrides tokenizer.vocab_size")] = None,
     mode: Annotated[str | None, typer.Option("--mode", help="single or batched")] = None,
-    backend: Annotated[str, typer.Option("--backend", help="flower (Ray simulation) or inprocess")] = "flower",
+    backend: Annotated[str, typer.Option(
+        "--backend", help="flower (the Flower apps on tokenizer.engine: simulation on Ray, or loopback in this "
+        "process) or inprocess (direct calls, no messages)")] = "flower",
     work: Annotated[Path, typer.Option("--work", help="scratch folder")] = Path("out/tokenizer"),
     no_privacy: Annotated[
         bool, typer.Option("--no-privacy", help="release exact counts: no noise, no DP (printed in the card)")

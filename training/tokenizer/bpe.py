@@ -459,14 +459,18 @@ class ClientState:
 def aggregate_arrays(releases: Iterable[Release], theta: float) -> tuple[np.ndarray, np.ndarray]:
     """ServerAggregateTuples on arrays: the distinct key codes (sorted) whose summed noisy count is > theta, and
     those sums (single ids, or pairs packed by :func:`pair_code`).
+
+    The releases are summed in an order fixed by their content, not by when they arrived: floating-point sums
+    depend on the order, and replies arrive in any order on Ray, so the sums (and the merges) are the same on every
+    engine and every run.
     """
-    rels = [r for r in releases if len(r.left)]
+    rels = sorted((r for r in releases if len(r.left)), key=lambda r: (r.values.tobytes(), r.codes.tobytes()))
     if not rels:
         return np.zeros(0, np.int64), np.zeros(0, np.float64)
     codes = np.concatenate([r.codes for r in rels])
     values = np.concatenate([r.values for r in rels])
     uniq, inverse = np.unique(codes, return_inverse=True)
-    totals = np.bincount(inverse, weights=values, minlength=len(uniq))  # sums in arrival order, as a loop would
+    totals = np.bincount(inverse, weights=values, minlength=len(uniq))  # sums in the releases' content order
     keep = totals > theta
     return uniq[keep], totals[keep]
 

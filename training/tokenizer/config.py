@@ -21,9 +21,12 @@ class TokenizerConfig(BaseModel):
     mode: Literal["single", "batched"] = Field(
         "batched", description="single: the paper's one merge per round; batched: several non-conflicting merges"
     )
-    merges_per_round: int = Field(128, ge=1, description="upper bound on merges per round in batched mode")
+    merges_per_round: int = Field(
+        256, ge=1, description="upper bound on merges per round in batched mode (256 with growth 0.1: chosen on "
+        "validation corpora, docs/tokenizer.md; 128 and 1/16 before issue 42 part 4)",
+    )
     merges_growth: float = Field(
-        1 / 16, ge=0.0, le=0.25,
+        0.1, ge=0.0, le=0.25,
         description="batched mode: allow up to merges_growth × current vocabulary merges per round when that "
         "exceeds merges_per_round (0: fixed batch)",
     )
@@ -63,6 +66,11 @@ class TokenizerConfig(BaseModel):
     )
     pii_rate: float = Field(0.6, ge=0.0, le=1.0, description="share of generated documents with seeded PII")
     ner: bool = Field(False, description="also use the optional Presidio/spaCy NER recognizer (extra: pii-ner)")
+    engine: Literal["simulation", "loopback"] = Field(
+        "simulation", description="how the Flower apps run (`tokenizer train --backend flower`, the bench): "
+        "simulation: Flower's simulation engine on Ray, one SuperNode per institution; loopback: the same ServerApp "
+        "and ClientApp in this process over the loopback grid, every message serialized as over the SuperLink",
+    )
     max_rounds: int = Field(100_000, ge=1, description="safety stop for the federated loop")
     seed: int = 7
 

@@ -46,6 +46,7 @@ class LoopbackGrid(Grid):
 
     def __init__(self, app: ClientApp, contexts: dict[int, Context], run_id: int = 1) -> None:
         self.app, self.contexts, self._run = app, contexts, Run.create_empty(run_id)
+        self._replies: dict[str, Message] = {}  # pushed messages' replies, by the message id they answer
 
     def set_run(self, run: Any) -> None:
         self._run = run
@@ -62,38 +63,46 @@ class LoopbackGrid(Grid):
         return list(self.contexts)
 
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
-        raise NotImplementedError("the loopback grid only sends and receives")
-
-    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
-        raise NotImplementedError("the loopback grid only sends and receives")
-
-    def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
-        replies = []
+        """Deliver each message now (banks one after the other) and keep its reply for :meth:`pull_messages`."""
+        ids = []
         for msg in messages:
             msg.metadata.__dict__["_message_id"] = uuid4().hex  # what the SuperLink assigns
             wire = message_from_proto(message_to_proto(msg))
             reply = self.app(wire, self.contexts[msg.metadata.dst_node_id])
-            replies.append(message_from_proto(message_to_proto(reply)))
-        return replies
+            self._replies[msg.metadata.message_id] = message_from_proto(message_to_proto(reply))
+            ids.append(msg.metadata.message_id)
+        return ids
+
+    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
+        """The kept replies to these message ids (each handed out once)."""
+        return [self._replies.pop(i) for i in list(message_ids) if i in self._replies]
+
+    def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
+        return self.pull_messages(self.push_messages(messages))
 
 
 def run_federated(engine: str, client_app: ClientApp, run_jobs: Callable[[Grid, dict[str, Any], Any], None],
                   build_server_app: Callable[[dict[str, Any], Any], Any], settings: dict[str, Any],
-                  on_result: Callable[[Any], None], banks: int, torch_threads: int) -> None:
-    """One federated session of a supervised variant (GNN, FED-SPFD): the same ServerApp code (``run_jobs``) and
-    ClientApp over this loopback grid (``engine="loopback"``, torch limited to ``torch_threads`` meanwhile), or on
-    Flower's simulation engine (Ray, one CPU per bank, bound to the loopback interface).
+                  on_result: Callable[[Any], None], banks: int, torch_threads: int | None = None) -> None:
+    """One federated session (GNN, FED-SPFD, the FedByteBPE tokenizer): the same ServerApp code (``run_jobs``) and
+    ClientApp over this loopback grid (``engine="loopback"``, torch limited to ``torch_threads`` meanwhile; None:
+    an app without torch, which is then not imported), or on Flower's simulation engine (Ray, one CPU per bank,
+    bound to the loopback interface). Each loopback session has a run id of its own, as Flower's runs do.
     """
     if engine == "loopback":
-        import torch
+        threads = None
+        if torch_threads is not None:
+            import torch
 
-        threads = torch.get_num_threads()
-        torch.set_num_threads(torch_threads)
+            threads = torch.get_num_threads()
+            torch.set_num_threads(torch_threads)
+        run_id = uuid4().int >> 65  # a fresh run per session, as Flower draws one: per-run client caches stay apart
         try:
-            with server_identity():
-                run_jobs(LoopbackGrid(client_app, bank_contexts(banks)), settings, on_result)
+            with server_identity(run_id):
+                run_jobs(LoopbackGrid(client_app, bank_contexts(banks, run_id), run_id), settings, on_result)
         finally:
-            torch.set_num_threads(threads)
+            if threads is not None:
+                torch.set_num_threads(threads)
         return
     from flwr.simulation import run_simulation
 

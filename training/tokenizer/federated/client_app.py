@@ -5,7 +5,7 @@ Laplace-noised frequencies, never words or text. With noise, each document
 counts only up to ``max-doc-bytes`` bytes and the release is dense over a
 public domain (``fedfraud.training.tokenizer.privacy`` has the account). They travel as int/float
 arrays in an ``ArrayRecord`` (compact, and no per-element validation as in a
-``ConfigRecord`` list).
+``ConfigRecord`` list), as raw bytes (:func:`~fedfraud.training.tokenizer.federated.task.raw_array`).
 """
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ from __future__ import annotations
 import logging
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from fedfraud.training.tokenizer.bpe import ReleaseParams
-from fedfraud.training.tokenizer.federated.task import client_state, remember_merges
+from fedfraud.training.tokenizer.federated.task import array_of, client_state, raw_array, remember_merges
 
 __all__ = ["app"]
 
@@ -39,7 +39,7 @@ def query(msg: Message, context: Context) -> Message:
     )
     base = int(cfg["merge-base"])
     sent = msg.content["broadcast"] if "broadcast" in msg.content else ArrayRecord()
-    delta = sent["merges"].numpy() if "merges" in sent else np.zeros((0, 3), np.int64)  # (n, 3): left, right, new id
+    delta = array_of(sent["merges"]) if "merges" in sent else np.zeros((0, 3), np.int64)  # (n, 3): left, right, new id
     known = remember_merges(run, base, delta)
     if state.applied < len(known):  # catch up (merges this node received while another process served it) + delta
         state.apply(known[state.applied :])
@@ -56,16 +56,16 @@ def query(msg: Message, context: Context) -> Message:
         top_n=int(cfg["top-n"]) or None,
     )
     rng = np.random.default_rng([int(cfg["seed"]), partition, int(cfg["round"]), 0 if cfg["phase"] == "single" else 1])
-    allowed = sent["allowed"].numpy() if "allowed" in sent else np.zeros(0, np.int64)
+    allowed = array_of(sent["allowed"]) if "allowed" in sent else np.zeros(0, np.int64)
     rel = state.release(str(cfg["phase"]), params, rng, allowed)  # type: ignore[arg-type]
     reply["applied"] = state.applied
     reply["nvl"] = rel.nvl
     content = RecordDict({"release": reply})
     if len(rel.left):
         # ids travel as int32 (a vocabulary is far below 2**31): the reply stays small enough to pass inline
-        counts = {"left": Array(rel.left.astype(np.int32)), "values": Array(rel.values)}
+        counts = {"left": raw_array(rel.left.astype(np.int32)), "values": raw_array(rel.values)}
         if rel.right is not None:
-            counts["right"] = Array(rel.right.astype(np.int32))
+            counts["right"] = raw_array(rel.right.astype(np.int32))
         content["counts"] = ArrayRecord(counts)
     content["metrics"] = MetricRecord({"kept-docs": report.kept, "skipped-docs": sum(report.skipped.values())})
     return Message(content, reply_to=msg)

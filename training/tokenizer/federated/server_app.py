@@ -20,13 +20,14 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from flwr.serverapp import Grid, ServerApp
 
 from fedfraud.training.federated.grid import wait_for_nodes
 from fedfraud.training.tokenizer.bpe import FedBPEServer, Release, ReleaseParams
+from fedfraud.training.tokenizer.federated.task import array_of, raw_array
 
-__all__ = ["build_server_app", "run_fedbpe", "DEFAULTS"]
+__all__ = ["build_server_app", "run_fedbpe", "run_jobs", "DEFAULTS"]
 
 log = logging.getLogger(__name__)
 
@@ -41,8 +42,8 @@ DEFAULTS: dict[str, Any] = {
     "k-fraction": 1.0,
     "top-n": 4096,  # 0: send all keys
     "mode": "batched",
-    "merges-per-round": 128,
-    "merges-growth": 1 / 16,
+    "merges-per-round": 256,
+    "merges-growth": 0.1,
     "merges-ratio": 0.0,
     "max-rounds": 100_000,
     "seed": 7,
@@ -83,8 +84,8 @@ def _release_of(content: RecordDict) -> Release:
     if "counts" not in content:
         return Release.nothing(nvl)
     arrays = content["counts"]
-    right = arrays["right"].numpy() if "right" in arrays else None
-    return Release(arrays["left"].numpy(), arrays["values"].numpy(), right, nvl)
+    right = array_of(arrays["right"]) if "right" in arrays else None
+    return Release(array_of(arrays["left"]), array_of(arrays["values"]), right, nvl)
 
 
 def _send_and_receive(grid: Grid, messages: list[Message], first: float = 0.002, most: float = 0.02) -> list[Message]:
@@ -112,42 +113,41 @@ def _exchange(
 ) -> list[Release]:
     """One phase round trip; a node whose process lost its state gets the missing merges in a second trip.
 
-    Merges and the allowed left ids go in an ``ArrayRecord`` (int64 arrays); each node gets only the merges
-    after the last one it confirmed.
+    Merges and the allowed left ids go in an ``ArrayRecord`` (int64 arrays, :func:`raw_array`); each node gets only
+    the merges after the last one it confirmed.
     """
     releases: list[Release] = []
-    allowed_arr = Array(np.asarray(allowed, dtype=np.int64)) if phase == "pair" and allowed else None
+    allowed_arr = raw_array(np.asarray(allowed, dtype=np.int64)) if phase == "pair" and allowed else None
     todo = list(nodes)
-    deltas: dict[int, Array] = {}  # one serialized merge delta per distinct base (usually one per phase)
+    contents: dict[int, RecordDict] = {}  # one query per distinct merge base (usually one per phase): all it holds
     for _attempt in range(3):
         if not todo:
             break
         messages = []
         for node in todo:
             base = known.get(node, 0)
-            cfg = ConfigRecord(
-                {
-                    "phase": phase,
-                    "round": server.rounds,
-                    "merge-base": base,
-                    "corpus-path": str(settings["corpus-path"]),
-                    "p": float(settings["p"]),
-                    "epsilon": float(settings["epsilon"] or 0.0),
-                    "max-doc-bytes": int(settings["max-doc-bytes"]),
-                    "top-n": int(settings["top-n"] or 0),
-                    "seed": int(settings["seed"]),
-                    "ner": bool(settings["ner"]),
-                }
-            )
-            broadcast = ArrayRecord()
-            if base not in deltas and len(server.vocab.merges) > base:
-                deltas[base] = Array(server.vocab.merge_array(base))
-            if base in deltas:
-                broadcast["merges"] = deltas[base]
-            if allowed_arr is not None:
-                broadcast["allowed"] = allowed_arr
-            content = RecordDict({"config": cfg, "broadcast": broadcast})
-            messages.append(Message(content, dst_node_id=node, message_type="query"))
+            if base not in contents:
+                cfg = ConfigRecord(
+                    {
+                        "phase": phase,
+                        "round": server.rounds,
+                        "merge-base": base,
+                        "corpus-path": str(settings["corpus-path"]),
+                        "p": float(settings["p"]),
+                        "epsilon": float(settings["epsilon"] or 0.0),
+                        "max-doc-bytes": int(settings["max-doc-bytes"]),
+                        "top-n": int(settings["top-n"] or 0),
+                        "seed": int(settings["seed"]),
+                        "ner": bool(settings["ner"]),
+                    }
+                )
+                broadcast = ArrayRecord()
+                if len(server.vocab.merges) > base:
+                    broadcast["merges"] = raw_array(server.vocab.merge_array(base))
+                if allowed_arr is not None:
+                    broadcast["allowed"] = allowed_arr
+                contents[base] = RecordDict({"config": cfg, "broadcast": broadcast})
+            messages.append(Message(contents[base], dst_node_id=node, message_type="query"))
         todo = []
         for reply in _send_and_receive(grid, messages):
             node = reply.metadata.src_node_id
@@ -218,6 +218,13 @@ def run_fedbpe(grid: Grid, settings: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def run_jobs(grid: Grid, settings: dict[str, Any], on_result: Callable[[dict[str, Any]], None]) -> None:
+    """The ServerApp's body on a given grid (``DEFAULTS`` < ``settings``): what the loopback engine runs in this
+    process, so both engines execute the same server code.
+    """
+    on_result(run_fedbpe(grid, {**DEFAULTS, **settings}))
+
+
 def build_server_app(
     settings: dict[str, Any] | None = None, on_result: Callable[[dict[str, Any]], None] | None = None
 ) -> ServerApp:
@@ -227,9 +234,7 @@ def build_server_app(
 
     @app.main()
     def main(grid: Grid, context: Context) -> None:
-        result = run_fedbpe(grid, {**base, **dict(context.run_config)})
-        if on_result is not None:
-            on_result(result)
+        run_jobs(grid, {**base, **dict(context.run_config)}, on_result or (lambda _result: None))
 
     return app
 
