@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import socket
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 
@@ -46,9 +47,13 @@ class TcpProxy:
     """
 
     def __init__(self, target_port: int | None = None, port: int | None = None, target_host: str = "127.0.0.1",
-                 record: bool = False, host: str = "127.0.0.1", route: Route | None = None) -> None:
+                 record: bool = False, host: str = "127.0.0.1", route: Route | None = None,
+                 max_connections: int | None = None) -> None:
         if route is None and target_port is None:
             raise ValueError("TcpProxy needs a target_port or a route")
+        #: at most this many client connections at once (each costs threads and file descriptors); one more is
+        #: reset at once. None: no limit (the test proxies, which face the test's own clients only).
+        self._slots = threading.BoundedSemaphore(max_connections) if max_connections else None
         self.target = (target_host, target_port or 0)
         self.host = host
         self.record = record
@@ -103,18 +108,34 @@ class TcpProxy:
     close = cut
 
     def _accept(self, listener: socket.socket) -> None:
+        """Accept until :meth:`cut` replaces the listener. A failed accept (no file descriptor left, a client
+        reset before it was accepted) is logged and retried: the proxy never stops accepting while it holds
+        the port.
+        """
         while True:
             try:
                 client, _ = listener.accept()
-            except OSError:  # closed by cut()
-                return
-            client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            with self._lock:
-                self._conns.add(client)
-            if self.route is None:
-                self._connect(client, b"")
-            else:  # reading the first bytes waits for the client: not on the accepting thread
-                threading.Thread(target=self._connect, args=(client, None), daemon=True).start()
+            except OSError as exc:
+                if self._listener is not listener:  # cut() (or a restore that made a new listener)
+                    return
+                log.warning("tcpproxy %s: accept failed (%s); accepting again", self.address, exc)
+                time.sleep(0.1)
+                continue
+            if self._slots is not None and not self._slots.acquire(blocking=False):
+                log.warning("tcpproxy %s: connection limit reached; a new connection is reset", self.address)
+                self._drop(client, reset=True)
+                continue
+            try:
+                client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                with self._lock:
+                    self._conns.add(client)
+                if self.route is None:
+                    self._connect(client, b"")
+                else:  # reading the first bytes waits for the client: not on the accepting thread
+                    threading.Thread(target=self._connect, args=(client, None), daemon=True).start()
+            except (OSError, RuntimeError) as exc:  # a client reset already; no thread could be started
+                log.warning("tcpproxy %s: connection dropped (%s)", self.address, exc)
+                self._end(client)
 
     def _connect(self, client: socket.socket, first: bytes | None) -> None:
         """Connect ``client`` to its target (the first candidate of :attr:`route` that accepts) and pump."""
@@ -126,7 +147,7 @@ class TcpProxy:
             except OSError:  # also the timeout
                 first = b""
             if not first:
-                self._drop(client)
+                self._end(client)
                 return
         candidates = [self.target] if self.route is None else list(self.route(first))
         upstream = None
@@ -138,50 +159,79 @@ class TcpProxy:
                 log.debug("tcpproxy %s: %s:%d refused (%s); next candidate", self.address, *target, exc)
         if upstream is None:
             log.warning("tcpproxy %s: no target accepted the connection (%s)", self.address, candidates)
-            self._drop(client)
+            self._end(client)
             return
-        upstream.settimeout(None)
-        upstream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         with self._lock:
+            if client not in self._conns:  # cut() reset the client while this connected: go no further
+                upstream.close()
+                self._release()
+                return
             self._conns.add(upstream)
             self.connections[target] += 1
             if self.record and first:
                 self.sent.extend(first)
         try:
+            upstream.settimeout(None)
+            upstream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             if first:
                 upstream.sendall(first)
         except OSError:
-            self._drop(client, upstream)
+            self._end(client, upstream)
             return
-        for src, dst, record in ((client, upstream, self.record), (upstream, client, False)):
-            threading.Thread(target=self._pump, args=(src, dst, record), daemon=True).start()
+        pumps = [2]
 
-    def _drop(self, *socks: socket.socket) -> None:
+        def finished() -> None:  # both directions are done: free the sockets and the slot
+            with self._lock:
+                pumps[0] -= 1
+                last = pumps[0] == 0
+            if last:
+                self._end(client, upstream)
+
+        for src, dst, record in ((client, upstream, self.record), (upstream, client, False)):
+            threading.Thread(target=self._pump, args=(src, dst, record, finished), daemon=True).start()
+
+    def _release(self) -> None:
+        if self._slots is not None:
+            self._slots.release()
+
+    def _end(self, client: socket.socket, *others: socket.socket) -> None:
+        """Close a connection's sockets and free its slot (once per accepted client)."""
+        self._drop(client, *others)
+        self._release()
+
+    def _drop(self, *socks: socket.socket, reset: bool = False) -> None:
         for s in socks:
             try:
+                if reset:
+                    s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _RESET)
                 s.close()
             except OSError:
                 pass
         with self._lock:
             self._conns -= set(socks)
 
-    def _pump(self, src: socket.socket, dst: socket.socket, record: bool) -> None:
+    def _pump(self, src: socket.socket, dst: socket.socket, record: bool, finished: Callable[[], None]) -> None:
+        """Copy ``src`` to ``dst``. The end of ``src``'s stream half-closes ``dst`` (the other direction goes on:
+        a client that shuts its write side still gets its response); an error shuts both down.
+        """
         try:
             while True:
                 chunk = src.recv(65536)
                 if not chunk:
+                    try:
+                        dst.shutdown(socket.SHUT_WR)
+                    except OSError:
+                        pass
                     break
                 if record:
                     with self._lock:
                         self.sent.extend(chunk)
                 dst.sendall(chunk)
         except OSError:
-            pass
-        finally:
             for s in (src, dst):
                 try:
                     s.shutdown(socket.SHUT_RDWR)
                 except OSError:
                     pass
-            with self._lock:
-                self._conns -= {src, dst}
+        finally:
+            finished()

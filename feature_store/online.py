@@ -111,7 +111,8 @@ class _ViewIO:
         missing = list(dict.fromkeys(e for e in entities if e not in cache))
         if missing:
             if len(cache) + len(missing) > self._KEY_CACHE:
-                cache.clear()
+                cache.clear()  # the batch's already-cached entities go too: build them all again
+                missing = list(dict.fromkeys(entities))
             cache.update(zip(missing, build(missing), strict=True))
         return [cache[e] for e in entities]
 
@@ -199,11 +200,16 @@ class _SqliteViewIO(_ViewIO):
     def __init__(self, online: SqliteOnlineStore, config: RepoConfig) -> None:
         super().__init__(online, config)
         self._conn = online._get_conn(config)  # Feast's SqliteOnlineStore keeps one connection per store
-        self._conn.execute("PRAGMA journal_mode=WAL")
-        # the durability of serving's SQLite KV store (score rings, fraud states): no fsync per commit, so a
-        # micro-batch no longer waits on the disk (issue 42); a process crash loses nothing, a power loss or an
-        # OS crash may roll back the last commits (the file stays consistent), as for the KV store's rows
-        self._conn.execute("PRAGMA synchronous=NORMAL")
+        mode = str(self._conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]).lower()
+        if mode == "wal":
+            # the durability of serving's SQLite KV store (score rings, fraud states): no fsync per commit, so a
+            # micro-batch no longer waits on the disk (issue 42). A process crash loses nothing; an OS crash or a
+            # power loss may roll back the last commits (the file stays consistent), and the Kafka offsets of
+            # those batches may already be committed, so their transactions are missing from the ego graphs
+            self._conn.execute("PRAGMA synchronous=NORMAL")
+        else:  # without WAL, NORMAL could corrupt the file on a power loss: keep SQLite's default (FULL)
+            logger.warning("SQLite online store %s: journal mode %s, not WAL; keeping synchronous=FULL",
+                        config.online_store, mode)
         store = config.online_store
         self._plain = not (getattr(store, "vector_enabled", False)
                            or getattr(store, "enable_openai_compatible_store", False))

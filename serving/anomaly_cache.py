@@ -155,7 +155,14 @@ class FreshCache:
         return got[2] if got is not None and got[:2] == (version, tag) else None
 
     def put(self, holder: str, version: int, tag: str, q: np.ndarray | None = None) -> None:
-        self._d[holder] = (version, tag, q)
+        """Remember ``holder``'s q_t at (``version``, ``tag``); a given ``q`` is copied, so a row of a batch's
+        matrix does not keep the whole matrix alive.
+        """
+        self._d[holder] = (version, tag, None if q is None else np.array(q, copy=True))
         self._d.move_to_end(holder)
         if len(self._d) > self.capacity:
             self._d.popitem(last=False)
+
+    def clear(self) -> None:
+        """Forget everything (a challenger that stops or changes leaves nothing behind)."""
+        self._d.clear()

@@ -294,6 +294,11 @@ class ServingConfig(_Section):
         description="with direct_ingress: how often the front reads the replicas' ports again from Serve (a "
         "restarted replica may get another port; until then a refused connection goes to the next replica or to "
         "Serve's proxy)")
+    front_max_connections: int = Field(
+        1024, ge=1, le=65536,
+        description="with direct_ingress: client connections the front holds at once (each costs two threads and "
+        "two file descriptors); one more is reset at once, so a flood of idle connections cannot exhaust the "
+        "process")
     ray_host: str = Field(
         "127.0.0.1", min_length=1,
         description="address Ray's GCS, raylet and workers listen on when `fedfraud serve` starts Ray itself: "

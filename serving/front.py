@@ -65,7 +65,7 @@ class ScoreFront:
     """
 
     def __init__(self, host: str, port: int, proxy: Address, replicas: Callable[[], Sequence[Address]],
-                 refresh_s: float = 1.0, proxy_prefixes: Sequence[str] = ()) -> None:
+                 refresh_s: float = 1.0, proxy_prefixes: Sequence[str] = (), max_connections: int = 1024) -> None:
         self.proxy = proxy
         self.refresh_s = refresh_s
         self.proxy_prefixes = tuple(p.rstrip("/") for p in proxy_prefixes if p.rstrip("/"))
@@ -74,7 +74,7 @@ class ScoreFront:
         self._turn = itertools.count()
         self._stop = threading.Event()
         self._refresher: threading.Thread | None = None
-        self._tcp = TcpProxy(port=port, host=host, route=self._route)
+        self._tcp = TcpProxy(port=port, host=host, route=self._route, max_connections=max_connections)
 
     @property
     def url(self) -> str:

@@ -267,6 +267,7 @@ class HotPath:
                 if self._shadow_tags is not None:
                     with self._lock:
                         self.anomaly.shadow, self._shadow_tags = None, None
+                        self.anomaly.shadow_fresh.clear()
                         self.fraud.set_shadow(None)
                     log.info("shadow stopped (no challenger)")
                 return
@@ -290,6 +291,7 @@ class HotPath:
             return
         with self._lock:
             self.anomaly.shadow = a_model
+            self.anomaly.shadow_fresh.clear()  # the previous challenger's q_t
             self.fraud.set_shadow(f_model)
             self._shadow_tags = tags
         log.info("shadow started anomaly=%s fraud=%s", *tags)

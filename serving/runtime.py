@@ -346,7 +346,8 @@ def _start_front(rt: ServingRuntime, proxy: tuple[str, int]) -> ScoreFront:
     from fedfraud.serving.front import ScoreFront
 
     s = rt.config.serving
-    front = ScoreFront(s.http_host, s.http_port, proxy, rt.direct_addresses, s.front_refresh_s, (TOKENIZER_PREFIX,))
+    front = ScoreFront(s.http_host, s.http_port, proxy, rt.direct_addresses, s.front_refresh_s, (TOKENIZER_PREFIX,),
+                       s.front_max_connections)
     try:
         return front.start()
     except OSError as exc:

@@ -16,6 +16,7 @@ either sees a complete version or none. Serving loads models only through
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -44,6 +45,13 @@ ALIASES = ("champion", "challenger")
 #: The command that publishes each kind, named in the error for an empty registry.
 TRAIN_COMMANDS = {"anomaly": "fedfraud train anomaly", "fraud": "fedfraud train fraud",
                   "tokenizer": "fedfraud tokenizer train", "hin2vec": "fedfraud train embeddings"}
+
+
+def _taken(exc: BaseException) -> bool:
+    """The rename failed because the version folder exists (another publisher took that number): retry with the
+    next. A full disk or a permission error is raised at once.
+    """
+    return isinstance(exc, OSError) and exc.errno in (errno.EEXIST, errno.ENOTEMPTY)
 
 
 @contextmanager
@@ -320,7 +328,7 @@ class ModelRegistry:
         try:
             yield staging
             # a concurrent publisher that took the next number makes the rename fail: take the one after it
-            for attempt in retrying(lambda exc: isinstance(exc, OSError), attempts=100):
+            for attempt in retrying(_taken, attempts=100):
                 with attempt:
                     latest = self.latest(kind)
                     number = (latest.version if latest else 0) + 1

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from fedfraud.serving.anomaly_cache import _RowTable
+from fedfraud.serving.anomaly_cache import FreshCache, _RowTable
 
 
 def _row(i: int, dim: int = 4) -> np.ndarray:
@@ -72,3 +72,15 @@ def test_a_pair_missing_several_times_in_one_call_is_computed_and_stored_once():
     assert asked == [[0, 1, 4]]
     np.testing.assert_array_equal(got, [[0.0], [10.0], [0.0], [0.0], [40.0]])
     assert len(table) == 3 and table._next == 3  # three slots used, not five
+
+
+def test_a_kept_q_t_owns_its_memory_and_clear_forgets_it() -> None:
+    """The challenger's q_t is a row of its batch's matrix: kept as a view, it would keep the whole matrix alive."""
+    batch_q = np.arange(12, dtype=np.float32).reshape(3, 4)
+    fresh = FreshCache(capacity=2)
+    fresh.put("card-a", 1, "anomaly:v2", batch_q[1])
+    kept = fresh.q("card-a", 1, "anomaly:v2")
+    assert kept is not None and kept.base is None and np.array_equal(kept, batch_q[1])
+    assert fresh.q("card-a", 2, "anomaly:v2") is None and fresh.q("card-a", 1, "anomaly:v3") is None
+    fresh.clear()
+    assert fresh.q("card-a", 1, "anomaly:v2") is None

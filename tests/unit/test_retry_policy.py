@@ -85,3 +85,23 @@ def test_a_publish_that_loses_its_number_to_a_concurrent_publisher_takes_the_nex
         (folder / "model.json").write_text("{}", encoding="utf-8")
     reg = ModelRegistry(tmp_path)
     assert [(v.version, v.config["by"]) for v in reg.versions("fraud")] == [(1, "other"), (2, "us")]
+
+
+def test_a_publish_that_cannot_write_its_metadata_fails_at_once_and_publishes_nothing(tmp_path: Path) -> None:
+    """Only a taken version number is retried: a full disk is raised on the first try (it was retried 100 times)."""
+    import errno
+
+    class Full(ModelRegistry):
+        tries = 0
+
+        def latest(self, kind: str) -> Any:
+            Full.tries += 1
+            return super().latest(kind)
+
+    reg = Full(tmp_path)
+    with pytest.raises(OSError) as caught:
+        with reg.publish("fraud", config={}) as folder:
+            (folder / "model.json").write_text("{}", encoding="utf-8")
+            (folder / "metadata.json").mkdir()  # the metadata write then fails (IsADirectoryError), as a full disk
+    assert caught.value.errno not in (errno.EEXIST, errno.ENOTEMPTY)
+    assert Full.tries == 1 and reg.versions("fraud") == []

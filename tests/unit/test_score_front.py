@@ -129,6 +129,50 @@ def test_a_client_that_sends_nothing_then_closes_leaves_nothing_behind(servers) 
         front.stop()
 
 
+def test_a_flood_of_idle_connections_is_capped_and_a_freed_slot_serves_again(servers) -> None:
+    """Each held connection costs threads and descriptors: past ``max_connections`` a new one is reset, and the
+    front keeps accepting once a slot is free (review of issue 42's front)."""
+    front = ScoreFront("127.0.0.1", 0, _address(servers["proxy"]), lambda: [_address(servers["a"])],
+                       max_connections=2).start()
+    host, port = front.url.removeprefix("http://").split(":")
+    idle = [socket.create_connection((host, int(port)), timeout=5) for _ in range(2)]
+    try:
+        for s in idle:
+            s.sendall(b"P")  # one byte: each holds its slot (and its replica connection) until it closes
+        threading.Event().wait(0.3)
+        with pytest.raises(httpx.TransportError):  # a third is reset at once
+            _who(front.url)
+        idle.pop().close()
+        deadline = threading.Event()
+        for _ in range(50):  # the closed connection's pumps end, and its slot comes back
+            try:
+                assert _who(front.url) == "a"
+                break
+            except httpx.TransportError:
+                deadline.wait(0.1)
+        else:
+            pytest.fail("the freed slot never served a new connection")
+    finally:
+        for s in idle:
+            s.close()
+        front.stop()
+
+
+def test_a_client_that_half_closes_after_its_request_still_gets_the_response(servers) -> None:
+    front = ScoreFront("127.0.0.1", 0, _address(servers["proxy"]), lambda: [_address(servers["a"])]).start()
+    host, port = front.url.removeprefix("http://").split(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=5) as s:
+            s.sendall(b"POST /score HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}")
+            s.shutdown(socket.SHUT_WR)
+            answer = b""
+            while chunk := s.recv(65536):
+                answer += chunk
+        assert answer.startswith(b"HTTP/1.1 200") and answer.endswith(b"a /score 2")
+    finally:
+        front.stop()
+
+
 @pytest.mark.parametrize(("first", "path"), [
     (b"POST /score HTTP/1.1\r\nHost: x\r\n\r\n{}", "/score"),
     (b"GET /tokenizer/tokenize?x=1 HTTP/1.1\r\n", "/tokenizer/tokenize?x=1"),
