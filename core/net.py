@@ -33,6 +33,11 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def host_port(host: str, port: int) -> str:
+    """``host:port`` as a URL or gRPC target writes it (an IPv6 address in brackets)."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that was free a moment ago (the OS picks it)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:

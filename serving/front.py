@@ -36,6 +36,7 @@ import logging
 import threading
 from collections.abc import Callable, Sequence
 
+from fedfraud.core.net import host_port
 from fedfraud.core.tcpproxy import TcpProxy
 
 __all__ = ["ScoreFront", "first_path"]
@@ -78,8 +79,7 @@ class ScoreFront:
 
     @property
     def url(self) -> str:
-        host = f"[{self._tcp.host}]" if ":" in self._tcp.host else self._tcp.host
-        return f"http://{host}:{self._tcp.port}"
+        return f"http://{host_port(self._tcp.host, self._tcp.port)}"
 
     @property
     def targets(self) -> tuple[Address, ...]:

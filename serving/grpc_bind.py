@@ -20,7 +20,7 @@ import logging
 import os
 from typing import Any
 
-from fedfraud.core.net import LOOPBACK
+from fedfraud.core.net import LOOPBACK, host_port
 
 __all__ = ["WILDCARD_HOSTS", "confine_replica_grpc", "replica_grpc_host"]
 
@@ -72,7 +72,7 @@ def confine_replica_grpc(host: str | None = None) -> str:
     def add_insecure_port(self: Any, address: str) -> int:
         bind_host, port = _split(address)
         if bind_host in WILDCARD_HOSTS:
-            confined = f"[{target}]:{port}" if ":" in target else f"{target}:{port}"
+            confined = host_port(target, port)
             log.debug("gRPC server asked for %s; binding %s", address, confined)
             address = confined
         return int(original(self, address))

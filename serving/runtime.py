@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from fedfraud.core.credentials import bearer_headers
 from fedfraud.core.errors import UserError
-from fedfraud.core.net import LOOPBACK, free_port, ray_bind
+from fedfraud.core.net import LOOPBACK, free_port, host_port, ray_bind
 from fedfraud.serving.app import APP_NAME, ScoringArgs, build_app
 from fedfraud.serving.auth import api_token, check_open_http
 from fedfraud.serving.kafka.broker import EmbeddedBroker
@@ -311,7 +311,7 @@ def start(
                            **({"anomaly_loader": anomaly_loader} if anomaly_loader else {}))
         t0 = time.perf_counter()
         handle = serve.run(build_app(args), name=APP_NAME, route_prefix="/")
-        proxy_url = f"http://{f'[{proxy[0]}]' if ':' in proxy[0] else proxy[0]}:{proxy[1]}"
+        proxy_url = f"http://{host_port(*proxy)}"
         if consume:
             _wait_ready(proxy_url, timeout_s=120.0)
         _mount_tokenizer(s.registry_root, s.auth, s.guards.http_max_body_bytes)

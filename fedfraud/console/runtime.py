@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from fedfraud.console.cases import CaseBuilder
 from fedfraud.console.index import OffsetReader, TopicIndex
 from fedfraud.console.labels import LabelWriter
+from fedfraud.core.net import host_port
 from fedfraud.console.web import Console, create_app
 from fedfraud.core.errors import UserError
 
@@ -108,8 +109,7 @@ class ConsoleServer:
 
     @property
     def url(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}"
+        return f"http://{host_port(self.host, self.port)}"
 
     def start(self, timeout_s: float = 20.0) -> ConsoleServer:
         self._thread = threading.Thread(target=self._server.run, name="console-http", daemon=True)
