@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
-from fedfraud.bench.machine import load_average
+from fedfraud.bench.harness import load_average
 
 if TYPE_CHECKING:
     from fedfraud.config import FedfraudConfig

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from fedfraud.bench.machine import load_average
+from fedfraud.bench.harness import load_average
 
 __all__ = ["EncoderBench", "PathTiming", "count_torch_ops", "run_encoder_bench"]
 

@@ -13,7 +13,7 @@ Two attacks by a server that holds the embeddings (and the published model), eac
    an attacker who also holds the graph, so stronger than one holding embeddings only), and the embedding's norm
    (embeddings only). ROC-AUC against 0.5.
 
-Intervals: 95 % bootstrap over cardholders (:mod:`fedfraud.bench.intervals`).
+Intervals: 95 % bootstrap over cardholders (:mod:`fedfraud.bench.harness`).
 """
 
 from __future__ import annotations

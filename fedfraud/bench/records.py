@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from fedfraud.bench.machine import load_average
+from fedfraud.bench.harness import load_average
 
 __all__ = [
     "MORE", "README_BEGIN", "README_END", "ROOT", "build_record", "latest_records", "render_benchmarks",
