@@ -23,7 +23,7 @@ import numpy as np
 from fedfraud.training.bootstrap import Interval
 
 __all__ = ["TrainedRunsBench", "blocks", "fraud_incidents", "load_average", "loads_now", "machine_line", "met",
-           "paired_difference_rows", "signed", "table", "test_line",
+           "paired_difference_rows", "rounded", "signed", "table", "test_line",
            "timing_lines"]
 
 RunT = TypeVar("RunT")
@@ -49,6 +49,12 @@ def blocks(*parts: str | Sequence[str]) -> str:
 def signed(d: Interval) -> str:
     """A paired difference with its interval, every figure signed: ``+0.012 [-0.003, +0.027]``."""
     return f"{d.value:+.3f} [{d.low:+.3f}, {d.high:+.3f}]"
+
+
+def rounded(i: Interval) -> str:
+    """An interval of errors or rates: 3 decimals below 10, none above (km and hours span both)."""
+    digits = 3 if abs(i.value) < 10 else 0
+    return f"{i.value:.{digits}f} [{i.low:.{digits}f}, {i.high:.{digits}f}]"
 
 
 def met(ok: bool) -> str:
