@@ -26,6 +26,7 @@ import numpy as np
 import pandas as pd
 from sklearn.metrics import roc_auc_score
 
+from fedfraud.bench.harness import signed, table
 from fedfraud.training.bootstrap import Interval, bootstrap_by_group
 from fedfraud.core.errors import UserError
 
@@ -97,21 +98,20 @@ class AblationBench:
     seed_aucs: dict[str, list[float]] = field(default_factory=dict)
     resamples: int = 300
 
-    def _diff(self, name: str, table: dict[str, Interval] | None = None) -> str:
-        """``name − full model`` from ``table`` (default: the pooled rows) as a signed cell, "—" where there is none."""
-        d = (table if table is not None else {k: v["roc_auc"] for k, v in self.rows.items()}).get(
+    def _diff(self, name: str, table_: dict[str, Interval] | None = None) -> str:
+        """``name − full model`` from ``table_`` (default: the pooled rows), signed; "—" where there is none."""
+        d = (table_ if table_ is not None else {k: v["roc_auc"] for k, v in self.rows.items()}).get(
             f"{name} − {FULL_MODEL}")
-        return "—" if d is None else f"{d.value:+.3f} [{d.low:+.3f}, {d.high:+.3f}]"
+        return "—" if d is None else signed(d)
 
-    def _seed_cells(self, name: str) -> str:
-        """The seed-spread cells of one row (empty with one seed): its ROC-AUC range and its per-seed Δ range."""
+    def _seed_cells(self, name: str) -> list[str]:
+        """The seed-spread cells of one row (none with one seed): its ROC-AUC range and its per-seed Δ range."""
         aucs = self.seed_aucs.get(name)
         if not aucs:
-            return ""
+            return []
         full = self.seed_aucs.get(FULL_MODEL, [])
         deltas = [a - f for a, f in zip(aucs, full, strict=False)] if name != FULL_MODEL else []
-        spread = f" {min(aucs):.3f}–{max(aucs):.3f} |"
-        return spread + (f" {min(deltas):+.3f} to {max(deltas):+.3f} |" if deltas else " — |")
+        return [f"{min(aucs):.3f}–{max(aucs):.3f}", f"{min(deltas):+.3f} to {max(deltas):+.3f}" if deltas else "—"]
 
     def _recipe(self) -> str:
         """How each variant was trained, in words, for the table's preamble."""
@@ -122,7 +122,6 @@ class AblationBench:
 
     def to_markdown(self) -> str:
         seeds = len(next(iter(self.seed_aucs.values()), []))
-        seed_head = f" ROC-AUC, {seeds} seeds (min–max) | Δ per seed (min to max) |" if seeds else ""
         lines = [
             f"### Anomaly ablation (`fedfraud bench anomaly-ablation`) on `{self.source}`",
             "",
@@ -135,33 +134,27 @@ class AblationBench:
             + (f" Seed spread: every variant also trained from {seeds} seeds (the tables use the first)."
                if seeds else ""),
             "",
-            "| variant | val ROC-AUC [95% CI] | val PR-AUC [95% CI] | Δ ROC-AUC vs full [95% CI] | train s |"
-            + seed_head,
-            "|---|---|---|---|---|" + ("---|---|" if seeds else ""),
+            *table(["variant", "val ROC-AUC [95% CI]", "val PR-AUC [95% CI]", "Δ ROC-AUC vs full [95% CI]",
+                    "train s", *([f"ROC-AUC, {seeds} seeds (min–max)", "Δ per seed (min to max)"] if seeds else [])],
+                   [*([name, self.rows[name]["roc_auc"], self.rows[name]["pr_auc"], self._diff(name), f"{secs:.0f}",
+                       *self._seed_cells(name)] for name, secs in self.seconds.items()),
+                    *([[f"strongest label-free baseline: `{self.baseline.split(':', 1)[-1]}`",
+                        self.rows[self.baseline]["roc_auc"], self.rows[self.baseline]["pr_auc"],
+                        self._diff(self.baseline), "—", *(["—", "—"] if seeds else [])]] if self.baseline else [])]),
         ]
-        for name, secs in self.seconds.items():
-            m = self.rows[name]
-            lines.append(f"| {name} | {m['roc_auc']} | {m['pr_auc']} | {self._diff(name)} | {secs:.0f} |"
-                         f"{self._seed_cells(name)}")
-        if self.baseline:
-            m = self.rows[self.baseline]
-            lines.append(f"| strongest label-free baseline: `{self.baseline.split(':', 1)[-1]}` | {m['roc_auc']} | "
-                         f"{m['pr_auc']} | {self._diff(self.baseline)} | — |" + (" — | — |" if seeds else ""))
         if self.scenarios:
             names = [*self.seconds, *([self.baseline] if self.baseline else [])]
             scen = sorted(self.scenarios)
+
+            def cell(name: str, s: str) -> str:
+                diff = self._diff(name, self.scenario_diffs.get(s, {}))
+                return f"{self.scenarios[s].get(name, float('nan')):.3f}" + ("" if diff == "—" else f"; Δ {diff}")
+
             lines += ["", "Per scenario (validation ROC-AUC of that scenario's frauds against all legitimate rows; "
                       "Δ vs full with its paired 95% interval):", "",
-                      "| variant | " + " | ".join(f"{s} ({int(self.scenarios[s]['frauds'])} frauds)" for s in scen)
-                      + " |", "|---|" + "---|" * len(scen)]
-            for name in names:
-                cells = []
-                for s in scen:
-                    auc = self.scenarios[s].get(name, float("nan"))
-                    diff = self._diff(name, self.scenario_diffs.get(s, {}))
-                    cells.append(f"{auc:.3f}" + ("" if diff == "—" else f"; Δ {diff}"))
-                label = f"baseline `{name.split(':', 1)[-1]}`" if name == self.baseline else name
-                lines.append(f"| {label} | " + " | ".join(cells) + " |")
+                      *table(["variant", *(f"{s} ({int(self.scenarios[s]['frauds'])} frauds)" for s in scen)],
+                             ([f"baseline `{name.split(':', 1)[-1]}`" if name == self.baseline else name,
+                               *(cell(name, s) for s in scen)] for name in names))]
         return "\n".join(lines + [""])
 
 

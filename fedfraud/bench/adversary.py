@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import logging
 import math
-import platform
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -28,7 +27,9 @@ from pathlib import Path
 from typing import Any
 
 from fedfraud.bench.detection import DETECTION_SETTINGS, bootstrap_splits, ingested, score_split, train_run
-from fedfraud.bench.intervals import TrainedRunsBench, paired_difference_rows
+from fedfraud.bench.harness import (
+    TrainedRunsBench, loads_now, machine_line, paired_difference_rows, table, test_line, timing_lines,
+)
 from fedfraud.training.bootstrap import Interval
 from fedfraud.bench.privacy import rule_dp_keys
 
@@ -94,39 +95,26 @@ class AdversaryBench(TrainedRunsBench[AdversaryRun]):
         listing = ", ".join(f"{k} {v:.3f}" for k, v in sorted(worst.items(), key=lambda kv: -kv[1]))
         return best, f"highest worst-case validation ROC-AUC over the attacks (DP off): {listing}"
 
-    def _grid(self, table: dict[str, dict[str, Interval]], epsilon: float) -> list[str]:
+    def _grid(self, table_: dict[str, dict[str, Interval]], epsilon: float) -> list[str]:
         runs = [r for r in self.runs if r.epsilon == epsilon]
         attacks = list(dict.fromkeys(r.attack for r in runs))
-        rules = list(dict.fromkeys(r.aggregation for r in runs))
-        out = [
-            "| rule | " + " | ".join(f"{_attack_name(a)}: ROC-AUC [95% CI]" for a in attacks) + " |",
-            "|---|" + "---|" * len(attacks),
-        ]
-        by = {(r.aggregation, r.attack): r for r in runs}
-        for rule in rules:
-            cells = []
-            for a in attacks:
-                run = by.get((rule, a))
-                m = table.get(run.name) if run else None
-                cells.append(str(m["roc_auc"]) if m else "—")
-            out.append(f"| {rule} | " + " | ".join(cells) + " |")
-        return out
+        by = {(r.aggregation, r.attack): table_.get(r.name) for r in runs}
+        return table(["rule", *(f"{_attack_name(a)}: ROC-AUC [95% CI]" for a in attacks)],
+                     ([rule, *((m := by.get((rule, a))) and m["roc_auc"] for a in attacks)]
+                      for rule in dict.fromkeys(r.aggregation for r in runs)))
 
-    def _pr_and_diffs(self, table: dict[str, dict[str, Interval]]) -> list[str]:
-        out = ["| model (rule, attack, DP) | PR-AUC [95% CI] |", "|---|---|"]
-        out += [f"| {r.name} | {table[r.name]['pr_auc']} |" for r in self.runs if r.name in table]
-        out += [f"| {n} | {m['pr_auc']} |" for n, m in table.items() if n.startswith("baseline:")]
-        return out + paired_difference_rows(table, "paired difference (attack − none)")
-
-    def _blocks(self, table: dict[str, dict[str, Interval]], with_details: bool) -> list[str]:
+    def _blocks(self, table_: dict[str, dict[str, Interval]], with_details: bool) -> list[str]:
         out: list[str] = []
         for eps in sorted({r.epsilon for r in self.runs}, key=lambda e: (not math.isinf(e), e)):
-            out += [f"**{_dp_name(eps)}** (fraud ROC-AUC of the anomaly score):", "", *self._grid(table, eps), ""]
-        base = [f"| {n} | {m['roc_auc']} |" for n, m in table.items() if n.startswith("baseline:")]
-        out += ["Label-free baselines (no training, no federation):", "", "| baseline | ROC-AUC [95% CI] |",
-                "|---|---|", *base, ""]
+            out += [f"**{_dp_name(eps)}** (fraud ROC-AUC of the anomaly score):", "", *self._grid(table_, eps), ""]
+        base = [(n, m["roc_auc"]) for n, m in table_.items() if n.startswith("baseline:")]
+        out += ["Label-free baselines (no training, no federation):", "",
+                *table(["baseline", "ROC-AUC [95% CI]"], base), ""]
         if with_details:
-            out += [*self._pr_and_diffs(table), ""]
+            prs = [(r.name, table_[r.name]["pr_auc"]) for r in self.runs if r.name in table_]
+            prs += [(n, m["pr_auc"]) for n, m in table_.items() if n.startswith("baseline:")]
+            out += [*table(["model (rule, attack, DP)", "PR-AUC [95% CI]"], prs),
+                    *paired_difference_rows(table_, "paired difference (attack − none)"), ""]
         return out
 
     def _dp_line(self) -> str:
@@ -152,17 +140,15 @@ class AdversaryBench(TrainedRunsBench[AdversaryRun]):
         )
 
     def to_markdown(self) -> str:
-        s, c = self.settings, self.counts
+        s = self.settings
         default, why = self.choose_default()
         return "\n".join(
             [
                 f"## One malicious bank (`fedfraud bench adversary`){self.label}",
                 "",
-                f"Machine: {platform.processor() or platform.machine()}, Python {platform.python_version()}. Data: "
-                f"`{self.source}`, 5 banks, cardholders split 60/15/25 (train/validation/test) as in `fedfraud "
-                f"bench anomaly`. Test: {c.get('test_transactions', 0):,} transactions of "
-                f"{c.get('test_cardholders', 0)} cardholders, **{c.get('test_frauds', 0):,} frauds in "
-                f"{c.get('test_incidents', 0)} incidents**. FedProx clients (μ = {s.get('proximal-mu')}), all 5 "
+                f"{machine_line()} Data: `{self.source}`, 5 banks, cardholders split 60/15/25 (train/validation/test) "
+                f"as in `fedfraud bench anomaly`. {test_line(self.counts)} FedProx clients "
+                f"(μ = {s.get('proximal-mu')}), all 5 "
                 f"banks every round, readout `{s.get('readout')}`, pooling `{s.get('pooling')}`, {s.get('rounds')} "
                 f"rounds × {s.get('local-epochs')} local epochs × {s.get('samples-per-epoch')} transitions, batch "
                 f"{s.get('batch-size')}; round selected on validation loss. Malicious bank: bank "
@@ -180,7 +166,7 @@ class AdversaryBench(TrainedRunsBench[AdversaryRun]):
                 *self._blocks(self.val, with_details=False),
                 "### Training time",
                 "",
-                *[f"- {r.name}: {r.wall_seconds:.0f} s" for r in self.runs],
+                *timing_lines({r.name: r.wall_seconds for r in self.runs}),
                 "",
                 f"**Default rule: {default}**: {why}.",
                 "",
@@ -284,27 +270,25 @@ class SecAggCost:
     def to_markdown(self) -> str:
         s = self.settings
 
-        def row(name: str, xs: list[float]) -> str:
-            rounds = ", ".join(f"{x:.1f}" for x in xs)
-            return f"| {name} | {rounds} | {sum(xs) / len(xs):.1f} |"
+        def row(name: str, xs: list[float]) -> tuple[str, str, str]:
+            return name, ", ".join(f"{x:.1f}" for x in xs), f"{sum(xs) / len(xs):.1f}"
 
         ratio = (sum(self.secure) / len(self.secure)) / (sum(self.plain) / len(self.plain))
         return "\n".join(
             [
                 "## SecAgg+ for the anomaly model: cost per round (`fedfraud bench secagg`)",
                 "",
-                f"Machine: {platform.processor() or platform.machine()}, Python {platform.python_version()}. Data: "
-                f"`{self.source}`, {self.banks} banks, all in every round; the model of the adversary bench "
+                f"{machine_line()} Data: `{self.source}`, {self.banks} banks, all in every round; the model of the "
+                "adversary bench "
                 f"(pooling `{s.get('pooling')}`, {s.get('encoder-merchant-buckets'):,} merchant buckets), "
                 f"{s.get('local-epochs')} local epoch × {s.get('samples-per-epoch')} transitions per round. Both runs "
                 "on Flower's legacy path (SecAgg+ exists only there in flwr 1.41), same seeds; a round is timed "
                 "from configure_fit to the end of aggregate_fit. Load average at start / end: "
                 f"{self.load[0]} / {self.load[1]}.",
                 "",
-                "| path | wall s per round | mean |",
-                "|---|---|---:|",
-                row("plain (server sees each bank's model)", self.plain),
-                row("SecAgg+ (server sees only the sum)", self.secure),
+                *table(["path", "wall s per round", "mean"], [row("plain (server sees each bank's model)", self.plain),
+                                                              row("SecAgg+ (server sees only the sum)", self.secure)],
+                       "llr"),
                 "",
                 f"SecAgg+ / plain: ×{ratio:.2f}. Largest difference between the two final global models: "
                 f"{self.max_difference:.2e} (SecAgg+'s quantization; the same local training otherwise).",
@@ -317,8 +301,6 @@ def run_secagg_cost(
     csv: Path | None, work: Path, rounds: int = 2, overrides: dict[str, Any] | None = None, data: Path | None = None
 ) -> SecAggCost:
     """Time ``rounds`` rounds of the federation with and without SecAgg+ on the ingested data under ``work``."""
-    import os
-
     import numpy as np
 
     from fedfraud.training.federated.secagg import run_secagg
@@ -332,10 +314,10 @@ def run_secagg_cost(
         "publish": False,
     }
     settings = RunSettings.from_flat(flat)
-    start = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    start = loads_now()
     plain = run_secagg(settings, secagg=False)
     secure = run_secagg(settings, secagg=True)
-    end = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    end = loads_now()
     diff = max(float(np.abs(a - b).max()) for a, b in zip(plain.final, secure.final, strict=True))
     return SecAggCost(str(csv or data), flat, plain.banks, plain.seconds_per_round, secure.seconds_per_round, diff,
                       (start, end))

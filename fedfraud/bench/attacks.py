@@ -46,8 +46,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
-import platform
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -59,6 +57,7 @@ import pandas as pd
 
 from fedfraud.bench.adversary import reused
 from fedfraud.bench.detection import DETECTION_SETTINGS, ingested, train_run
+from fedfraud.bench.harness import loads_now, machine_line, table, timing_lines
 from fedfraud.training.bootstrap import Interval, bootstrap_by_group
 from fedfraud.bench.gradient_inversion import CONTROL_SIGMA, GRAPHS, LR, RESTARTS, STEPS, GradientInversion
 from fedfraud.bench.inversion import GRID_DEG, INVERSION_ROWS, InversionBound
@@ -480,22 +479,19 @@ class AttacksBench:
     gradient_only: bool = False
 
     def _membership_table(self) -> list[str]:
-        out = [
-            "| released model | DP (card) | SecAgg+ | attack ROC-AUC [95% CI] | members / non-members | mean score "
-            "members / non-members |",
-            "|---|---|---|---|---|---|",
-        ]
-        for r in [*self.membership, *([self.control] if self.control else [])]:
+        def row(r: MembershipResult) -> list[object]:
             c = r.card
-            on = c.get("dp") == "on"
-            dp = f"z = {c['noise_multiplier']:.3f}, ε = {c['epsilon']:.3f}" if on else "off"
+            dp = f"z = {c['noise_multiplier']:.3f}, ε = {c['epsilon']:.3f}" if c.get("dp") == "on" else "off"
             secagg = "no effect (the attack reads the released model)"
             if r.setting == CONTROL:
                 dp = secagg = "—"
-            out.append(f"| {r.setting} | {dp} | {secagg} | {r.auc} | "
-                       f"{r.members} / {r.non_members} | {r.member_score:.4f} / {r.non_member_score:.4f} |")
-        out.append("| no-information baseline (a coin) | — | — | 0.500 | — | — |")
-        return out
+            return [r.setting, dp, secagg, r.auc, f"{r.members} / {r.non_members}",
+                    f"{r.member_score:.4f} / {r.non_member_score:.4f}"]
+
+        return table(["released model", "DP (card)", "SecAgg+", "attack ROC-AUC [95% CI]", "members / non-members",
+                      "mean score members / non-members"],
+                     [*map(row, [*self.membership, *([self.control] if self.control else [])]),
+                      ["no-information baseline (a coin)", "—", "—", "0.500", "—", "—"]])
 
     def _histogram_intro(self) -> str:
         h, s = self.histograms, self.settings
@@ -519,34 +515,26 @@ class AttacksBench:
         if h is None:
             return []
         feats = h.features
-        out = [
-            "| what the server has | " + " | ".join(f"TV to the bank's `{f}` distribution [95%]" for f in feats)
-            + " |",
-            "|---|" + "---|" * len(feats),
-        ]
-        out += [f"| {k} | " + " | ".join(str(v[f]) for f in feats) + " |" for k, v in h.tv.items()]
-        out += [
+        rows = {bh.bank: bh.rows for bh in h.banks}
+        return [
+            *table(["what the server has", *(f"TV to the bank's `{f}` distribution [95%]" for f in feats)],
+                   ([k, *(v[f] for f in feats)] for k, v in h.tv.items())),
             "",
             "Per bank (no noise): TV of the server's reconstruction / TV of the pooled baseline; training rows.",
             "",
-            "| bank | training rows | requests to the server | "
-            + " | ".join(f"`{f}` reconstruction / pooled" for f in feats) + " |",
-            "|---:|---:|---:|" + "---|" * len(feats),
+            *table(["bank", "training rows", "requests to the server",
+                    *(f"`{f}` reconstruction / pooled" for f in feats)],
+                   ([b, f"{rows[b]:,}", h.messages[b], *(f"{per[f][0]:.1e} / {per[f][1]:.3f}" for f in feats)]
+                    for b, per in h.per_bank.items()), "rrr"),
         ]
-        rows = {bh.bank: bh.rows for bh in h.banks}
-        for b, per in h.per_bank.items():
-            cells = " | ".join(f"{per[f][0]:.1e} / {per[f][1]:.3f}" for f in feats)
-            out.append(f"| {b} | {rows[b]:,} | {h.messages[b]} | {cells} |")
-        return out
 
     def _merchant_table(self) -> list[str]:
         if not self.merchants:
             return ["(no model of this invocation captured its round-1 replies)"]
-        out = ["| model | what the attacker reads | attack ROC-AUC [95% CI] | visited (bank, bucket) pairs / all |",
-               "|---|---|---|---|"]
-        out += [f"| {r.setting} | {r.view} | {r.auc} | {r.visited:,} / {r.pairs:,} |" for r in self.merchants]
-        out.append("| — | no-information baseline (a coin) | 0.500 | — |")
-        return out
+        return table(["model", "what the attacker reads", "attack ROC-AUC [95% CI]",
+                      "visited (bank, bucket) pairs / all"],
+                     [*([r.setting, r.view, r.auc, f"{r.visited:,} / {r.pairs:,}"] for r in self.merchants),
+                      ["—", "no-information baseline (a coin)", "0.500", "—"]])
 
     def _inversion_section(self) -> list[str]:
         v = self.inversion
@@ -605,40 +593,27 @@ class AttacksBench:
 
     def to_markdown(self) -> str:
         s = self.settings
+        only = ("--gradient-inversion-only", "1–4") if self.gradient_only else (
+            "--inversion-only", "1–3") if self.inversion_only else None
+        flag = f" {only[0]}" if only else ""
+        skipped = f" Sections {only[1]} not run (`{only[0]}`)." if only else ""
+        head = [
+            f"## Attacks on what leaves a bank (`fedfraud bench attacks{flag}`){self.label}",
+            "",
+            f"{machine_line()} Data: `{self.source}`, 5 banks (hash partition by cardholder). Load average at start / "
+            f"end: {self.load[0]} / {self.load[1]}.{skipped}",
+            "",
+        ]
+        inversion = ["### 4. What a perfect inversion of an update recovers: the LDP bound (the thesis's divergence "
+                     "condition)", "", *self._inversion_section(), ""]
+        gradient = ["### 5. An iterative gradient-inversion attack on the anomaly model's update", "",
+                    *self._gradient_section(), ""]
         if self.gradient_only:
-            return "\n".join([
-                f"## Attacks on what leaves a bank (`fedfraud bench attacks --gradient-inversion-only`){self.label}",
-                "",
-                f"Machine: {platform.processor() or platform.machine()}, Python {platform.python_version()}. Data: "
-                f"`{self.source}`, 5 banks (hash partition by cardholder). Load average at start / end: "
-                f"{self.load[0]} / {self.load[1]}. Sections 1–4 not run (`--gradient-inversion-only`).",
-                "",
-                "### 5. An iterative gradient-inversion attack on the anomaly model's update",
-                "",
-                *self._gradient_section(),
-                "",
-            ])
+            return "\n".join([*head, *gradient])
         if self.inversion_only:
-            return "\n".join([
-                f"## Attacks on what leaves a bank (`fedfraud bench attacks --inversion-only`){self.label}",
-                "",
-                f"Machine: {platform.processor() or platform.machine()}, Python {platform.python_version()}. Data: "
-                f"`{self.source}`, 5 banks (hash partition by cardholder). Load average at start / end: "
-                f"{self.load[0]} / {self.load[1]}. Sections 1–3 not run (`--inversion-only`).",
-                "",
-                "### 4. What a perfect inversion of an update recovers: the LDP bound (the thesis's divergence "
-                "condition)",
-                "",
-                *self._inversion_section(),
-                "",
-            ])
+            return "\n".join([*head, *inversion])
         return "\n".join([
-            f"## Attacks on what leaves a bank (`fedfraud bench attacks`){self.label}",
-            "",
-            f"Machine: {platform.processor() or platform.machine()}, Python {platform.python_version()}. Data: "
-            f"`{self.source}`, 5 banks (hash partition by cardholder). Load average at start / end: "
-            f"{self.load[0]} / {self.load[1]}.",
-            "",
+            *head,
             "### 1. Membership inference on cardholders (anomaly model, loss-threshold attack)",
             "",
             "The attacker holds a released global model and a cardholder's transactions (their first "
@@ -674,17 +649,11 @@ class AttacksBench:
             "",
             *self._merchant_table(),
             "",
-            "### 4. What a perfect inversion of an update recovers: the LDP bound (the thesis's divergence condition)",
-            "",
-            *self._inversion_section(),
-            "",
-            "### 5. An iterative gradient-inversion attack on the anomaly model's update",
-            "",
-            *self._gradient_section(),
-            "",
+            *inversion,
+            *gradient,
             "### Time",
             "",
-            *[f"- {k}: {v:.0f} s" for k, v in self.timings.items()],
+            *timing_lines(self.timings),
             "",
         ])
 
@@ -725,16 +694,16 @@ def run_attacks_bench(
     base = {**RunSettings.defaults(), **DETECTION_SETTINGS, **ATTACK_SETTINGS, **(overrides or {})}
     bench = AttacksBench(source=str(csv or data), settings=dict(base), max_per_cardholder=max_per_cardholder,
                          label=label)
-    start = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    start = loads_now()
     if gradient_inversion_only:
         bench.gradient_only = True
         _run_gradient_inversion(bench, data, cfg, gradient_graphs, gradient_search, resamples)
-        bench.load = (start, " ".join(f"{x:.2f}" for x in os.getloadavg()))
+        bench.load = (start, loads_now())
         return bench
     if inversion_only:
         bench.inversion_only = True
         _run_inversion(bench, data, cfg, inversion_rows, resamples)
-        bench.load = (start, " ".join(f"{x:.2f}" for x in os.getloadavg()))
+        bench.load = (start, loads_now())
         return bench
     models = trained_models(data, work, epsilons, base)
     for name, m in models.items():
@@ -766,7 +735,7 @@ def run_attacks_bench(
         _run_inversion(bench, data, cfg, inversion_rows, resamples)
     if gradient_inversion:
         _run_gradient_inversion(bench, data, cfg, gradient_graphs, gradient_search, resamples)
-    bench.load = (start, " ".join(f"{x:.2f}" for x in os.getloadavg()))
+    bench.load = (start, loads_now())
     return bench
 
 

@@ -36,6 +36,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fedfraud.bench.harness import table
 from fedfraud.core.tcpproxy import TcpProxy
 
 __all__ = ["MALFORMED", "ChaosResult", "FaultRow", "TcpProxy", "audit", "run_chaos_bench"]
@@ -121,14 +122,12 @@ class ChaosResult:
             f"{self.load_avg:.1f} at start; replay at {self.rate:.0f} tx/s; outages last {self.outage_s:.0f} s. "
             "Counted on the topics.",
             "",
-            "| fault | in | decided | dead-lettered | duplicates marked | unmarked | lost | /healthz red during | "
-            "recovery |",
-            "|---|---:|---:|---:|---:|---:|---:|---|---:|",
+            *table(["fault", "in", "decided", "dead-lettered", "duplicates marked", "unmarked", "lost",
+                    "/healthz red during", "recovery"],
+                   ([r.fault, r.n_in, r.decided, r.dead_lettered, r.marked_duplicates, r.unmarked_duplicates, r.lost,
+                     "n/a" if r.health_red is None else ("yes" if r.health_red else "no"), f"{r.recovery_s:.1f} s"]
+                    for r in self.rows), "lrrrrrrlr"),
         ]
-        for r in self.rows:
-            red = "n/a" if r.health_red is None else ("yes" if r.health_red else "no")
-            lines.append(f"| {r.fault} | {r.n_in} | {r.decided} | {r.dead_lettered} | {r.marked_duplicates} | "
-                         f"{r.unmarked_duplicates} | {r.lost} | {red} | {r.recovery_s:.1f} s |")
         return "\n".join(lines)
 
     def to_dict(self) -> dict[str, Any]:

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
-from fedfraud.bench.machine import load_average
+from fedfraud.bench.harness import load_average, table
 
 if TYPE_CHECKING:
     from fedfraud.config import FedfraudConfig
@@ -131,20 +131,18 @@ class ConsoleBench:
     commit: str = ""
 
     def to_markdown(self) -> str:
+        targets = {"queue first page": f"p95 ≤ {QUEUE_TARGET_MS:.0f} ms", "case view": f"p95 ≤ {CASE_TARGET_MS:.0f} ms"}
         lines = [
             f"### Console latency: {self.decisions:,} decisions in `fraud-decisions` ({self.declines:,} declines)",
             "",
             f"Embedded broker, SQLite online store, console over HTTP on loopback (uvicorn, one process); "
             f"commit {self.commit or '?'}; the index read the topics in {self.index_s:.1f} s.",
             "",
-            "| request | n | p50 ms | p95 ms | max ms | target |",
-            "|---|---|---|---|---|---|",
+            *table(["request", "n", "p50 ms", "p95 ms", "max ms", "target"],
+                   ([name, f"{r['n']:.0f}", f"{r['p50']:.1f}", f"{r['p95']:.1f}", f"{r['max']:.1f}",
+                     targets.get(name, "reference" if name.startswith("reference") else "")]
+                    for name, r in self.rows.items())),
         ]
-        targets = {"queue first page": f"p95 ≤ {QUEUE_TARGET_MS:.0f} ms",
-                   "case view": f"p95 ≤ {CASE_TARGET_MS:.0f} ms"}
-        for name, r in self.rows.items():
-            target = targets.get(name, "reference" if name.startswith("reference") else "")
-            lines.append(f"| {name} | {r['n']:.0f} | {r['p50']:.1f} | {r['p95']:.1f} | {r['max']:.1f} | {target} |")
         lines += ["", "Load average (`/proc/loadavg`): " + "; ".join(self.loadavg)]
         return "\n".join(lines)
 

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import logging
 import math
-import platform
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,7 +45,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from fedfraud.bench.intervals import fraud_incidents, paired_difference_rows
+from fedfraud.bench.harness import fraud_incidents, machine_line, paired_difference_rows, table, test_line
 from fedfraud.training.bootstrap import Interval, bootstrap_by_group
 from fedfraud.training.data.scenarios import all_finite, load_scenarios, roc_auc, scenario_aucs, scenario_column
 
@@ -101,34 +100,31 @@ class DetectionBench:
     rank_weights: dict[str, float] = field(default_factory=dict)
     resamples: int = 500
 
-    def _rows(self, table: dict[str, dict[str, Interval]], frauds: int | None = None) -> list[str]:
-        count = f" | {frauds:,}" if frauds is not None else ""
-        out = [f"| detector | ROC-AUC [95% CI] | PR-AUC [95% CI]{' | frauds' if count else ''} |",
-               f"|---|---|---{'|---:' if count else ''}|"]
-        for name, m in table.items():
-            if "pr_auc" in m:
-                mark = " (chosen on validation)" if name == self.baseline else ""
-                out.append(f"| {name}{mark} | {m['roc_auc']} | {m['pr_auc']}{count} |")
-        return out + paired_difference_rows(table, "paired difference")
+    def _rows(self, table_: dict[str, dict[str, Interval]], frauds: int | None = None) -> list[str]:
+        count = [] if frauds is None else [f"{frauds:,}"]
+        rows = [[f"{name}{' (chosen on validation)' if name == self.baseline else ''}", m["roc_auc"], m["pr_auc"],
+                 *count] for name, m in table_.items() if "pr_auc" in m]
+        return (table(["detector", "ROC-AUC [95% CI]", "PR-AUC [95% CI]", *(["frauds"] if count else [])], rows, "lllr")
+                + paired_difference_rows(table_, "paired difference"))
 
     def _split_section(self, split: str, heading: str) -> list[str]:
         """One split's table, its paired differences and, with scenario labels, its per-scenario ROC-AUCs."""
-        table = self.test if split == "test" else self.val
-        if not table:
+        table_ = self.test if split == "test" else self.val
+        if not table_:
             return [f"### {heading}", "", "Not evaluated in this run.", ""]
         c = self.counts
         lines = [f"### {heading}", "",
                  f"{c.get(f'{split}_transactions', 0):,} transactions of {c.get(f'{split}_cardholders', 0)} "
                  f"cardholders, {c.get(f'{split}_frauds', 0):,} frauds in {c.get(f'{split}_incidents', 0)} "
-                 "incidents.", "", *self._rows(table, c.get(f"{split}_frauds")), ""]
+                 "incidents.", "", *self._rows(table_, c.get(f"{split}_frauds")), ""]
         scen = self.scenario_aucs.get(split)
         if scen:
             detectors = [d for d in next(iter(scen.values())) if d != "frauds"]
             lines += ["Per fraud scenario (each scenario's frauds against all legitimate transactions), ROC-AUC:", "",
-                      "| scenario | frauds | " + " | ".join(detectors) + " |",
-                      "|---|---:|" + "---:|" * len(detectors),
-                      *[f"| {k} | {int(v['frauds']):,} | " + " | ".join(f"{v[d]:.3f}" for d in detectors) + " |"
-                        for k, v in scen.items()], ""]
+                      *table(["scenario", "frauds", *detectors], ([k, f"{int(v['frauds']):,}",
+                                                                   *(f"{v[d]:.3f}" for d in detectors)]
+                                                                  for k, v in scen.items()),
+                             "l" + "r" * (len(detectors) + 1)), ""]
         return lines
 
     def targets(self) -> list[str]:
@@ -176,14 +172,12 @@ class DetectionBench:
         else:
             models = "No model trained (`--skip-model`): label-free baselines only."
         weights = ", ".join(f"{k} × {v:g}" for k, v in self.rank_weights.items()) or "equal"
-        test_line = (f"Test: {c.get('test_transactions', 0):,} transactions of {c.get('test_cardholders', 0)} "
-                     f"cardholders, **{c.get('test_frauds', 0):,} frauds in {c.get('test_incidents', 0)} "
-                     "incidents**. ") if self.test else "Test split not evaluated. "
+        tested = test_line(c) + " " if self.test else "Test split not evaluated. "
         lines = [
             "## Label-free anomaly score on third-party data (`fedfraud bench anomaly`)",
             "",
-            f"Machine: {platform.processor() or platform.machine()}, Python {platform.python_version()}. Data: "
-            f"`{self.source}`, 5 banks, split by cardholder 60/15/25 (train/validation/test). {test_line}{models} "
+            f"{machine_line()} Data: `{self.source}`, 5 banks, split by cardholder 60/15/25 (train/validation/test). "
+            f"{tested}{models} "
             f"Intervals: 95% bootstrap over cardholders, {self.resamples} paired resamples. Labels are used only "
             "here. Baselines are causal (a transaction's score reads only its cardholder's earlier rows and "
             "statistics each bank fits on its training cardholders); the rank combination's weights "

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from fedfraud.bench.machine import load_average
+from fedfraud.bench.harness import load_average, table
 
 __all__ = ["EncoderBench", "PathTiming", "count_torch_ops", "run_encoder_bench"]
 
@@ -66,16 +66,12 @@ class EncoderBench:
             f"the dense path up to {self.dense_max} graphs per call (`GraphEncoder.DENSE_MAX_GRAPHS`); "
             "above it this table times the dense path anyway.",
             "",
-            "| threads | graphs/call | sparse p50 ms | sparse p99 ms | dense p50 ms | dense p99 ms | p50 ratio "
-            "| p99 ratio | torch ops sparse → dense | max abs diff |",
-            "|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|",
+            *table(["threads", "graphs/call", "sparse p50 ms", "sparse p99 ms", "dense p50 ms", "dense p99 ms",
+                    "p50 ratio", "p99 ratio", "torch ops sparse → dense", "max abs diff"],
+                   ([r.threads, r.graphs, f"{r.sparse_p50:.2f}", f"{r.sparse_p99:.2f}", f"{r.dense_p50:.2f}",
+                     f"{r.dense_p99:.2f}", f"{r.sparse_p50 / r.dense_p50:.1f}×", f"{r.sparse_p99 / r.dense_p99:.1f}×",
+                     f"{r.sparse_ops} → {r.dense_ops}", f"{r.max_abs_diff:.1e}"] for r in self.rows), "rrrrrrrrlr"),
         ]
-        for r in self.rows:
-            lines.append(
-                f"| {r.threads} | {r.graphs} | {r.sparse_p50:.2f} | {r.sparse_p99:.2f} | {r.dense_p50:.2f} "
-                f"| {r.dense_p99:.2f} | {r.sparse_p50 / r.dense_p50:.1f}× | {r.sparse_p99 / r.dense_p99:.1f}× "
-                f"| {r.sparse_ops} → {r.dense_ops} | {r.max_abs_diff:.1e} |"
-            )
         lines += ["", "Load average (`/proc/loadavg`): " + "; ".join(self.loadavg)]
         return "\n".join(lines)
 

@@ -53,6 +53,7 @@ from typing import Literal, get_args
 
 import numpy as np
 
+from fedfraud.bench.harness import table
 from fedfraud.feature_store.geo import EARTH_RADIUS_KM, bearing_deg, haversine_km
 import pandas as pd
 
@@ -149,24 +150,18 @@ class FeaturesBench:
             "",
             "Noise reading of N(0, δ/ε): *variance* (production, std = sqrt(δ/ε)) or *std* (std = δ/ε).",
             "",
-            "| variant | noise | quantity | pairs | Pearson | Spearman | Kendall | thesis Pearson (Table 4.3) |",
-            "|---|---|---|---:|---:|---:|---:|---:|",
+            *table(["variant", "noise", "quantity", "pairs", "Pearson", "Spearman", "Kendall",
+                    "thesis Pearson (Table 4.3)"],
+                   ([r.variant, r.noise, r.quantity, f"{r.pairs:,}", f"{r.pearson:.3f}", f"{r.spearman:.3f}",
+                     f"{r.kendall:.3f}", None if r.thesis_pearson is None else f"{r.thesis_pearson:.2f}"]
+                    for r in self.fidelity), "lllrrrrr"),
         ]
-        for r in self.fidelity:
-            thesis = f"{r.thesis_pearson:.2f}" if r.thesis_pearson is not None else "—"
-            lines.append(
-                f"| {r.variant} | {r.noise} | {r.quantity} | {r.pairs:,} | {r.pearson:.3f} | {r.spearman:.3f} "
-                f"| {r.kendall:.3f} | {thesis} |"
-            )
-        for title, rows in (("Throughput and latency (one core)", self.throughput), ("Memory", self.memory)):
-            lines += ["", f"### {title}", "", "| measure | value | unit | note |", "|---|---:|---|---|"]
-            lines += [f"| {m.name} | {_fmt(m.value)} | {m.unit} | {m.note} |" for m in rows]
-        lines += ["", "### Ingest (Sparkov CSV → canonical parquet)", ""]
-        if self.ingest:
-            lines += ["| measure | value | unit | note |", "|---|---:|---|---|"]
-            lines += [f"| {m.name} | {_fmt(m.value)} | {m.unit} | {m.note} |" for m in self.ingest]
-        else:
-            lines.append(f"not available: {self.ingest_note}")
+        for title, rows in (("Throughput and latency (one core)", self.throughput), ("Memory", self.memory),
+                            ("Ingest (Sparkov CSV → canonical parquet)", self.ingest)):
+            lines += ["", f"### {title}", ""]
+            lines += table(["measure", "value", "unit", "note"], ([m.name, _fmt(m.value), m.unit, m.note]
+                                                                  for m in rows), "lr") if rows or (
+                rows is not self.ingest) else [f"not available: {self.ingest_note}"]
         return "\n".join(lines) + "\n"
 
 

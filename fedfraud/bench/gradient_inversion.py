@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from fedfraud.bench.harness import rounded, table
 from fedfraud.bench.inversion import nearest
 
 __all__ = [
@@ -257,19 +258,10 @@ class GradientInversion:
         from fedfraud.bench.inversion import LOCATION_STATS
 
         stats = list(LOCATION_STATS)
-        out = ["| what the attacker decodes | model | feature LDP | B | targets | gradient distance start → end "
-               f"(median) | {' | '.join(s + ' [95% CI]' for s in stats)} |",
-               "|---|---|---|---:|---|---|" + "---|" * len(stats)]
-        for r in self.rows:
-            cells = " | ".join(_fmt(r["errors"][s]) for s in stats)
-            out.append(f"| {r['label']} | {r['model']} | {r['view']} | {r['batch']} | {r['targets']} | "
-                       f"{r['distance']} | {cells} |")
-        return out
-
-
-def _fmt(i: Any) -> str:
-    digits = 3 if abs(i.value) < 10 else 0
-    return f"{i.value:.{digits}f} [{i.low:.{digits}f}, {i.high:.{digits}f}]"
+        return table(["what the attacker decodes", "model", "feature LDP", "B", "targets",
+                      "gradient distance start → end (median)", *(s + " [95% CI]" for s in stats)],
+                     ([r["label"], r["model"], r["view"], r["batch"], r["targets"], r["distance"],
+                       *(rounded(r["errors"][s]) for s in stats)] for r in self.rows), "lllr")
 
 
 def _train_briefly(model: Any, pool: Sequence[InversionSample], view: str, steps: int, seed: int) -> None:

@@ -13,7 +13,7 @@ Two attacks by a server that holds the embeddings (and the published model), eac
    an attacker who also holds the graph, so stronger than one holding embeddings only), and the embedding's norm
    (embeddings only). ROC-AUC against 0.5.
 
-Intervals: 95 % bootstrap over cardholders (:mod:`fedfraud.bench.intervals`).
+Intervals: 95 % bootstrap over cardholders (:mod:`fedfraud.bench.harness`).
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from fedfraud.bench.harness import table
 from fedfraud.training.bootstrap import Interval, bootstrap_by_group, bootstrap_statistics
 
 __all__ = ["Hin2VecAttacks", "linkage_top1", "run_hin2vec_attacks"]
@@ -58,13 +59,11 @@ class Hin2VecAttacks:
         n = max(self.linked, 1)
         lines = [f"### Attacks on G-HIN2Vec embeddings: {self.label} (`fedfraud bench attacks --hin2vec-only`)", "",
                  f"Model {self.info.get('model')}; {self.info.get('seconds', 0):.0f} s.", "",
-                 "| attack | success [95% CI] | chance |", "|---|---:|---:|"]
-        for name, iv in self.linkage.items():
-            lines.append(f"| linkage, period 1 → period 2, top-1 ({name}; {self.linked} cardholders) | {iv} | "
-                         f"{1 / n:.4f} |")
-        for name, iv in self.membership.items():
-            lines.append(f"| membership ROC-AUC ({name}; {self.members} members, {self.non_members} non-members) | "
-                         f"{iv} | 0.500 |")
+                 *table(["attack", "success [95% CI]", "chance"], [
+                     *((f"linkage, period 1 → period 2, top-1 ({name}; {self.linked} cardholders)", iv, f"{1 / n:.4f}")
+                       for name, iv in self.linkage.items()),
+                     *((f"membership ROC-AUC ({name}; {self.members} members, {self.non_members} non-members)", iv,
+                        "0.500") for name, iv in self.membership.items())], "lrr")]
         return "\n".join(lines) + "\n"
 
 

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from fedfraud.bench.harness import rounded, table
 from fedfraud.training.bootstrap import Interval, bootstrap_statistics
 
 __all__ = [
@@ -210,23 +211,12 @@ class InversionBound:
     def to_markdown_lines(self) -> list[str]:
         """The section's tables, in the format of the bench's other tables."""
         stats = list(LOCATION_STATS)
-        out = [f"| what the attacker decodes | candidates | {' | '.join(s + ' [95% CI]' for s in stats)} |",
-               "|---|---|" + "---|" * len(stats)]
-        for key, row in self.location.items():
-            view, cands = key.split(" @ ")
-            out.append(f"| {view} | {cands} | " + " | ".join(_fmt(row[s]) for s in stats) + " |")
         tstats = ["hour-of-day accuracy", "time-of-day error median h", "time-of-day error p90 h",
                   "timestamp error median h"]
-        out += ["", f"| what the attacker decodes | {' | '.join(s + ' [95% CI]' for s in tstats)} |",
-                "|---|" + "---|" * len(tstats)]
-        for view, row in self.time.items():
-            out.append(f"| {view} | " + " | ".join(_fmt(row[s]) for s in tstats) + " |")
-        return out
-
-
-def _fmt(i: Interval) -> str:
-    digits = 3 if abs(i.value) < 10 else 0
-    return f"{i.value:.{digits}f} [{i.low:.{digits}f}, {i.high:.{digits}f}]"
+        return [*table(["what the attacker decodes", "candidates", *(s + " [95% CI]" for s in stats)],
+                       ([*key.split(" @ "), *(rounded(row[s]) for s in stats)] for key, row in self.location.items())),
+                "", *table(["what the attacker decodes", *(s + " [95% CI]" for s in tstats)],
+                           ([view, *(rounded(row[s]) for s in tstats)] for view, row in self.time.items()))]
 
 
 def inversion_bound(

@@ -18,6 +18,8 @@ from typing import Any
 
 import numpy as np
 
+from fedfraud.bench.harness import blocks, table
+
 __all__ = ["MerchantRiskAB", "run_merchant_risk_ab"]
 
 log = logging.getLogger(__name__)
@@ -35,19 +37,17 @@ class MerchantRiskAB:
 
     def to_markdown(self) -> str:
         loads = sorted({b["offered"] for b in self.blocks})
-        lines = ["### Merchant risk on the hot path, same run A/B (`fedfraud bench serving --merchant-risk-ab`)", "",
-                 f"Online store {self.store}; load average {self.load_avg[0]:.1f} at start, {self.load_avg[1]:.1f} at "
-                 "end. Each cell: p99 of every block (ms), then the median p50 / p99.", "",
-                 "| offered tx/s | variant | p99 per block | median p50 / p99 |", "|---|---|---|---|"]
-        for load in loads:
-            for v in VARIANTS:
-                mine = [b for b in self.blocks if b["offered"] == load and b["variant"] == v]
-                if not mine:
-                    continue
-                p99 = [b["p99_ms"] for b in mine]
-                lines.append(f"| {load:,.0f} | {v} | {', '.join(f'{x:.1f}' for x in p99)} | "
-                             f"{np.median([b['p50_ms'] for b in mine]):.1f} / {np.median(p99):.1f} |")
-        return "\n".join(lines) + "\n"
+        cells = [(load, v, [b for b in self.blocks if b["offered"] == load and b["variant"] == v])
+                 for load in loads for v in VARIANTS]
+        rows = [(f"{load:,.0f}", v, ", ".join(f"{b['p99_ms']:.1f}" for b in mine),
+                 f"{np.median([b['p50_ms'] for b in mine]):.1f} / {np.median([b['p99_ms'] for b in mine]):.1f}")
+                for load, v, mine in cells if mine]
+        start, end = self.load_avg
+        return blocks("### Merchant risk on the hot path, same run A/B "
+                      "(`fedfraud bench serving --merchant-risk-ab`)",
+                      f"Online store {self.store}; load average {start:.1f} at start, {end:.1f} at end. Each "
+                      "cell: p99 of every block (ms), then the median p50 / p99.",
+                      table(["offered tx/s", "variant", "p99 per block", "median p50 / p99"], rows))
 
 
 def _merchant_model(reg: Any, train: Any, cfg: Any) -> None:
@@ -90,20 +90,17 @@ def run_merchant_risk_ab(config: Any = None, rounds: int = 2, loads: tuple[float
     """Alternate A and B ``rounds`` times; each block warms up, then replays ``seconds`` at each offered load."""
     import os
 
-    from fedfraud.bench.serving import COLUMNS, load_block, publish_bench_models
+    from fedfraud.bench.serving import bench_frame, load_block, publish_bench_models
     from fedfraud.config import FedfraudConfig
     from fedfraud.serving.auth import per_run_token
     from fedfraud.serving.runtime import start
-    from fedfraud.training.data.config import GeneratorConfig
-    from fedfraud.training.data.synthetic import generate_frame
     from fedfraud.training.registry import ModelRegistry
 
     cfg: FedfraudConfig = config or FedfraudConfig()
     tmp = Path(tempfile.mkdtemp(prefix="fedfraud-bench-merchant-ab-"))
     per_block = 300 + int(sum(loads) * seconds)
     need = 2000 + per_block
-    frame, _ = generate_frame(GeneratorConfig(banks=1, cardholders=max(200, need // 60), days=60, seed=5))
-    frame = frame.sort_values(["timestamp", "transaction_id"]).reset_index(drop=True)[COLUMNS]
+    frame = bench_frame(need)
     train = frame.head(2000)
     registries = {v: ModelRegistry(tmp / f"registry-{k}") for k, v in enumerate(VARIANTS)}
     _merchant_model(registries[VARIANTS[1]], train, cfg)

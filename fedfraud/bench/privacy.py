@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import logging
 import math
-import platform
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -42,7 +41,9 @@ from fedfraud.bench.detection import (
     split_counts,
     train_run,
 )
-from fedfraud.bench.intervals import TrainedRunsBench, paired_difference_rows
+from fedfraud.bench.harness import (
+    TrainedRunsBench, machine_line, paired_difference_rows, table, test_line, timing_lines,
+)
 from fedfraud.training.bootstrap import Interval, bootstrap_by_group
 from fedfraud.feature_store.config import PrivacyConfig
 
@@ -112,43 +113,28 @@ class PrivacyBench(TrainedRunsBench[PrivacyRun]):
             "every card says so"
         )
 
-    def _table(self, table: dict[str, dict[str, Interval]], with_runs: bool) -> list[str]:
-        head = (
-            "| model | noise multiplier z | noise std per coordinate | ε (card) | ROC-AUC [95% CI] | PR-AUC [95% CI] |"
-        )
-        out = (
-            [head, "|---|---:|---:|---:|---|---|"]
-            if with_runs
-            else ["| model | ROC-AUC [95% CI] | PR-AUC [95% CI] |", "|---|---|---|"]
-        )
-        for run in self.runs:
-            m = table.get(run.name)
-            if m is None:
-                continue
-            if with_runs:
-                c = run.card
-                on = c.get("dp") == "on"
-                if on and c.get("noise") == "dsfl":  # Laplace: std √2·b, selected / other coordinates; ε per bank
-                    lap = c["laplace_scale"]
-                    out.append(f"| {run.name} | Laplace | {math.sqrt(2) * lap['selected']:.4f} / "
-                               f"{math.sqrt(2) * lap['other']:.4f} | {c['epsilon_bank']:.3f} (per cardholder "
-                               f"{c['epsilon']:.3f}) | {m['roc_auc']} | {m['pr_auc']} |")
-                    continue
-                z = f"{c['noise_multiplier']:.3f}" if on else "—"
-                std = "—"
-                if on:  # bank level: on the server's mean; cardholder level: on a (bank's or all banks') sum
-                    value = (c["noise_std_sum"] if "noise_std_sum" in c else c["noise_std"][0] if "noise_std" in c
-                             else c["noise_multiplier"] * c["clipping_norm"])
-                    std = f"{value:.4f}"
-                eps = f"{c['epsilon']:.3f}" if on else "∞"
-                out.append(f"| {run.name} | {z} | {std} | {eps} | {m['roc_auc']} | {m['pr_auc']} |")
-            else:
-                out.append(f"| {run.name} | {m['roc_auc']} | {m['pr_auc']} |")
-        for name, m in table.items():
-            if name.startswith("baseline:"):
-                blank = " — | — | — |" if with_runs else ""
-                out.append(f"| {name} |{blank} {m['roc_auc']} | {m['pr_auc']} |")
-        return out + paired_difference_rows(table, "paired difference")
+    def _table(self, table_: dict[str, dict[str, Interval]], with_runs: bool) -> list[str]:
+        rows = [[run.name, *(self._noise(run.card) if with_runs else []), m["roc_auc"], m["pr_auc"]]
+                for run in self.runs if (m := table_.get(run.name)) is not None]
+        rows += [[name, *(["—"] * 3 if with_runs else []), m["roc_auc"], m["pr_auc"]]
+                 for name, m in table_.items() if name.startswith("baseline:")]
+        noise = ["noise multiplier z", "noise std per coordinate", "ε (card)"] if with_runs else []
+        return (table(["model", *noise, "ROC-AUC [95% CI]", "PR-AUC [95% CI]"], rows, "lrrr" if with_runs else "")
+                + paired_difference_rows(table_, "paired difference"))
+
+    @staticmethod
+    def _noise(c: dict[str, Any]) -> list[str]:
+        """A run's noise multiplier, noise std per coordinate and ε from its DP card (— where DP is off)."""
+        if c.get("dp") != "on":
+            return ["—", "—", "∞"]
+        if c.get("noise") == "dsfl":  # Laplace: std √2·b, selected / other coordinates; ε per bank
+            lap = c["laplace_scale"]
+            return ["Laplace", f"{math.sqrt(2) * lap['selected']:.4f} / {math.sqrt(2) * lap['other']:.4f}",
+                    f"{c['epsilon_bank']:.3f} (per cardholder {c['epsilon']:.3f})"]
+        # bank level: on the server's mean; cardholder level: on a (bank's or all banks') sum
+        std = (c["noise_std_sum"] if "noise_std_sum" in c else c["noise_std"][0] if "noise_std" in c
+               else c["noise_multiplier"] * c["clipping_norm"])
+        return [f"{c['noise_multiplier']:.3f}", f"{std:.4f}", f"{c['epsilon']:.3f}"]
 
     def _calibrated(self) -> str:
         cal = self.settings.get("calibrated")
@@ -222,11 +208,8 @@ class PrivacyBench(TrainedRunsBench[PrivacyRun]):
             [
                 f"## Utility of {unit} DP (`fedfraud bench privacy`){self.label}",
                 "",
-                f"Machine: {platform.processor() or platform.machine()}, Python {platform.python_version()}. Data: "
-                f"`{self.source}`, 5 banks, cardholders split 60/15/25 (train/validation/test) as in `fedfraud "
-                f"bench anomaly`. Test: {c.get('test_transactions', 0):,} transactions of "
-                f"{c.get('test_cardholders', 0)} cardholders, **{c.get('test_frauds', 0):,} frauds in "
-                f"{c.get('test_incidents', 0)} incidents**. Federated (FedProx with the server's mean, pinned "
+                f"{machine_line()} Data: `{self.source}`, 5 banks, cardholders split 60/15/25 (train/validation/test) "
+                f"as in `fedfraud bench anomaly`. {test_line(c)} Federated (FedProx with the server's mean, pinned "
                 f"whatever the default rule: the noise below is the mean's; all 5 banks every round), readout "
                 f"`{s.get('readout')}`, pooling `{s.get('pooling')}`, {s.get('rounds')} rounds × "
                 f"{s.get('local-epochs')} local epochs × {s.get('samples-per-epoch')} transitions, batch "
@@ -241,7 +224,7 @@ class PrivacyBench(TrainedRunsBench[PrivacyRun]):
                 "",
                 "### Training time",
                 "",
-                *[f"- {r.name}: {r.wall_seconds:.0f} s" for r in self.runs],
+                *timing_lines({r.name: r.wall_seconds for r in self.runs}),
                 "",
                 f"**Demo default: {_name(default)}**: {why}.",
                 "",

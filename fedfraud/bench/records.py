@@ -20,10 +20,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from fedfraud.bench.machine import load_average
+from fedfraud.bench.harness import load_average
 
 __all__ = [
-    "MORE", "README_BEGIN", "README_END", "ROOT", "build_record", "latest_records", "render_benchmarks",
+    "MORE", "README_BEGIN", "README_END", "ROOT", "build_record", "git", "latest_records", "render_benchmarks",
     "render_readme", "write_pages", "write_record",
 ]
 
@@ -51,8 +51,8 @@ says otherwise: the shared 2-core / 24 GiB machine without GPU, whose speed vari
 """
 
 
-def _git(*args: str) -> str | None:
-    """A git query's output, or None outside a work tree (a record is still worth writing)."""
+def git(*args: str) -> str | None:
+    """A git query's output in this checkout, or None outside a work tree (a record is still worth writing)."""
     try:
         done = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=30, check=True)
     except (OSError, subprocess.SubprocessError):
@@ -117,7 +117,7 @@ def build_record(bench: str, markdown: str, load_before: str, figures: object = 
     """
     now = datetime.now(UTC)
     argv = ["fedfraud", *sys.argv[1:]]
-    status = _git("status", "--porcelain", "--untracked-files=no")
+    status = git("status", "--porcelain", "--untracked-files=no")
     headline = (previous or {}).get("headline")
     return {
         "bench": bench,
@@ -125,7 +125,7 @@ def build_record(bench: str, markdown: str, load_before: str, figures: object = 
         "command": " ".join(argv),
         "date": now.strftime("%Y-%m-%d"),
         "time": now.strftime("%H:%M:%S UTC"),
-        "commit": _git("rev-parse", "--short", "HEAD"),
+        "commit": git("rev-parse", "--short", "HEAD"),
         "dirty": None if status is None else bool(status),
         "machine": _machine(),
         "load": {"before": load_before, "after": load_average()},

@@ -51,6 +51,7 @@ from typing import Any
 
 import numpy as np
 
+from fedfraud.bench.harness import table
 from fedfraud.bench.records import MORE
 
 __all__ = ["BENCH_REDIS_DB", "COLUMNS", "PEER_VARIANTS", "HttpDoorsResult", "PeersResult", "ServingBenchResult",
@@ -89,6 +90,18 @@ class ServingBenchResult:
 
     def to_markdown(self) -> str:
         ratio = self.sustained_tx_s / self.ceiling_tx_s if self.ceiling_tx_s else float("nan")
+        runs = ": " + ", ".join(f"{c:,.0f}" for c in self.ceiling_runs) if self.ceiling_runs else ""
+        targets = {250.0: "p99 ≤ 25 ms", 1000.0: "p99 ≤ 50 ms"}
+        rows = [
+            (f"raw consume→produce ceiling (no scoring, a broker of its own; median of {len(self.ceiling_runs) or 1}"
+             f"{runs})", f"{self.ceiling_tx_s:,.0f} msg/s", ""),
+            (f"max sustained throughput ({self.backlog:,} tx backlog)", f"{self.sustained_tx_s:,.0f} tx/s", "≥ 3,000"),
+            ("ratio to ceiling", f"{ratio:.1%}", "≥ 40%"),
+            *_doors_rows({"front": self.http_front, "direct": self.http_direct, "proxy": self.http}),
+            *((f"p50 / p99 / p99.9 at {r['offered']:,.0f} tx/s offered (achieved {r['achieved']:,.0f})",
+               f"{r['p50_ms']:.1f} / {r['p99_ms']:.1f} / {r.get('p999_ms', float('nan')):.1f} ms",
+               targets.get(r["offered"], "")) for r in self.loads),
+        ]
         lines = [
             "### Streaming scoring (`fedfraud bench serving`)",
             "",
@@ -96,22 +109,8 @@ class ServingBenchResult:
             f"at start), online store {self.store}, {self.replicas} replica(s) on {self.partitions} partition(s), "
             f"models {self.models.get('anomaly', '?')} + {self.models.get('fraud', '?')}.",
             "",
-            "| measure | value | target |",
-            "|---|---|---|",
-            f"| raw consume→produce ceiling (no scoring, a broker of its own; median of {len(self.ceiling_runs) or 1}"
-            f"{': ' + ', '.join(f'{c:,.0f}' for c in self.ceiling_runs) if self.ceiling_runs else ''}) "
-            f"| {self.ceiling_tx_s:,.0f} msg/s | |",
-            f"| max sustained throughput ({self.backlog:,} tx backlog) | {self.sustained_tx_s:,.0f} tx/s | ≥ 3,000 |",
-            f"| ratio to ceiling | {ratio:.1%} | ≥ 40% |",
+            *table(["measure", "value", "target"], rows),
         ]
-        lines += _doors_rows({"front": self.http_front, "direct": self.http_direct, "proxy": self.http})
-        targets = {250.0: "p99 ≤ 25 ms", 1000.0: "p99 ≤ 50 ms"}
-        for row in self.loads:
-            lines.append(
-                f"| p50 / p99 / p99.9 at {row['offered']:,.0f} tx/s offered (achieved {row['achieved']:,.0f}) | "
-                f"{row['p50_ms']:.1f} / {row['p99_ms']:.1f} / {row.get('p999_ms', float('nan')):.1f} ms | "
-                f"{targets.get(row['offered'], '')} |"
-            )
         return ("\n".join(lines) + "\n" + self._profile_markdown() + self._per_load_markdown() + self._cpu_markdown()
                 + _http_markdown(self.http, self.http_profile, "the Serve proxy and its hop to the replica")
                 + _http_markdown(self.http_direct, self.http_direct_profile, "direct ingress: no proxy"))
@@ -124,71 +123,61 @@ class ServingBenchResult:
         names = ("consumer.poll", "consumer.decode", "anomaly.state_read", "anomaly.graphs", "anomaly.gnn_embed",
                  "fraud.state_read", "fraud.features", "fraud.model", "state.kv_write", "state.push",
                  "kafka.produce", "kafka.flush", "consumer.commit")
-        lines = ["", "Per micro-batch at each offered load (wall ms per call; batch = transactions per decode call):",
-                 "", "| offered tx/s | batches | tx/batch | " + " | ".join(names) + " |",
-                 "|---|---|---|" + "---|" * len(names)]
-        for r in rows:
+
+        def row(r: dict[str, Any]) -> list[str]:
             sections = next(iter(r["profile"].values()))
             batches = max(int(sections.get("consumer.decode", {}).get("calls", 0)), 1)
-            cells = [f"{sections[n]['wall_s'] / max(sections[n]['calls'], 1) * 1e3:.1f}" if n in sections else "–"
-                     for n in names]
-            lines.append(f"| {r['offered']:,.0f} | {batches} | {r['n'] / batches:.1f} | " + " | ".join(cells) + " |")
-        return "\n".join(lines) + "\n" + self._split_markdown()
+            return [f"{r['offered']:,.0f}", str(batches), f"{r['n'] / batches:.1f}",
+                    *(f"{sections[n]['wall_s'] / max(sections[n]['calls'], 1) * 1e3:.1f}" if n in sections else "–"
+                      for n in names)]
+
+        return _block("Per micro-batch at each offered load (wall ms per call; batch = transactions per decode call):",
+                      ["offered tx/s", "batches", "tx/batch", *names], map(row, rows)) + self._split_markdown()
 
     def _cpu_markdown(self) -> str:
         """Cores used by each kind of process while each load's records were being sent (the scorer shares them)."""
         rows = [r for r in self.loads if r.get("cpu")]
-        if not rows:
-            return ""
-        roles = ("scoring replicas", "embedded broker", "redis", "Ray and Serve (others)",
-                 "bench (load generator)")
-        lines = ["", f"Cores used while each load's records were being sent (1.00 = one core; this machine has "
-                 f"{self.cpus}; `/proc`, sampled every 0.2 s):", "",
-                 "| offered tx/s | " + " | ".join(roles) + " | all of these |", "|---|" + "---|" * (len(roles) + 1)]
-        for r in rows:
-            cpu = r["cpu"]
-            lines.append(f"| {r['offered']:,.0f} | " + " | ".join(f"{cpu.get(k, 0.0):.2f}" for k in roles)
-                         + f" | {sum(cpu.values()):.2f} |")
-        return "\n".join(lines) + "\n"
+        return _block(f"Cores used while each load's records were being sent (1.00 = one core; this machine has "
+                      f"{self.cpus}; `/proc`, sampled every 0.2 s):", ["offered tx/s", *ROLES, "all of these"],
+                      ([f"{r['offered']:,.0f}", *(f"{r['cpu'].get(k, 0.0):.2f}" for k in ROLES),
+                        f"{sum(r['cpu'].values()):.2f}"] for r in rows)) if rows else ""
 
     def _split_markdown(self) -> str:
         """Produce → decision in two parts at each load, per transaction (one replica's; with several, one of them)."""
         rows = [r for r in self.loads if r.get("split")]
-        if not rows:
-            return ""
         parts = (("latency.produced_to_picked", "produced → picked up (linger, broker, fetch wait, batch window, "
                   "batches ahead)"), ("latency.picked_to_decided", "picked up → decided (decode, hot path)"))
-        lines = ["", "Produce → decision split at the moment the replica picks a micro-batch up (ms, per transaction):",
-                 "", "| offered tx/s | end to end p50 / p99 | " + " | ".join(f"{label} p50 / p99" for _, label in parts)
-                 + " |", "|---|---|" + "---|" * len(parts)]
-        for r in rows:
-            cells = [f"{r['split'][k]['p50_ms']:.1f} / {r['split'][k]['p99_ms']:.1f}" if k in r["split"] else "–"
-                     for k, _ in parts]
-            lines.append(f"| {r['offered']:,.0f} | {r['p50_ms']:.1f} / {r['p99_ms']:.1f} | " + " | ".join(cells) + " |")
-        return "\n".join(lines) + "\n"
+        return _block("Produce → decision split at the moment the replica picks a micro-batch up (ms, per "
+                      "transaction):", ["offered tx/s", "end to end p50 / p99",
+                                        *(f"{label} p50 / p99" for _, label in parts)],
+                      ([f"{r['offered']:,.0f}", f"{r['p50_ms']:.1f} / {r['p99_ms']:.1f}",
+                        *(f"{r['split'][k]['p50_ms']:.1f} / {r['split'][k]['p99_ms']:.1f}" if k in r["split"]
+                          else "–" for k, _ in parts)] for r in rows)) if rows else ""
 
     def _profile_markdown(self) -> str:
         """Per-section CPU ms/tx and wall ms/batch over the backlog, by process."""
         if not self.profile:
             return ""
-        lines = [
-            "",
-            f"Where the time goes ({self.backlog:,} tx backlog; CPU = that thread's CPU time per transaction, "
-            "wall per call):",
-            "",
-            "| process | section | CPU ms/tx | wall ms/call | calls |",
-            "|---|---|---|---|---|",
-        ]
-        totals = {}
-        for proc, sections in self.profile.items():
-            for name, v in sorted(sections.items(), key=lambda kv: -kv[1]["cpu_s"]):
-                lines.append(f"| {proc} | {name} | {v['cpu_s'] / self.backlog * 1e3:.3f} | "
-                             f"{v['wall_s'] / max(v['calls'], 1) * 1e3:.1f} | {int(v['calls'])} |")
-            totals[proc] = sum(v["cpu_s"] for v in sections.values()) / self.backlog * 1e3
-        lines.append("| **all** | sum of sections | "
-                     + " + ".join(f"{p} {t:.3f}" for p, t in totals.items())
-                     + f" = **{sum(totals.values()):.3f}** | | |")
-        return "\n".join(lines) + "\n"
+        rows = [(proc, name, f"{v['cpu_s'] / self.backlog * 1e3:.3f}",
+                 f"{v['wall_s'] / max(v['calls'], 1) * 1e3:.1f}", int(v["calls"]))
+                for proc, sections in self.profile.items()
+                for name, v in sorted(sections.items(), key=lambda kv: -kv[1]["cpu_s"])]
+        totals = {p: sum(v["cpu_s"] for v in sections.values()) / self.backlog * 1e3
+                  for p, sections in self.profile.items()}
+        rows.append(("**all**", "sum of sections", " + ".join(f"{p} {t:.3f}" for p, t in totals.items())
+                     + f" = **{sum(totals.values()):.3f}**", "", ""))
+        return _block(f"Where the time goes ({self.backlog:,} tx backlog; CPU = that thread's CPU time per "
+                      "transaction, wall per call):", ["process", "section", "CPU ms/tx", "wall ms/call", "calls"],
+                      rows)
+
+
+#: The kinds of process whose cores the benches report (:func:`fedfraud.bench.cpu_share.serving_role`).
+ROLES = ("scoring replicas", "embedded broker", "redis", "Ray and Serve (others)", "bench (load generator)")
+
+
+def _block(intro: str, header: list[str], rows: Any) -> str:
+    """A blank line, ``intro``, a blank line and the table: one detail block of a serving bench's markdown."""
+    return "\n".join(["", intro, "", *table(header, rows)]) + "\n"
 
 
 def _ceiling(bootstrap: str, n: int, settings: Any) -> float:
@@ -236,31 +225,18 @@ def run_serving_bench(
 ) -> ServingBenchResult:
     """Run all three measurements in one process against one embedded broker and one deployment."""
     from fedfraud.config import FedfraudConfig
-    from fedfraud.core.net import free_port
-    from fedfraud.serving.auth import per_run_token
     from fedfraud.serving.kafka.broker import EmbeddedBroker
     from fedfraud.serving.runtime import start
-    from fedfraud.training.data.config import GeneratorConfig
-    from fedfraud.training.data.synthetic import generate_frame
     from fedfraud.training.registry import ModelRegistry
 
     cfg: FedfraudConfig = config or FedfraudConfig()
     tmp = Path(tempfile.mkdtemp(prefix="fedfraud-bench-serving-"))
     need = backlog + int(sum(loads) * seconds) + 2000 + 300 + 900  # training rows, warm-up, HTTP requests (3 doors)
-    frame, _ = generate_frame(GeneratorConfig(banks=1, cardholders=max(200, need // 60), days=60, seed=5))
-    frame = frame.sort_values(["timestamp", "transaction_id"]).reset_index(drop=True)[COLUMNS]
-    if len(frame) < need:
-        log.warning("generated %d rows, wanted %d; loads run shorter", len(frame), need)
+    frame = bench_frame(need)
     reg = ModelRegistry(registry or tmp / "registry")
     publish_bench_models(reg, frame.head(2000), cfg)
-    serving = cfg.serving.model_copy(update={"registry_root": str(reg.root), "bootstrap_servers": None,
-                                             "auth": per_run_token(cfg.serving.auth, tmp), "direct_ingress": True,
-                                             "http_port": free_port()})  # 8000 may be another deployment's
-    features = cfg.features.model_copy(update={"repo_dir": str(tmp / "repo")})
     store = cfg.features.profile.strip().lower()
-    if store == "redis":
-        serving, features = _bench_redis(serving, features)
-    cfg = cfg.model_copy(update={"serving": serving, "features": features})
+    cfg = _direct_ingress(cfg, reg.root, tmp)
     load_avg = os.getloadavg()[0]
     rt = start(cfg, replay_source=True)
     try:
@@ -471,23 +447,23 @@ _DOORS = {"front": "on the documented port (the front → the replica's own port
 FRONT_P99_MARGIN_MS = 2.0
 
 
-def _doors_rows(doors: dict[str, dict[str, float]]) -> list[str]:
-    """Table rows (measure | value | target): each door's p50 / p99, then the documented port's margin at p99."""
-    lines = []
+def _doors_rows(doors: dict[str, dict[str, float]]) -> list[tuple[str, str, str]]:
+    """Table rows (measure, value, target): each door's p50 / p99, then the documented port's margin at p99."""
+    rows = []
     for door, label in _DOORS.items():
         http = doors.get(door)
         if door == "proxy" and not doors.get("front"):
             label = "through the Serve proxy"  # which holds the documented port then
         if http:
-            lines.append(f"| POST /score {label}, one transaction, {int(http['n'])} sequential requests: p50 / p99 "
-                         f"| {http['p50_ms']:.1f} / {http['p99_ms']:.1f} ms | p99 ≤ 15 ms |")
+            rows.append((f"POST /score {label}, one transaction, {int(http['n'])} sequential requests: p50 / p99",
+                         f"{http['p50_ms']:.1f} / {http['p99_ms']:.1f} ms", "p99 ≤ 15 ms"))
     front, direct = doors.get("front"), doors.get("direct")
     if front and direct:
         gap = front["p99_ms"] - direct["p99_ms"]
-        verdict = "met" if gap <= FRONT_P99_MARGIN_MS else "**missed**"
-        lines.append(f"| documented port within {FRONT_P99_MARGIN_MS:g} ms of direct ingress (p99) | {gap:+.1f} ms "
-                     f"({verdict}) | ≤ +{FRONT_P99_MARGIN_MS:g} ms |")
-    return lines
+        rows.append((f"documented port within {FRONT_P99_MARGIN_MS:g} ms of direct ingress (p99)",
+                     f"{gap:+.1f} ms ({'met' if gap <= FRONT_P99_MARGIN_MS else '**missed**'})",
+                     f"≤ +{FRONT_P99_MARGIN_MS:g} ms"))
+    return rows
 
 
 @dataclass
@@ -508,11 +484,11 @@ class HttpDoorsResult:
                           for door, label in (("front", "documented port (front)"), ("direct", "direct ingress"),
                                               ("proxy", "Serve proxy")) if door in self.doors)
         n = int(next(iter(self.doors.values()))["n"]) if self.doors else 0
-        gap = [row for row in _doors_rows(self.doors) if row.startswith("| documented port within")]
+        rows = _doors_rows(self.doors)
         summary = f"`POST /score` p50 / p99 (ms, {n:,} requests per door, same run): {cells}."
-        if gap:
-            value = gap[0].split(" | ")[1]
-            summary += f" Documented port − direct ingress at p99: {value} (target ≤ +{FRONT_P99_MARGIN_MS:g} ms)."
+        if rows and rows[-1][0].startswith("documented port within"):
+            summary += (f" Documented port − direct ingress at p99: {rows[-1][1]} (target ≤ +"
+                        f"{FRONT_P99_MARGIN_MS:g} ms).")
         lines = [
             summary,
             "",
@@ -524,9 +500,7 @@ class HttpDoorsResult:
             f"each per round, {len(self.rounds)} round(s); one new transaction per request, one request at a time, "
             "with the bearer token.",
             "",
-            "| measure | value | target |",
-            "|---|---|---|",
-            *_doors_rows(self.doors),
+            *table(["measure", "value", "target"], rows),
             "",
             "p99 of each round (ms): "
             + "; ".join(", ".join(f"{door} {r[door]['p99_ms']:.1f}" for door in _DOORS if door in r)
@@ -545,32 +519,19 @@ def run_http_bench(config: Any = None, requests: int = 300, rounds: int = 3, war
     import httpx
 
     from fedfraud.config import FedfraudConfig
-    from fedfraud.core.net import free_port
-    from fedfraud.serving.auth import per_run_token
     from fedfraud.serving.replay import wire_records
     from fedfraud.serving.runtime import start
-    from fedfraud.training.data.config import GeneratorConfig
-    from fedfraud.training.data.synthetic import generate_frame
     from fedfraud.training.registry import ModelRegistry
 
     cfg: FedfraudConfig = config or FedfraudConfig()
     tmp = Path(tempfile.mkdtemp(prefix="fedfraud-bench-http-"))
     doors = list(_DOORS)
     need = 2000 + len(doors) * (warm + rounds * requests)
-    frame, _ = generate_frame(GeneratorConfig(banks=1, cardholders=max(200, need // 60), days=60, seed=5))
-    frame = frame.sort_values(["timestamp", "transaction_id"]).reset_index(drop=True)[COLUMNS]
-    if len(frame) < need:
-        raise RuntimeError(f"generated {len(frame)} rows, need {need}: fewer --requests or --rounds")
+    frame = bench_frame(need, "fewer --requests or --rounds")
     reg = ModelRegistry(tmp / "registry")
     publish_bench_models(reg, frame.head(2000), cfg)
-    serving = cfg.serving.model_copy(update={"registry_root": str(reg.root), "bootstrap_servers": None,
-                                             "auth": per_run_token(cfg.serving.auth, tmp), "direct_ingress": True,
-                                             "http_port": free_port()})  # 8000 may be another deployment's
-    features = cfg.features.model_copy(update={"repo_dir": str(tmp / "repo")})
-    if cfg.features.profile.strip().lower() == "redis":
-        serving, features = _bench_redis(serving, features)
     load_start = os.getloadavg()[0]
-    rt = start(cfg.model_copy(update={"serving": serving, "features": features}), consume=False)
+    rt = start(_direct_ingress(cfg, reg.root, tmp), consume=False)
     try:
         direct = rt.direct_urls()
         if rt.front is None or not direct:
@@ -604,6 +565,38 @@ def run_http_bench(config: Any = None, requests: int = 300, rounds: int = 3, war
     return HttpDoorsResult({door: _http_stats(t) for door, t in every.items() if t},
                            [{door: _http_stats(t) for door, t in r.items() if t} for r in per_round], requests,
                            os.cpu_count() or 0, (load_start, os.getloadavg()[0]), targets, warm)
+
+
+def bench_frame(need: int, fewer: str = "") -> Any:
+    """The rows every serving bench replays (one bank, seed 5, in time order): ``need`` of them, or fewer with a
+    warning (the loads run shorter), or an error telling the user to ask for ``fewer`` of something.
+    """
+    from fedfraud.training.data.config import GeneratorConfig
+    from fedfraud.training.data.synthetic import generate_frame
+
+    frame, _ = generate_frame(GeneratorConfig(banks=1, cardholders=max(200, need // 60), days=60, seed=5))
+    frame = frame.sort_values(["timestamp", "transaction_id"]).reset_index(drop=True)[COLUMNS]
+    if len(frame) < need and fewer:
+        raise RuntimeError(f"generated {len(frame)} rows, need {need}: {fewer}")
+    if len(frame) < need:
+        log.warning("generated %d rows, wanted %d; loads run shorter", len(frame), need)
+    return frame
+
+
+def _direct_ingress(cfg: Any, registry: Path, tmp: Path) -> Any:
+    """``cfg`` for one bench deployment with direct ingress: ``registry``'s models, a per-run token, its own HTTP
+    port (8000 may be another deployment's), a feature repo under ``tmp`` and, with Redis, the bench's database.
+    """
+    from fedfraud.core.net import free_port
+    from fedfraud.serving.auth import per_run_token
+
+    serving = cfg.serving.model_copy(update={"registry_root": str(registry), "bootstrap_servers": None,
+                                             "auth": per_run_token(cfg.serving.auth, tmp), "direct_ingress": True,
+                                             "http_port": free_port()})
+    features = cfg.features.model_copy(update={"repo_dir": str(tmp / "repo")})
+    if cfg.features.profile.strip().lower() == "redis":
+        serving, features = _bench_redis(serving, features)
+    return cfg.model_copy(update={"serving": serving, "features": features})
 
 
 def _bench_redis(serving: Any, features: Any) -> tuple[Any, Any]:
@@ -658,6 +651,15 @@ class PeersResult:
     def to_markdown(self) -> str:
         loads = self._loads()
         rounds = len({b["round"] for b in self.blocks})
+
+        def row(v: str) -> list[str]:
+            r = self.ratios(v)
+            return [v, f"{self._median(v, 'sustained_tx_s'):,.0f} (×{r['sustained_tx_s']:.2f})",
+                    *(f"{self._median(v, 'p50_ms', x):.1f} / {self._median(v, 'p99_ms', x):.1f} "
+                      f"(×{r[f'p99@{x:g}']:.2f})" for x in loads),
+                    f"{self._median(v, 'cpu_ms_tx'):.3f} (×{r['cpu_ms_tx']:.2f})",
+                    f"{self._median(v, 'process_cpu_ms_tx'):.3f} (×{r['process_cpu_ms_tx']:.2f})"]
+
         lines = [
             f"Against the peers, same run: {self.cpus} CPUs, load average {self.load_avg[0]:.1f} at start and "
             f"{self.load_avg[1]:.1f} at end; online "
@@ -667,36 +669,25 @@ class PeersResult:
             f"block: warm-up, a {self.backlog:,} tx backlog, then {self.seconds:g} s at each offered load. Each cell: "
             "the median over the variant's blocks, then (×) its ratio to the plain peer's median.",
             "",
-            "| variant | sustained tx/s | " + " | ".join(f"p50 / p99 at {x:,.0f} tx/s (ms)" for x in loads)
-            + " | replica CPU ms/tx (sum of the scoring thread's sections) | scoring process CPU ms/tx (/proc) |",
-            "|---|---|" + "---|" * len(loads) + "---|---|",
+            *table(["variant", "sustained tx/s", *(f"p50 / p99 at {x:,.0f} tx/s (ms)" for x in loads),
+                    "replica CPU ms/tx (sum of the scoring thread's sections)", "scoring process CPU ms/tx (/proc)"],
+                   map(row, PEER_VARIANTS)),
         ]
-        for v in PEER_VARIANTS:
-            r = self.ratios(v)
-            cells = [f"{self._median(v, 'p50_ms', x):.1f} / {self._median(v, 'p99_ms', x):.1f} (×{r[f'p99@{x:g}']:.2f})"
-                     for x in loads]
-            lines.append(f"| {v} | {self._median(v, 'sustained_tx_s'):,.0f} (×{r['sustained_tx_s']:.2f}) | "
-                         + " | ".join(cells) + f" | {self._median(v, 'cpu_ms_tx'):.3f} (×{r['cpu_ms_tx']:.2f}) | "
-                         f"{self._median(v, 'process_cpu_ms_tx'):.3f} (×{r['process_cpu_ms_tx']:.2f}) |")
         return ("\n".join(lines) + f"\n\n{MORE}\n" + self._targets_markdown() + self._blocks_markdown()
                 + self._sections_markdown() + self._cores_markdown())
 
     def _sections_markdown(self) -> str:
         """Per-stage CPU ms/tx over the backlog (the scoring thread's StageClock sections, median over blocks)."""
         names = sorted({n for b in self.blocks for n in b.get("sections_ms_tx", {})})
-        if not names:
-            return ""
-        lines = ["", "Replica CPU ms/tx per section over the backlog (the scoring thread's sections; median over "
-                 "the variant's blocks; – where the variant has no such section):", "",
-                 "| section | " + " | ".join(PEER_VARIANTS) + " |", "|---|" + "---|" * len(PEER_VARIANTS)]
-        for name in names:
-            cells = []
-            for v in PEER_VARIANTS:
-                mine = [b["sections_ms_tx"][name] for b in self.blocks
-                        if b["variant"] == v and name in b.get("sections_ms_tx", {})]
-                cells.append(f"{np.median(mine):.4f}" if mine else "–")
-            lines.append(f"| {name} | " + " | ".join(cells) + " |")
-        return "\n".join(lines) + "\n"
+
+        def cell(name: str, v: str) -> str:
+            mine = [b["sections_ms_tx"][name] for b in self.blocks
+                    if b["variant"] == v and name in b.get("sections_ms_tx", {})]
+            return f"{np.median(mine):.4f}" if mine else "–"
+
+        return _block("Replica CPU ms/tx per section over the backlog (the scoring thread's sections; median over "
+                      "the variant's blocks; – where the variant has no such section):", ["section", *PEER_VARIANTS],
+                      ([n, *(cell(n, v) for v in PEER_VARIANTS)] for n in names)) if names else ""
 
     def _targets_markdown(self) -> str:
         """Issue 42's targets for the full hot path, each as a ratio to the plain peer of this run."""
@@ -705,54 +696,51 @@ class PeersResult:
         rows = [("throughput ≥ 60% of the peer's", r["sustained_tx_s"], 0.60, True),
                 (f"p99 at {top:,.0f} tx/s ≤ 2× the peer's", r.get(f"p99@{top:g}", float("nan")), 2.0, False),
                 ("replica CPU per transaction ≤ 2× the peer's", r["cpu_ms_tx"], 2.0, False)]
-        lines = ["", "Targets (full hot path against the plain peer, this run):", "",
-                 "| target | ratio | |", "|---|---|---|"]
-        for name, ratio, bound, at_least in rows:
-            met = ratio >= bound if at_least else ratio <= bound
-            if met:
-                verdict = f"met (bound ×{bound:.2f})"
-            elif at_least:
-                verdict = f"missed by {1 - ratio / bound:.0%} of the bound (×{bound:.2f}; needs ×{bound / ratio:.2f})"
-            else:
-                verdict = f"missed by {ratio / bound - 1:.0%} over the bound (×{bound:.2f})"
-            lines.append(f"| {name} | ×{ratio:.2f} | {verdict} |")
         gnn = self._median(PEER_VARIANTS[3], "cpu_ms_tx") / self._median(PEER_VARIANTS[2], "cpu_ms_tx")
-        verdict = "met (bound ×2.00)" if gnn <= 2.0 else f"missed by {gnn / 2.0 - 1:.0%} over the bound (×2.00)"
         h2v = self._median(PEER_VARIANTS[4], "cpu_ms_tx") / self._median(PEER_VARIANTS[2], "cpu_ms_tx")
-        lines += ["", "Issue 38 (the research variants against XGBoost alone, both on the full hot path, this run):",
-                  "", "| target | ratio | |", "|---|---|---|",
-                  "| replica CPU per transaction with the GNN fraud model ≤ 2× with XGBoost | "
-                  f"×{gnn:.2f} | {verdict} |",
-                  f"| replica CPU per transaction with G-HIN2Vec columns, against XGBoost alone | ×{h2v:.2f} | "
-                  "no target |"]
-        return "\n".join(lines) + "\n"
+        header = ["target", "ratio", ""]
+        return (_block("Targets (full hot path against the plain peer, this run):", header,
+                       ((name, f"×{ratio:.2f}", _bound(ratio, bound, floor)) for name, ratio, bound, floor in rows))
+                + _block("Issue 38 (the research variants against XGBoost alone, both on the full hot path, this run):",
+                         header, [("replica CPU per transaction with the GNN fraud model ≤ 2× with XGBoost",
+                                   f"×{gnn:.2f}", _bound(gnn, 2.0, False)),
+                                  ("replica CPU per transaction with G-HIN2Vec columns, against XGBoost alone",
+                                   f"×{h2v:.2f}", "no target")]))
 
     def _blocks_markdown(self) -> str:
         loads = self._loads()
-        lines = ["", "Every block, in the order run (ratios to the same round's peer block):", "",
-                 "| round | variant | sustained tx/s | " + " | ".join(f"p99 at {x:,.0f}" for x in loads)
-                 + " | replica CPU ms/tx | process CPU ms/tx |", "|---|---|---|" + "---|" * len(loads) + "---|---|"]
-        for b in self.blocks:
+
+        def row(b: dict[str, Any]) -> list[str]:
             peer = next((p for p in self.blocks if p["round"] == b["round"] and p["variant"] == PEER_VARIANTS[0]), b)
-            p99 = [f"{b['loads'][x]['p99_ms']:.1f} (×{b['loads'][x]['p99_ms'] / peer['loads'][x]['p99_ms']:.2f})"
-                   if x in b["loads"] and x in peer["loads"] else "–" for x in loads]
-            lines.append(f"| {b['round'] + 1} | {b['variant']} | {b['sustained_tx_s']:,.0f} "
-                         f"(×{b['sustained_tx_s'] / peer['sustained_tx_s']:.2f}) | " + " | ".join(p99)
-                         + f" | {b['cpu_ms_tx']:.3f} | {b['process_cpu_ms_tx']:.3f} |")
-        return "\n".join(lines) + "\n"
+            return [str(b["round"] + 1), b["variant"],
+                    f"{b['sustained_tx_s']:,.0f} (×{b['sustained_tx_s'] / peer['sustained_tx_s']:.2f})",
+                    *(f"{b['loads'][x]['p99_ms']:.1f} (×{b['loads'][x]['p99_ms'] / peer['loads'][x]['p99_ms']:.2f})"
+                      if x in b["loads"] and x in peer["loads"] else "–" for x in loads),
+                    f"{b['cpu_ms_tx']:.3f}", f"{b['process_cpu_ms_tx']:.3f}"]
+
+        return _block("Every block, in the order run (ratios to the same round's peer block):",
+                      ["round", "variant", "sustained tx/s", *(f"p99 at {x:,.0f}" for x in loads),
+                       "replica CPU ms/tx", "process CPU ms/tx"], map(row, self.blocks))
 
     def _cores_markdown(self) -> str:
         """Cores per role while each load's records were being sent (median over the variant's blocks)."""
-        roles = ("scoring replicas", "embedded broker", "redis", "Ray and Serve (others)", "bench (load generator)")
-        lines = ["", "Cores used while each load's records were being sent (1.00 = one core; the peer's process "
-                 "counts as the scoring replica; median over blocks):", "",
-                 "| variant | offered tx/s | " + " | ".join(roles) + " |", "|---|---|" + "---|" * len(roles)]
-        for v in PEER_VARIANTS:
-            for x in self._loads():
-                mine = [b["loads"][x]["cpu"] for b in self.blocks if b["variant"] == v and x in b["loads"]]
-                lines.append(f"| {v} | {x:,.0f} | "
-                             + " | ".join(f"{np.median([c.get(k, 0.0) for c in mine]):.2f}" for k in roles) + " |")
-        return "\n".join(lines) + "\n"
+
+        def row(v: str, x: float) -> list[str]:
+            mine = [b["loads"][x]["cpu"] for b in self.blocks if b["variant"] == v and x in b["loads"]]
+            return [v, f"{x:,.0f}", *(f"{np.median([c.get(k, 0.0) for c in mine]):.2f}" for k in ROLES)]
+
+        return _block("Cores used while each load's records were being sent (1.00 = one core; the peer's process "
+                      "counts as the scoring replica; median over blocks):", ["variant", "offered tx/s", *ROLES],
+                      (row(v, x) for v in PEER_VARIANTS for x in self._loads()))
+
+
+def _bound(ratio: float, bound: float, at_least: bool) -> str:
+    """A ratio's verdict against its bound (``at_least``: a floor, else a ceiling), and by how much it missed."""
+    if ratio >= bound if at_least else ratio <= bound:
+        return f"met (bound ×{bound:.2f})"
+    if at_least:
+        return f"missed by {1 - ratio / bound:.0%} of the bound (×{bound:.2f}; needs ×{bound / ratio:.2f})"
+    return f"missed by {ratio / bound - 1:.0%} over the bound (×{bound:.2f})"
 
 
 @dataclass
@@ -835,17 +823,12 @@ def run_peer_bench(config: Any = None, rounds: int = 2, backlog: int = 2000, loa
     from fedfraud.serving.kafka import make_producer
     from fedfraud.serving.replay import replay_and_collect
     from fedfraud.serving.runtime import start
-    from fedfraud.training.data.config import GeneratorConfig
-    from fedfraud.training.data.synthetic import generate_frame
     from fedfraud.training.registry import ModelRegistry
 
     cfg: FedfraudConfig = config or FedfraudConfig()
     tmp = Path(tempfile.mkdtemp(prefix="fedfraud-bench-peers-"))
     need = 2000 + 300 + backlog + int(sum(loads) * seconds)
-    frame, _ = generate_frame(GeneratorConfig(banks=1, cardholders=max(200, need // 60), days=60, seed=5))
-    frame = frame.sort_values(["timestamp", "transaction_id"]).reset_index(drop=True)[COLUMNS]
-    if len(frame) < need:
-        log.warning("generated %d rows, wanted %d; loads run shorter", len(frame), need)
+    frame = bench_frame(need)
     train = frame.head(2000)
     reg, peer_reg = ModelRegistry(tmp / "registry"), ModelRegistry(tmp / "registry-peer")
     h2v_reg = ModelRegistry(tmp / "registry-hin2vec")

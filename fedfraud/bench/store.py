@@ -31,6 +31,7 @@ import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 
+from fedfraud.bench.harness import table
 from fedfraud.feature_store.cardholder import CardholderState
 from fedfraud.feature_store.config import EgoGraphConfig, EncoderConfig, PrivacyConfig
 from fedfraud.feature_store.store_config import FeatureStoreConfig
@@ -93,14 +94,10 @@ class StoreBench:
             "",
             "Settings: " + ", ".join(f"{k}={v}" for k, v in self.settings.items()),
             "",
-            "| operation | path | p50 ms | p99 ms | client CPU ms/op | ops/s | states/s |",
-            "|---|---|---:|---:|---:|---:|---:|",
+            *table(["operation", "path", "p50 ms", "p99 ms", "client CPU ms/op", "ops/s", "states/s"],
+                   ([t.name, t.path, f"{t.p50_ms:.2f}", f"{t.p99_ms:.2f}", f"{t.cpu_ms:.2f}", f"{t.ops_per_s:,.0f}",
+                     f"{t.ops_per_s * t.states_per_op:,.0f}"] for t in self.timings), "llrrrrr"),
         ]
-        for t in self.timings:
-            lines.append(
-                f"| {t.name} | {t.path} | {t.p50_ms:.2f} | {t.p99_ms:.2f} | {t.cpu_ms:.2f} | {t.ops_per_s:,.0f} | "
-                f"{t.ops_per_s * t.states_per_op:,.0f} |"
-            )
         lines += [
             "",
             f"Target: 64-state read + write p99 ≤ {TARGET_ROUND_TRIP_P99_MS:g} ms (Feast's published Redis single-row "
@@ -112,10 +109,8 @@ class StoreBench:
                 f"SDK round trip p99 = {sdk.p99_ms:.2f} ms. "
                 "Where the SDK round trip spends its time (cProfile, own time):",
                 "",
-                "| bucket | share |",
-                "|---|---:|",
+                *table(["bucket", "share"], ((name, f"{share:.0%}") for name, share in self.sdk_profile), "lr"),
             ]
-            lines += [f"| {name} | {share:.0%} |" for name, share in self.sdk_profile]
         return "\n".join(lines) + "\n"
 
 

@@ -27,7 +27,6 @@ from __future__ import annotations
 import logging
 import os
 import shlex
-import subprocess
 import sys
 import tempfile
 import threading
@@ -37,7 +36,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fedfraud.bench.records import MORE
+from fedfraud.bench.harness import load_average, table
+from fedfraud.bench.records import MORE, git
 from fedfraud.core.net import free_port
 from fedfraud.training.tokenizer.config import TokenizerConfig
 
@@ -53,20 +53,12 @@ MODE_DOCS = 150
 MAX_ROUNDS = 200
 #: The engines the federated row is timed on (the first one's tokenizer is scored); both run the same Flower apps.
 ENGINES = ("loopback", "simulation")
-_REPO = Path(__file__).resolve().parents[2]
 
 
 def _run_info() -> dict[str, str]:
     """What a reader needs to reproduce and judge the timings: command, commit, time, CPUs, load average."""
     argv = sys.argv[1:] if Path(sys.argv[0]).name == "fedfraud" else sys.argv
     command = shlex.join(["fedfraud", *argv]) if Path(sys.argv[0]).name == "fedfraud" else shlex.join(argv)
-
-    def git(*args: str) -> str:
-        try:
-            return subprocess.run(["git", *args], cwd=_REPO, capture_output=True, text=True, timeout=10,
-                                  check=True).stdout.strip()
-        except (OSError, subprocess.SubprocessError):
-            return ""
 
     commit = git("rev-parse", "--short=12", "HEAD") or "unknown"
     if git("status", "--porcelain", "--", "training/tokenizer", "fedfraud/bench/tokenizer.py", "fedfraud/cli/bench.py"):
@@ -76,10 +68,7 @@ def _run_info() -> dict[str, str]:
 
 
 def _load() -> str:
-    try:
-        return " / ".join(Path("/proc/loadavg").read_text().split()[:3])
-    except OSError:
-        return "n/a"
+    return " / ".join(load_average().split()[:3])
 
 
 def _prefix(merges: list[tuple[bytes, bytes]], tokens: int) -> list[tuple[bytes, bytes]]:
@@ -148,17 +137,13 @@ class TokenizerBench:
                 f"{t['engine']} engine, {t['reached']:,} tokens: **{t['ratio_wall']:.1f}×** ({t['ratio_wipe']:.1f}×"
                 " against wipe + BpeTrainer)" for t in self._ends()) + ".",
             "",
-            "| engine | target vocab | federated reached | federated wall (s) | federated rounds-only (s) | rounds |"
-            " centralized BpeTrainer at that size (s) | ratio wall | ratio rounds-only | ratio wall vs wipe +"
-            " BpeTrainer |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+            *table(["engine", "target vocab", "federated reached", "federated wall (s)", "federated rounds-only (s)",
+                    "rounds", "centralized BpeTrainer at that size (s)", "ratio wall", "ratio rounds-only",
+                    "ratio wall vs wipe + BpeTrainer"],
+                   ([t["engine"], f"{t['target']:,}", f"{t['reached']:,}", f"{t['fed_wall']:.1f}",
+                     f"{t['fed_rounds']:.1f}", t["rounds"], f"{t['central']:.2f}", f"{t['ratio_wall']:.1f}×",
+                     f"{t['ratio_rounds']:.1f}×", f"{t['ratio_wipe']:.1f}×"] for t in self.timing), "l" + "r" * 9),
         ]
-        for t in self.timing:
-            lines.append(
-                f"| {t['engine']} | {t['target']:,} | {t['reached']:,} | {t['fed_wall']:.1f} | {t['fed_rounds']:.1f} |"
-                f" {t['rounds']} | {t['central']:.2f} | {t['ratio_wall']:.1f}× | {t['ratio_rounds']:.1f}× |"
-                f" {t['ratio_wipe']:.1f}× |"
-            )
         lines += [
             "",
             f"Same merges on both engines: {c['same_merges']}.",

@@ -54,7 +54,7 @@ def start_record(ctx: typer.Context, record: str | None, default: str, json_file
     """
     import re
 
-    from fedfraud.bench.machine import load_average
+    from fedfraud.bench.harness import load_average
 
     if record is not None and not re.fullmatch(r"[a-z0-9][a-z0-9-]*", record):
         raise UserError(f"--record {record!r}: a name of lowercase letters, digits and dashes, e.g. serving-peers")

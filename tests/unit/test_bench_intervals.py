@@ -2,7 +2,7 @@
 
 from fedfraud.bench.adversary import AdversaryBench
 from fedfraud.bench.detection import DetectionBench
-from fedfraud.bench.intervals import paired_difference_rows
+from fedfraud.bench.harness import paired_difference_rows
 from fedfraud.training.bootstrap import Interval
 from fedfraud.bench.privacy import PrivacyBench
 
@@ -25,6 +25,6 @@ def test_every_bench_ends_its_table_with_the_same_rows() -> None:
     diff = paired_difference_rows(TABLE, "paired difference")
     assert DetectionBench("s", {})._rows(TABLE)[-len(diff):] == diff
     assert PrivacyBench("s", {})._table(TABLE, with_runs=False)[-len(diff):] == diff
-    adversary = AdversaryBench("s", {})._pr_and_diffs(TABLE)
+    adversary = AdversaryBench("s", {})._blocks(TABLE, with_details=True)[:-1]  # its test block, then a blank
     assert adversary[-len(diff):] == paired_difference_rows(TABLE, "paired difference (attack − none)")
     assert adversary[-1] == diff[-1]

@@ -31,7 +31,7 @@ def _draws(seed: int, n: int, nan_share: float) -> np.ndarray:
 
 
 def _bench_copy(value: float, samples: list[float]) -> tuple[float, float, float]:
-    """``fedfraud.bench.intervals.bootstrap_by_group``'s inner ``interval``, as it was."""
+    """``fedfraud.bench.harness.bootstrap_by_group``'s inner ``interval``, as it was."""
     arr = np.asarray([x for x in samples if np.isfinite(x)])
     if not arr.size:
         return value, float("nan"), float("nan")
