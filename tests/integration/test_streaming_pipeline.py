@@ -12,7 +12,6 @@ import itertools
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +20,7 @@ import pytest
 import torch
 
 from fedfraud.core.net import free_port
+from tests.topic_reader import topic_messages, topic_records
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -143,7 +143,7 @@ def _own_dead_letters(runtime, start: dict[int, int], values: list[bytes]) -> li
 
     runtime.wait_idle()
     digests = {payload_digest(v) for v in values}
-    dead = _topic_records(runtime.bootstrap_servers, runtime.config.serving.topics.dlq, start,
+    dead = topic_records(runtime.bootstrap_servers, runtime.config.serving.topics.dlq, start,
                           until=lambda records: digests <= {d["raw_sha256"] for d in records})
     return [d for d in dead if d["raw_sha256"] in digests]
 
@@ -387,14 +387,14 @@ def test_duplicates_on_the_topics_copies_marked_and_a_conflicting_reuse_dead_let
     where = [(f.get(10).partition, f.get(10).offset) for f in sent]
     _wait_accounted(runtime, before, len(sent))  # every output of the four messages is on its topic by now
     awaited = Counter(d["transaction_id"] for d in (a, a, b))  # a's decision and its marked copy, b's
-    decisions = _topic_records(servers, topics.decisions, dec_start,
+    decisions = topic_records(servers, topics.decisions, dec_start,
                                until=lambda records: not awaited - Counter(d["transaction_id"] for d in records))
     of_a = [d for d in decisions if d["transaction_id"] == a["transaction_id"]]
     assert sorted(d["redelivered"] for d in of_a) == [False, True]
     assert of_a[0]["score"] == of_a[1]["score"] and of_a[0]["top_reasons"] == of_a[1]["top_reasons"]
     assert len([d for d in decisions if d["transaction_id"] == b["transaction_id"]]) == 1
     # the DLQ records of exactly our four source messages (by source partition/offset)
-    dead = [d for d in _topic_records(servers, topics.dlq, dlq_start,
+    dead = [d for d in topic_records(servers, topics.dlq, dlq_start,
                                       until=lambda records: any((d["topic"], d["partition"], d["offset"])
                                                                 == (topics.transactions, *where[3]) for d in records))
             if (d["partition"], d["offset"]) in where and d["topic"] == topics.transactions]
@@ -462,63 +462,12 @@ def test_score_and_metrics_need_the_bearer_token_and_the_probes_do_not(runtime, 
         assert detail.status_code == 200 and detail.json()["problems"] == [], detail.text
 
 
-def _topic_messages(servers: str, topic: str, start: dict[int, int] | None = None,
-                    until: Callable[[list[tuple]], bool] = lambda messages: True) -> list[tuple]:
-    """``(key, value, headers)`` of every message of ``topic`` from ``start`` (else its beginning) to its end,
-    and on until ``until`` holds for them. Tansu's end offset is its last batch's first offset plus one, so what
-    the last fetch queued behind it is taken too."""
-    from fedfraud.serving.kafka.consumer import assign_from, caught_up, make_reader, take, watermarks
-
-    consumer = make_reader(servers, client_id="fedfraud-test")
-    try:
-        meta = consumer.list_topics(timeout=10).topics.get(topic)
-        parts = [(topic, p) for p in sorted(meta.partitions if meta is not None and meta.error is None else ())]
-        if not parts:
-            return []
-        end = watermarks(consumer, parts)
-        positions = {part: (start or {}).get(part[1], end[part][0]) for part in parts}
-        assign_from(consumer, positions)
-        out: list[tuple] = []
-
-        def read(timeout_ms: int) -> int:
-            got = take(consumer, timeout_ms, 5000)
-            for m in got:
-                out.append((m.key, m.value or b"", [(k, v or b"") for k, v in (m.headers or [])]))
-                positions[(m.topic, m.partition)] = m.offset + 1
-            return len(got)
-
-        deadline = time.monotonic() + 60
-        while True:
-            if caught_up(positions, end):
-                while read(0):
-                    pass
-                if until(out):
-                    return out
-            assert time.monotonic() < deadline, f"{topic}: not read to its end (or not all that was awaited)"
-            read(200)
-    finally:
-        consumer.close()
-
-
-def _topic_records(servers: str, topic: str, start: dict[int, int],
-                   until: Callable[[list[dict]], bool]) -> list[dict]:
-    """The JSON records of ``topic`` from ``start`` to its end, read on until ``until`` holds for them: once the
-    group accounted for what a test sent, its outputs are on their topics (the counters never run ahead of the
-    broker's acknowledgement), so reading to the end replaces waiting a fixed time for stragglers."""
-    import json
-
-    def parsed(messages: list[tuple]) -> list[dict]:
-        return [json.loads(value) for _, value, _ in messages]
-
-    return parsed(_topic_messages(servers, topic, start, until=lambda messages: until(parsed(messages))))
-
-
 def _topic_bytes(servers: str, topic: str) -> bytes:
     """Every key, value and header of ``topic`` from its beginning, concatenated: what a reader of it can see."""
     import json
 
     chunks: list[bytes] = []
-    for key, value, headers in _topic_messages(servers, topic):
+    for key, value, headers in topic_messages(servers, topic):
         chunks += [key or b"", value, *(v for _, v in headers)]
         if b'"raw_b64"' in value:  # a dead letter with raw capture on: the bytes it keeps, decoded
             chunks.append(base64.b64decode(json.loads(value)["raw_b64"]))
@@ -626,7 +575,7 @@ def test_hostile_records_leave_no_card_number_on_either_dlq(runtime, tmp_path):
         producer.close()
     assert snap["decided"] - before["decided"] == len(stage)  # counts in == counts out
     assert snap["dead_lettered"] - before["dead_lettered"] == len(decode) + len(stage)
-    dead = _topic_messages(servers, topics.dlq, dlq_start)
+    dead = topic_messages(servers, topics.dlq, dlq_start)
     mine = [(source(v), json.loads(v)["reason"]) for _, v, _ in dead if source(v) in rejected | decided | reused]
     assert sorted(p for p, _ in mine) == sorted(rejected | reused)  # one DLQ record each; none for a decision
     assert {r for p, r in mine if p in reused} == {"conflicting_duplicate"}  # rejected by the scoring stages
@@ -642,10 +591,10 @@ def test_hostile_records_leave_no_card_number_on_either_dlq(runtime, tmp_path):
     with OutcomeStore(tmp_path / "outcomes.sqlite") as store:
         joiner = LabelJoiner(servers, store, topics, cfg.serving.producer, security=cfg.serving.kafka_security)
         try:
-            joiner.run(idle_s=2)
+            joiner.run(idle_s=0.5)  # the labels were all sent: caught up and quiet for a moment, it is done
         finally:
             joiner.close()
-    dead = _topic_messages(servers, topics.labels_dlq, labels_start)
+    dead = topic_messages(servers, topics.labels_dlq, labels_start)
     assert sorted(source(v) for _, v, _ in dead if source(v) in labels) == sorted(labels)
     for card in CARDS:
         assert recoverable(card, dead) == [], f"{card[:4]}…: card digits on {topics.labels_dlq}"
