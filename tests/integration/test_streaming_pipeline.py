@@ -144,7 +144,7 @@ def _own_dead_letters(runtime, start: dict[int, int], values: list[bytes]) -> li
     runtime.wait_idle()
     digests = {payload_digest(v) for v in values}
     dead = topic_records(runtime.bootstrap_servers, runtime.config.serving.topics.dlq, start,
-                          until=lambda records: digests <= {d["raw_sha256"] for d in records})
+                         until=lambda records: digests <= {d["raw_sha256"] for d in records})
     return [d for d in dead if d["raw_sha256"] in digests]
 
 
@@ -388,15 +388,15 @@ def test_duplicates_on_the_topics_copies_marked_and_a_conflicting_reuse_dead_let
     _wait_accounted(runtime, before, len(sent))  # every output of the four messages is on its topic by now
     awaited = Counter(d["transaction_id"] for d in (a, a, b))  # a's decision and its marked copy, b's
     decisions = topic_records(servers, topics.decisions, dec_start,
-                               until=lambda records: not awaited - Counter(d["transaction_id"] for d in records))
+                              until=lambda records: not awaited - Counter(d["transaction_id"] for d in records))
     of_a = [d for d in decisions if d["transaction_id"] == a["transaction_id"]]
     assert sorted(d["redelivered"] for d in of_a) == [False, True]
     assert of_a[0]["score"] == of_a[1]["score"] and of_a[0]["top_reasons"] == of_a[1]["top_reasons"]
     assert len([d for d in decisions if d["transaction_id"] == b["transaction_id"]]) == 1
     # the DLQ records of exactly our four source messages (by source partition/offset)
     dead = [d for d in topic_records(servers, topics.dlq, dlq_start,
-                                      until=lambda records: any((d["topic"], d["partition"], d["offset"])
-                                                                == (topics.transactions, *where[3]) for d in records))
+                                     until=lambda records: any((d["topic"], d["partition"], d["offset"])
+                                                               == (topics.transactions, *where[3]) for d in records))
             if (d["partition"], d["offset"]) in where and d["topic"] == topics.transactions]
     assert [((d["partition"], d["offset"]), d["reason"]) for d in dead] == [(where[3], "conflicting_duplicate")]
     assert dead[0]["record"]["amount"] == a["amount"] + 1  # the canonical fields, masked
