@@ -101,9 +101,17 @@ class TcpProxy:
         for conn in conns:
             try:
                 conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _RESET)
-                conn.close()
             except OSError:
                 pass
+        for conn in conns:
+            # a close alone leaves the connection open while a pump thread is blocked in recv() on it (the call
+            # holds the socket): the peer saw nothing until it sent again. SHUT_RD wakes that recv; the reset
+            # goes out as the last reference drops
+            try:
+                conn.shutdown(socket.SHUT_RD)
+            except OSError:
+                pass
+            conn.close()
 
     close = cut
 

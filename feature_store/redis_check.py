@@ -56,6 +56,30 @@ def _tls_failure(exc: BaseException) -> BaseException | None:
     return None
 
 
+def _ping_once(client: Any) -> None:
+    """``PING`` on a fresh connection made as ``client``'s pool makes them, but with no retries.
+
+    Why: redis-py retries a failed connect and command 3 times with exponential backoff (seconds), an
+    :class:`redis.AuthenticationError` too (it is a ``ConnectionError``), so a refused password took ~3 s to
+    report though it never heals by retrying. The stores' own clients keep their retries. A client without a
+    pool (a cluster client, which connects in its constructor) is pinged as it is.
+    """
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    pool = getattr(client, "connection_pool", None)
+    if pool is None:
+        client.ping()
+        return
+    conn = pool.connection_class(**{**pool.connection_kwargs, "retry": Retry(NoBackoff(), 0)})
+    try:
+        conn.connect()
+        conn.send_command("PING")
+        conn.read_response()
+    finally:
+        conn.disconnect()
+
+
 def check_redis(connect: Callable[[], Any], where: str, password_env: str) -> None:
     """``connect()`` a client and ``PING``; a refused AUTH or TLS handshake is a one-line :class:`UserError`.
 
@@ -64,7 +88,7 @@ def check_redis(connect: Callable[[], Any], where: str, password_env: str) -> No
     import redis
 
     try:
-        connect().ping()
+        _ping_once(connect())
     except redis.AuthenticationError as exc:
         reason = str(exc).split(". ")[0].rstrip(".")
         raise UserError(f"Redis at {where} refused the connection: {reason} "

@@ -12,6 +12,8 @@ import time
 
 import pytest
 
+from tests.topic_reader import topic_records
+
 pytestmark = [pytest.mark.integration]
 
 
@@ -37,7 +39,7 @@ def test_labels_join_exactly_once_across_a_kill_and_bad_labels_go_to_the_dlq(tmp
     from fedfraud.serving.config import TopicNames
     from fedfraud.serving.kafka import json_bytes
     from fedfraud.serving.labels import label_message
-    from fedfraud.serving.replay import collect, topic_end_offsets
+    from fedfraud.serving.replay import topic_end_offsets
 
     topics = TopicNames()
     bootstrap = kafka_broker.bootstrap_servers
@@ -71,7 +73,7 @@ def test_labels_join_exactly_once_across_a_kill_and_bad_labels_go_to_the_dlq(tmp
         stored_at_kill = store.count("labels")
     assert 0 < stored_at_kill < n, "the kill must land mid-way for this test to mean anything"
 
-    second = _join(bootstrap, outcomes, idle_s=3)
+    second = _join(bootstrap, outcomes, idle_s=1)  # every message was sent before: caught up and quiet, it is done
     out, err = second.communicate(timeout=120)
     assert second.returncode == 0, err[-2000:]
 
@@ -88,10 +90,12 @@ def test_labels_join_exactly_once_across_a_kill_and_bad_labels_go_to_the_dlq(tmp
             assert stored[(topics.labels, p)] >= end
     from fedfraud.serving.kafka.dead_letters import payload_digest
 
-    dead = collect(bootstrap, topics.labels_dlq, 10**9, dlq_start, timeout_s=5)  # everything since the start
     # this run's bad labels only: a new outcome store reads the topic from the beginning, so another test's bad
     # labels on the session's broker are dead-lettered again (a DLQ record keeps the payload's digest)
     digests = {payload_digest(b) for b in bad}
+    # everything since the start, to the end: the joiner exited after its DLQ sends were acknowledged
+    dead = topic_records(bootstrap, topics.labels_dlq, dlq_start,
+                         until=lambda records: digests <= {d["raw_sha256"] for d in records})
     distinct = {(d["partition"], d["offset"]): d["reason"] for d in dead
                 if d["topic"] == topics.labels and d["raw_sha256"] in digests}
     # a DLQ record sent just before the kill may be sent again (at least once); each bad message is there

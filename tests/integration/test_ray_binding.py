@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -56,15 +57,33 @@ print("SOCKETS " + json.dumps(found))
 """
 
 
-@pytest.mark.parametrize("how", sorted(START))
-def test_ray_listens_on_loopback_only(how: str) -> None:
+@pytest.fixture(scope="module")
+def children(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, tuple[subprocess.Popen, Path]]]:
+    """Every case's child, started at once: each starts a Ray of its own in its own process tree, and most of a
+    child's ~10-20 s is spent waiting for Ray's processes, so side by side they take little more than one."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
     env.pop("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", None)  # the product sets it; the test must not
     env.pop("RAY_ADDRESS", None)
-    proc = subprocess.run([sys.executable, "-c", START[how] + LIST_SOCKETS], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=300, check=False)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("SOCKETS "))
+    folder = tmp_path_factory.mktemp("ray-binding")
+    started = {}
+    for i, (how, code) in enumerate(sorted(START.items())):
+        out = folder / f"child-{i}"
+        with out.with_suffix(".out").open("w") as stdout, out.with_suffix(".err").open("w") as stderr:
+            started[how] = (subprocess.Popen([sys.executable, "-c", code + LIST_SOCKETS], cwd=ROOT, env=env,
+                                             stdout=stdout, stderr=stderr, text=True), out)
+    yield started
+    for proc, _ in started.values():
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.mark.parametrize("how", sorted(START))
+def test_ray_listens_on_loopback_only(how: str, children: dict[str, tuple[subprocess.Popen, Path]]) -> None:
+    proc, out = children[how]
+    returncode = proc.wait(timeout=300)
+    assert returncode == 0, out.with_suffix(".err").read_text()[-3000:]
+    line = next(ln for ln in out.with_suffix(".out").read_text().splitlines() if ln.startswith("SOCKETS "))
     sockets = json.loads(line.removeprefix("SOCKETS "))
     names = {name for name, _, _ in sockets}
     assert {"gcs_server", "raylet"} <= names, sockets  # the check saw Ray's servers at all

@@ -83,17 +83,17 @@ def test_fedfraud_serve_listens_on_loopback_only(tmp_path: Path, api_token) -> N
                             break
                 except httpx.HTTPError:
                     pass
-                time.sleep(1)
+                time.sleep(0.2)
         assert ready, (tmp_path / "serve.log").read_text()[-4000:]
         # a replica that already answers may name its process and open its gRPC listener a moment later (seen once
         # on a fresh clone): list again until both replicas are there, then check everything that listens
-        for _ in range(30):
+        for _ in range(150):
             sockets = _listening(psutil.Process(proc.pid))
             names = {name for name, _, _ in sockets}
             apps = ("fedfraud", "fedfraud-tokenizer")
             if all(any(n.startswith(f"ray::ServeReplica:{app}:") for n in names) for app in apps):
                 break
-            time.sleep(1)
+            time.sleep(0.2)
     finally:
         proc.send_signal(signal.SIGTERM)
         try:

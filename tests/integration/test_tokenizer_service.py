@@ -23,25 +23,24 @@ def _publish(root, merges):
 
 
 @pytest.fixture(scope="module")
-def service(tmp_path_factory, api_token):
-    import ray
+def service(tmp_path_factory, api_token, ray_session):
+    """The tokenizer app on the session's Ray (no Ray start of its own), behind a Serve of this module's."""
     from ray import serve
 
-    from fedfraud.core.net import ray_bind
     from fedfraud.serving.config import AuthSettings
     from fedfraud.serving.tokenizer_service import TokenizerServiceArgs, build_tokenizer_app
 
     root = tmp_path_factory.mktemp("registry")
     _publish(root, MERGES_V1)
     port = free_port()
-    ray.init(num_cpus=2, ignore_reinit_error=True, **ray_bind())
+    ray_session()
+    serve.shutdown()  # a Serve left by another module would keep its own HTTP port
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     auth = AuthSettings(token_file=str(api_token.file))
     serve.run(build_tokenizer_app(TokenizerServiceArgs(registry_root=str(root), poll_seconds=0.3, auth=auth)),
               name="tokenizer", route_prefix="/")
     yield root, f"http://127.0.0.1:{port}", api_token.headers
     serve.shutdown()
-    ray.shutdown()
 
 
 def test_endpoints_and_reload(service):
