@@ -192,7 +192,9 @@ def test_bad_anomaly_source_and_missing_model_are_one_line_errors(world, tmp_pat
     assert code == 2 and len(err) == 1 and "fedfraud train anomaly" in err[0]
 
 
+# a whole Flower simulation on Ray (~17 s) for a variant kept for comparison only: `make test-long` (CI)
 @pytest.mark.slow
+@pytest.mark.long
 def test_bagging_variant_is_still_selectable(world):
     assert main(["--log-level", "WARNING", *FAST, "train", "fraud", "--data", str(world["data"]), "--out",
                  str(world["registry"]), "--variant", "federated-bagging", "--rounds", "3"]) == 0
