@@ -3,10 +3,11 @@
 One federation for the module (TLS, SuperNode authentication, per-bank keys from
 ``generate_federation_files``). Each SuperNode is given only its own bank's
 folder. The anomaly app (the repository's Flower app) and the federated fraud app
-(``apps/fraud``: FedXgbBagging) each run 2 rounds through ``flwr run``; then a
-SuperNode whose key is not registered and a plaintext SuperNode are refused.
+(``apps/fraud``: FedXgbBagging) each run 2 rounds through ``flwr run`` (``-m long``). A SuperNode whose
+key is not registered and a plaintext SuperNode are refused by a SuperLink of the same kind (TLS, SuperNode
+authentication, bank 0's key registered) that runs without the banks' SuperNodes: a refusal needs none.
 Flower starts one process per message (import of torch and PyG each time), so
-the module takes minutes, not seconds.
+the long tests take minutes, not seconds.
 """
 
 from __future__ import annotations
@@ -63,6 +64,17 @@ def federation(tmp_path_factory):
         yield fed
 
 
+@pytest.fixture(scope="module")
+def superlink(tmp_path_factory):
+    """The refusal tests' SuperLink: TLS and SuperNode authentication as in :func:`federation`, bank 0's key
+    registered, no SuperNode started (nor data generated: a refused SuperNode never reads any)."""
+    root = tmp_path_factory.mktemp("superlink")
+    files = generate_federation_files(root / "federation", banks=len(BANKS))
+    with Federation(files, root / "data", []) as fed:
+        fed.register(files.bank_public_key(0), "bank-0")
+        yield fed
+
+
 @pytest.mark.long
 def test_anomaly_app_runs_across_processes(federation, tmp_path):
     out = tmp_path / "server"
@@ -111,24 +123,24 @@ def _refused(federation: Federation, cmd: list[str], name: str) -> str:
     return log.read_text(errors="replace")
 
 
-def test_unregistered_supernode_is_refused(federation, tmp_path):
-    key = tmp_path / "rogue"
+def test_unregistered_supernode_is_refused(superlink, tmp_path):
+    key = tmp_path / "rogue"  # claims bank 0, whose own key is registered
     write_ssh_key_pair(key, tmp_path / "rogue.pub", "not-registered")
-    text = _refused(federation, federation.supernode_command(0, key, max_retries=1), "rogue")
+    text = _refused(superlink, superlink.supernode_command(0, key, max_retries=1), "rogue")
     assert "Failed to activate SuperNode" in text
-    link = (federation.files.logs / "superlink.log").read_text(errors="replace")
+    link = (superlink.files.logs / "superlink.log").read_text(errors="replace")
     assert "No SuperNode found with the given public key" in link
 
 
-def test_plaintext_is_refused(federation):
-    text = _refused(federation, federation.supernode_command(0, None, insecure=True, max_retries=1), "plaintext")
+def test_plaintext_is_refused(superlink):
+    text = _refused(superlink, superlink.supernode_command(0, None, insecure=True, max_retries=1), "plaintext")
     assert "could not establish a connection to the SuperLink" in text
     # the same port speaks TLS only: a plain HTTP request gets no answer, a TLS one verified by the CA does
-    plain = http.client.HTTPConnection("127.0.0.1", federation.port, timeout=10)
+    plain = http.client.HTTPConnection("127.0.0.1", superlink.port, timeout=10)
     with pytest.raises((http.client.RemoteDisconnected, ConnectionError)):
         plain.request("GET", "/")
         plain.getresponse()
-    context = ssl.create_default_context(cafile=str(federation.files.ca_cert))
-    secure = http.client.HTTPSConnection("127.0.0.1", federation.port, timeout=10, context=context)
+    context = ssl.create_default_context(cafile=str(superlink.files.ca_cert))
+    secure = http.client.HTTPSConnection("127.0.0.1", superlink.port, timeout=10, context=context)
     secure.request("GET", "/")
     assert secure.getresponse().status < 500

@@ -3,6 +3,9 @@ writes one score per replayed transaction and variant, trains on labels as they 
 and per scenario. The federated variants run the real histogram federation (one process per bank).
 """
 
+import contextlib
+import io
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -34,22 +37,38 @@ def world(tmp_path_factory):
     return {"root": root, "csv": root / "data" / RAW_CSV, "scenarios": scenarios, "frame": frame}
 
 
-def test_backtest_writes_every_variant_for_every_replayed_transaction(world, capsys):
+PRIVATE = ("fl+merchant-fed ε=1", "fl+merchant-fed ε=1e+08")
+
+
+@pytest.fixture(scope="module")
+def replay(world):
+    """One ``eval backtest`` through the CLI for both tests below (one histogram federation, not two): the
+    compromised-merchant scenario labels, 7-day releases and three private rows (a repeated ε is one row). 60 trees:
+    with 20, the clear model of this tiny world splits on no merchant column, and the ε = 1 row differed from it
+    only because its noisy training releases happened to be used."""
     out = world["root"] / "out"
-    code = main(["--log-level", "WARNING", "--set", "fraud.num_boost_round=20", "--set", "fraud.threshold_bins=200",
-                 "eval", "backtest", "--csv", str(world["csv"]), "--format", "sparkov", "--banks", "2",
-                 "--train-until", CUT, "--labels-delay-days", str(DELAY), "--scenarios", str(world["scenarios"]),
-                 "--window-days", "3,7", "--release-window-days", "7", "--reps", "50", "--out", str(out)])
-    assert code == 0
-    scores = pd.read_csv(out / "scores.csv", dtype={"transaction_id": str})
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        code = main(["--log-level", "WARNING", "--set", "fraud.num_boost_round=60", "--set",
+                     "fraud.threshold_bins=200", "eval", "backtest", "--csv", str(world["csv"]), "--format", "sparkov",
+                     "--banks", "2", "--train-until", CUT, "--labels-delay-days", str(DELAY), "--scenarios",
+                     str(world["scenarios"]), "--window-days", "3,7", "--release-window-days", "7", "--reps", "50",
+                     "--epsilon", "1", "--epsilon", "1e8", "--epsilon", "1", "--out", str(out)])
+    assert code == 0, printed.getvalue()[-2000:]
+    return {"out": out, "printed": printed.getvalue(),
+            "scores": pd.read_csv(out / "scores.csv", dtype={"transaction_id": str})}
+
+
+def test_backtest_writes_every_variant_for_every_replayed_transaction(world, replay):
+    out, scores = replay["out"], replay["scores"]
     assert list(scores.columns) == ["transaction_id", "variant", "fraud_score"]
-    assert set(scores["variant"]) == set(VARIANTS)
+    assert list(scores["variant"].unique()) == [*VARIANTS, *PRIVATE]  # a repeated ε is one row
     frame = world["frame"]
     replayed = set(frame.loc[frame["timestamp"] >= pd.Timestamp(CUT, tz="UTC"), "transaction_id"])
     for _, rows in scores.groupby("variant"):
         assert set(rows["transaction_id"]) == replayed and rows["transaction_id"].is_unique
     assert scores["fraud_score"].between(0, 1).all()
-    printed = capsys.readouterr().out
+    printed = replay["printed"]
     for heading in ("**pooled**", "**bank 0**", "**bank 1**", "**compromised_merchant**",
                     "fl+merchant-fed − fl+merchant-bank (paired)", "histogram federation", "DP and SecAgg are OFF"):
         assert heading in printed
@@ -59,25 +78,14 @@ def test_backtest_writes_every_variant_for_every_replayed_transaction(world, cap
     assert (releases["release_day"] < CUT).any() and (releases["frauds_7d"] > 0).all()
 
 
-def test_epsilon_adds_private_rows_and_a_huge_epsilon_scores_as_the_clear_row(world, capsys):
-    out = world["root"] / "out-private"
-    # 60 trees: with 20, the clear model of this tiny world splits on no merchant column, and the ε = 1 row differed
-    # from it only because its noisy training releases happened to be used
-    code = main(["--log-level", "WARNING", "--set", "fraud.num_boost_round=60", "--set", "fraud.threshold_bins=200",
-                 "eval", "backtest", "--csv", str(world["csv"]), "--format", "sparkov", "--banks", "2",
-                 "--train-until", CUT, "--labels-delay-days", str(DELAY), "--window-days", "3,7", "--reps", "50",
-                 "--epsilon", "1", "--epsilon", "1e8", "--epsilon", "1", "--out", str(out)])
-    assert code == 0
-    scores = pd.read_csv(out / "scores.csv", dtype={"transaction_id": str})
-    private = ("fl+merchant-fed ε=1", "fl+merchant-fed ε=1e+08")
-    assert list(scores["variant"].unique()) == [*VARIANTS, *private]  # a repeated ε is one row
-    wide = scores.pivot(index="transaction_id", columns="variant", values="fraud_score")
+def test_epsilon_adds_private_rows_and_a_huge_epsilon_scores_as_the_clear_row(replay):
+    wide = replay["scores"].pivot(index="transaction_id", columns="variant", values="fraud_score")
     assert not wide.isna().any().any()
-    clear, huge, one = wide["fl+merchant-fed"], wide[private[1]], wide[private[0]]
+    clear, huge, one = wide["fl+merchant-fed"], wide[PRIVATE[1]], wide[PRIVATE[0]]
     assert np.isclose(huge, clear, atol=1e-6).mean() > 0.99  # σ ≈ 0.002: the release is (nearly) the clear sum
     assert not np.allclose(clear, wide["fl"])  # the model reads the merchant columns, or no ε could show
     assert not np.allclose(one, clear)
-    printed = capsys.readouterr().out
+    printed = replay["printed"]
     for text in ("**Private release**", "ε over the replayed period", "fl+merchant-fed ε=1 − fl+merchant-fed (paired)",
                  "DP and SecAgg are OFF for fl+merchant-fed"):
         assert text in printed

@@ -14,7 +14,9 @@ from fedfraud.training.tokenizer.trainer import train_federated_flower
 pytestmark = pytest.mark.integration
 
 
-@pytest.mark.parametrize("engine", ["simulation", "loopback"])
+# the Ray simulation engine runs in `make test` in the engines test below (noise on, merges equal to the loopback
+# grid's); its own privacy-off run against the reference is one more Ray start-up (~10 s), so `make test-long`
+@pytest.mark.parametrize("engine", [pytest.param("simulation", marks=pytest.mark.long), "loopback"])
 def test_flower_fedbpe_matches_reference_and_server_sees_no_pii(tmp_path, engine):
     docs = generate_corpus(2, 12, pii_rate=1.0, seed=5)
     corpus = write_jsonl(tmp_path / "corpus.jsonl", docs)
