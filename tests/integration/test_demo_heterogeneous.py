@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.long]  # `make demo` runs this stage; CI runs `long`
 
 
 def test_three_schemas_train_and_a_demographics_bank_serves(tmp_path: Path) -> None:

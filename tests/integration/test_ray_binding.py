@@ -1,8 +1,9 @@
 """Issue 17: a Ray started by fedfraud listens on loopback only (GCS, raylet, object manager, agents, workers).
 
-Each case starts Ray in a fresh child process, the way the product starts it (serving's ``ensure_ray``; the
-Flower simulation backend with the federated trainer's ``backend_config``), runs one task so a worker's gRPC
-server is up too, and lists every listening socket of that process tree with psutil.
+Each case starts Ray in a fresh child process, the way the product starts it (the Flower simulation backend with
+the federated trainer's ``backend_config``), runs one task so a worker's gRPC server is up too, and lists every
+listening socket of that process tree with psutil. Serving's Ray (``ensure_ray``) is covered by
+``test_replica_sockets.py``, which audits the whole tree of a running ``fedfraud serve``, that Ray included.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ ROOT = Path(__file__).resolve().parents[2]
 LOOPBACK = {"127.0.0.1", "::1", "::ffff:127.0.0.1"}
 
 START = {
-    "serving": "from fedfraud.serving.runtime import ensure_ray\nensure_ray(1)\n",
     "federated simulation": (
         "from flwr.server.superlink.fleet.vce.backend.raybackend import RayBackend\n"
         "from fedfraud.config import FedfraudConfig\n"
