@@ -19,10 +19,13 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/fedfraud demo --out out/demo
 
+# Two pytest-xdist workers, one test module each at a time (--dist loadfile keeps a module's fixtures in one
+# process): most integration tests wait on Ray, Serve, Flower or a broker to start, and the other worker runs
+# meanwhile. `-n 0` (or -p no:xdist) runs the suite in one process.
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(typecheck)
-	$(PY) -m pytest -q -m "not long" --durations=15 tests
+	$(PY) -m pytest -q -m "not long" -n 2 --dist loadfile --durations=15 tests
 
 # mypy on the typed public API ([tool.mypy] in pyproject.toml lists the modules). mypy cannot follow setup.py's
 # folder map through the editable install's import hook, so build/mypy-path/fedfraud/ links training/, serving/

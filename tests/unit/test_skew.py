@@ -154,6 +154,7 @@ def test_cli_unlabelled_dataset_dir_with_skew_is_one_line_error(ingested, tmp_pa
     unlabelled = tmp_path / "unlabelled.csv"
     raw.drop(columns=["is_fraud"]).to_csv(unlabelled, sep="|", index=False)
     ingest_csv(unlabelled, tmp_path / "u", IngestConfig(banks=2), progress=False)
+    capsys.readouterr()  # the ingest's own log lines (an earlier CLI test in this process may have left INFO on)
     code = main(["--log-level", "ERROR", "eval", "stacking", "--data", str(tmp_path / "u"), "--skew",
                  "--anomaly-score", "none"])
     err = capsys.readouterr().err.strip().splitlines()
