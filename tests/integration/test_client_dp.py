@@ -1,10 +1,10 @@
 """Client-level DP on the anomaly federation, checked on the real messages of a real Flower simulation on Ray.
 
-One 2-bank run with DP on, 1 round then resumed for a 2nd (shared with the anomaly module's tests): every update a
-bank sends is within the clipping norm of the global model it received; the global model the server
+One 2-bank, 2-round run with DP on: every update a bank sends is within the
+clipping norm of the global model it received; the global model the server
 releases is the equal-weight mean of those updates plus Gaussian noise of std
 noise_multiplier × clip / banks (measured on the real aggregated
-parameters); the published card carries the accountant's (ε, δ) over both rounds.
+parameters); the published card carries the accountant's (ε, δ).
 """
 
 import math
@@ -13,13 +13,28 @@ import numpy as np
 import pytest
 import torch
 
+from fedfraud.training.anomaly.run import Checkpoint, checkpoint_dir
+from fedfraud.training.data.config import GeneratorConfig
+from fedfraud.training.data.synthetic import generate_dataset
 from fedfraud.training.federated.accountant import gaussian_epsilon
+from fedfraud.training.anomaly.federated.task import RunSettings, build_model
+from fedfraud.training.anomaly.federated.trainer import run_federated
 from fedfraud.training.registry import ModelRegistry
+from tests.integration.tiny_run import TINY_RUN
 
 pytestmark = pytest.mark.integration
-pytest_plugins = ("tests.integration.federation_fixtures",)  # the run shared with test_federated_anomaly
 
-CLIP, NOISE = 0.05, 0.8  # the shared run's clipping norm and noise multiplier, checked in run()
+CLIP = 0.05  # well below the tiny model's update norm (~0.5), so every update is clipped
+NOISE = 0.8
+SMALL = {
+    **TINY_RUN,
+    "rounds": 2,
+    "dp-enabled": True,
+    "dp-noise-multiplier": NOISE,
+    "dp-clipping-norm": CLIP,
+    "dp-delta": 1e-5,
+    "aggregation": "fedavg",  # the mean's noise std z·C/n is what this test checks (robust rules scale it)
+}
 
 
 def _flat(state: dict[str, torch.Tensor]) -> np.ndarray:
@@ -27,13 +42,27 @@ def _flat(state: dict[str, torch.Tensor]) -> np.ndarray:
 
 
 @pytest.fixture(scope="module")
-def run(resumed_dp_run):
-    """The shared run (:mod:`tests.integration.federation_fixtures`): round 1, then round 2 in a resumed run."""
-    dp = resumed_dp_run["settings"].federated.dp
-    assert (dp.enabled, dp.clipping_norm, dp.noise_multiplier, dp.delta) == (True, CLIP, NOISE, 1e-5)
-    assert resumed_dp_run["settings"].federated.aggregation == "fedavg"  # robust rules scale the noise
-    return {"out": resumed_dp_run["out"], "result": resumed_dp_run["resumed"], "seen": resumed_dp_run["trained"],
-            "final": resumed_dp_run["final"]}
+def run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("dp")
+    data, out = root / "data", root / "artifacts"
+    generate_dataset(
+        data, GeneratorConfig(banks=2, cardholders=16, days=21, fraud_rate=0.03, seed=6), raw_csv=False, progress=False
+    )
+    settings = RunSettings.from_flat({**SMALL, "data-dir": str(data), "out-dir": str(out)})
+    seen: list[tuple[int, dict[str, torch.Tensor], list]] = []
+
+    def observer(kind, rnd, replies):
+        if kind != "train":
+            return
+        # the global model these replies were trained from: the initial one, else the last round's as released
+        before = Checkpoint.load(checkpoint_dir(out, "federated"))
+        received = build_model(settings).state_dict() if rnd == 1 else before.state_dict
+        assert before is None or before.round == rnd - 1
+        seen.append((rnd, received, replies))
+
+    result = run_federated(settings, observer=observer)
+    return {"settings": settings, "out": out, "result": result, "seen": seen,
+            "final": Checkpoint.load(checkpoint_dir(out, "federated"))}
 
 
 def test_every_update_a_bank_sends_is_clipped(run):
@@ -68,8 +97,7 @@ def test_released_model_is_the_mean_plus_noise_of_the_stated_std(run):
 
 def test_the_published_card_carries_the_accountants_epsilon(run):
     assert run["result"].version is not None
-    # by its tag: the anomaly module's centralized test publishes into the same registry
-    version = ModelRegistry(run["out"]).get("anomaly", run["result"].version.rsplit(":", 1)[-1])
+    version = ModelRegistry(run["out"]).get("anomaly", "latest")
     dp = version.privacy["client_dp"]
     assert dp["dp"] == "on" and dp["rounds"] == 2 and dp["banks"] == 2
     assert dp["noise_multiplier"] == NOISE and dp["clipping_norm"] == CLIP and dp["delta"] == 1e-5

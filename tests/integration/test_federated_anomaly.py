@@ -1,7 +1,7 @@
 """Real Flower simulations on Ray (2 banks): a 1-round run, then a resumed 2nd round; what the server receives.
 
-Two simulations, shared with the client-DP tests (Flower + Ray start-up dominates): the run is under client-level
-DP (every update clipped on its way out), which changes the values a bank sends, not what kind of values leave it.
+Two simulations for the whole module (Flower + Ray start-up dominates); the
+tests inspect their outputs.
 """
 
 import json
@@ -14,14 +14,16 @@ import torch
 
 from fedfraud.training.anomaly.run import Checkpoint, checkpoint_dir
 from fedfraud.training.anomaly.scorer import AnomalyScorer
+from fedfraud.training.data.config import GeneratorConfig
 from fedfraud.feature_store.layout import bank_dir
+from fedfraud.training.data.synthetic import generate_dataset
 from fedfraud.training.anomaly.centralized import run_centralized
 from fedfraud.training.anomaly.federated.task import RunSettings, build_model
+from fedfraud.training.anomaly.federated.trainer import run_federated
 from fedfraud.training.registry import ModelRegistry
 from tests.integration.tiny_run import TINY_RUN
 
 pytestmark = pytest.mark.integration
-pytest_plugins = ("tests.integration.federation_fixtures",)  # the run shared with test_client_dp
 
 SMALL = {
     **TINY_RUN,
@@ -30,9 +32,32 @@ SMALL = {
 
 
 @pytest.fixture(scope="module")
-def runs(resumed_dp_run):
-    """The shared run (:mod:`tests.integration.federation_fixtures`): the anomaly federation under client-level DP."""
-    return resumed_dp_run
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("fed")
+    data, out = root / "data", root / "artifacts"
+    generate_dataset(
+        data, GeneratorConfig(banks=2, cardholders=16, days=21, fraud_rate=0.03, seed=6), raw_csv=False, progress=False
+    )
+    seen: dict[str, list] = {"first": [], "resumed": []}
+    flat = {**SMALL, "data-dir": str(data), "out-dir": str(out)}
+    first = run_federated(
+        RunSettings.from_flat({**flat, "rounds": 1}),
+        observer=lambda kind, rnd, replies: seen["first"].append((kind, rnd, replies)),
+    )
+    after_first = Checkpoint.load(checkpoint_dir(out, "federated"))
+    resumed = run_federated(
+        RunSettings.from_flat({**flat, "rounds": 2, "resume": True}),
+        observer=lambda kind, rnd, replies: seen["resumed"].append((kind, rnd, replies)),
+    )
+    return {
+        "data": data,
+        "out": out,
+        "first": first,
+        "resumed": resumed,
+        "seen": seen,
+        "after_first": after_first,
+        "settings": RunSettings.from_flat(flat),
+    }
 
 
 def test_rounds_produce_metrics_and_loss(runs):
@@ -104,8 +129,7 @@ def test_published_model_loads_and_scores(runs):
 
 
 def test_centralized_upper_bound_runs(runs):
-    settings = RunSettings.from_flat({**runs["settings"].to_flat(), "rounds": 1, "local-epochs": 2,
-                                      "dp-enabled": False})  # client-level DP protects federated updates only
+    settings = RunSettings.from_flat({**runs["settings"].to_flat(), "rounds": 1, "local-epochs": 2})
     result = run_centralized(settings, threads=1)
     assert result.mode == "centralized" and result.rounds == 1
     assert math.isfinite(result.summary["loss_mean"]) and result.version is not None
