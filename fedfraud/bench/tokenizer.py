@@ -281,8 +281,11 @@ def run_tokenizer_bench(cfg: TokenizerConfig, *, quick: bool = False, privacy: b
         "clients": len(raw), "docs": len(docs), "mb": sum(len(t.encode()) for t in pooled) / 1e6, "seed": cfg.seed,
         "kind": "multilingual", "wipe": wipe, "config": f"mode={cfg.mode}, merges/round={cfg.merges_per_round}, "
         f"growth={cfg.merges_growth}, ratio={cfg.merges_ratio}, top_n={cfg.top_n}, θ={cfg.theta}, "
-        + (f"ε={cfg.epsilon} per release, max_doc_bytes={cfg.max_doc_bytes}, pair_tokens={cfg.pair_tokens}"
-           if privacy else "no privacy (exact counts)") + f", p={cfg.p}, K={cfg.k_fraction}",
+        + (("no privacy (exact counts)" if not privacy else
+            f"ε={cfg.epsilon} total per document (one release), k={cfg.histogram_words}, c={cfg.histogram_count}, "
+            f"max_doc_bytes={cfg.max_doc_bytes}" if cfg.mode == "histogram" else
+            f"ε={cfg.epsilon} per release, max_doc_bytes={cfg.max_doc_bytes}, pair_tokens={cfg.pair_tokens}")
+           + f", p={cfg.p}, K={cfg.k_fraction}"),
     }
 
     runs = {}
