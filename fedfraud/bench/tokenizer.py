@@ -360,7 +360,7 @@ def run_tokenizer_bench(cfg: TokenizerConfig, *, quick: bool = False, privacy: b
         "tokenizes the corpus"
         + ("; with per-document noise (ε per release over a dense public domain) every pair gets a noisy count, so "
            "the vocabulary does not run out, but past the pairs that stand out of the noise the merges are "
-           "noise-admitted and many never fire." if privacy else ".")
+           "noise-admitted and many never fire." if privacy and cfg.mode != "histogram" else ".")
     )
     fed = fed_tokens[targets[0]]
     size = fed.get_vocab_size()  # every baseline at the size the federated run reached

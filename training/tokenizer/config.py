@@ -21,7 +21,8 @@ class TokenizerConfig(BaseModel):
     mode: Literal["single", "batched", "histogram"] = Field(
         "batched", description="single: the paper's one merge per round; batched: several non-conflicting merges; "
         "histogram: each client releases one DP word histogram (Gaussian partition selection) and the server runs "
-        "BPE on their sum with the batched schedule (training/tokenizer/histogram.py)",
+        "BPE on their sum with the batched schedule (training/tokenizer/histogram.py; p, k_fraction, top_n and "
+        "pair_tokens do not apply; set epsilon, the total, e.g. 8: chosen on validation corpora, docs/tokenizer.md)",
     )
     merges_per_round: int = Field(
         256, ge=1, description="upper bound on merges per round in batched mode (256 with growth 0.1: chosen on "

@@ -2,13 +2,14 @@
 mode's one query (the client's DP word histogram: words above τ, as bytes, with their noisy counts).
 
 In single / batched mode only counts leave the client: token ids (of merges the
-server broadcast) with Laplace-noised frequencies, never words or text. In
-histogram mode the words whose Gaussian-noised count crosses τ leave as bytes
-(``fedfraud.training.tokenizer.histogram`` has the account). With noise, each document
-counts only up to ``max-doc-bytes`` bytes and the release is dense over a
-public domain (``fedfraud.training.tokenizer.privacy`` has the account). They travel as int/float
-arrays in an ``ArrayRecord`` (compact, and no per-element validation as in a
-``ConfigRecord`` list), as raw bytes (:func:`~fedfraud.training.tokenizer.federated.task.raw_array`).
+server broadcast) with Laplace-noised frequencies, never words or text. With
+noise, each document counts only up to ``max-doc-bytes`` bytes and the release
+is dense over a public domain (``fedfraud.training.tokenizer.privacy`` has the
+account). They travel as int/float arrays in an ``ArrayRecord`` (compact, and
+no per-element validation as in a ``ConfigRecord`` list), as raw bytes
+(:func:`~fedfraud.training.tokenizer.federated.task.raw_array`). In histogram
+mode the words whose Gaussian-noised count crosses τ leave, as bytes, with
+those noisy counts (``fedfraud.training.tokenizer.histogram`` has the account).
 """
 
 from __future__ import annotations
