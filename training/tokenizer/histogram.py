@@ -30,10 +30,11 @@ moves with δ_gauss either; half and half keeps both figures in the card plain.
 Each client's release reaches the server on its own (no secure aggregation),
 and it is DP on its own: a document lives in one client, so the run as a whole
 is (ε, δ)-DP per document with one release per client (parallel composition).
-Secure aggregation would hide the per-client releases but not the released
-key set, which the selection step must already make private per client. The
-server's sum, its threshold θ and the BPE it runs on the table are
-post-processing.
+Secure aggregation sums vectors over a domain all clients know in advance;
+here the domain (which words exist) is what each client discovers and
+releases, so the key set must be private per client anyway, and the counts
+released with it are covered by the same (ε, δ). The server's sum, its
+threshold θ and the BPE it runs on the table are post-processing.
 """
 
 from __future__ import annotations
