@@ -281,8 +281,11 @@ def run_tokenizer_bench(cfg: TokenizerConfig, *, quick: bool = False, privacy: b
         "clients": len(raw), "docs": len(docs), "mb": sum(len(t.encode()) for t in pooled) / 1e6, "seed": cfg.seed,
         "kind": "multilingual", "wipe": wipe, "config": f"mode={cfg.mode}, merges/round={cfg.merges_per_round}, "
         f"growth={cfg.merges_growth}, ratio={cfg.merges_ratio}, top_n={cfg.top_n}, θ={cfg.theta}, "
-        + (f"ε={cfg.epsilon} per release, max_doc_bytes={cfg.max_doc_bytes}, pair_tokens={cfg.pair_tokens}"
-           if privacy else "no privacy (exact counts)") + f", p={cfg.p}, K={cfg.k_fraction}",
+        + (("no privacy (exact counts)" if not privacy else
+            f"ε={cfg.epsilon} total per document (one release), k={cfg.histogram_words}, c={cfg.histogram_count}, "
+            f"max_doc_bytes={cfg.max_doc_bytes}" if cfg.mode == "histogram" else
+            f"ε={cfg.epsilon} per release, max_doc_bytes={cfg.max_doc_bytes}, pair_tokens={cfg.pair_tokens}")
+           + f", p={cfg.p}, K={cfg.k_fraction}"),
     }
 
     runs = {}
@@ -357,7 +360,7 @@ def run_tokenizer_bench(cfg: TokenizerConfig, *, quick: bool = False, privacy: b
         "tokenizes the corpus"
         + ("; with per-document noise (ε per release over a dense public domain) every pair gets a noisy count, so "
            "the vocabulary does not run out, but past the pairs that stand out of the noise the merges are "
-           "noise-admitted and many never fire." if privacy else ".")
+           "noise-admitted and many never fire." if privacy and cfg.mode != "histogram" else ".")
     )
     fed = fed_tokens[targets[0]]
     size = fed.get_vocab_size()  # every baseline at the size the federated run reached

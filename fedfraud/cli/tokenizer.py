@@ -53,7 +53,7 @@ def train(
     registry: RegistryOption = Path("out/registry"),
     corpus: CorpusOption = None,
     vocab_size: Annotated[int | None, typer.Option("--vocab-size", help="overrides tokenizer.vocab_size")] = None,
-    mode: Annotated[str | None, typer.Option("--mode", help="single or batched")] = None,
+    mode: Annotated[str | None, typer.Option("--mode", help="single, batched or histogram")] = None,
     backend: Annotated[str, typer.Option(
         "--backend", help="flower (the Flower apps on tokenizer.engine: simulation on Ray, or loopback in this "
         "process) or inprocess (direct calls, no messages)")] = "flower",
@@ -83,8 +83,11 @@ def train(
     masked = {c: pipe.masked_texts(t) for c, t in clients.items()}
     row = compare(masked, [("federated", run.vocab_size, lambda _c: hf_counter(run.tokenizer))])[0]
     metrics = {k: v[0] for k, v in row.mean().items()} | {"rounds": run.rounds, "train_seconds": run.train_seconds}
+    reached = run.vocab_size
     card = "\n".join([
         f"FedByteBPE tokenizer ({cfg.mode} mode) trained on {len(clients)} institutions; stopped: {run.stop_reason}.",
+        *(["", f"**Vocabulary**: reached {reached:,} of the {cfg.vocab_size:,} asked for ({run.stop_reason})."]
+          if reached < cfg.vocab_size else []),
         "",
         f"**Privacy**: {_privacy_line(run.privacy)}",
     ])
@@ -97,6 +100,12 @@ def _privacy_line(privacy: dict) -> str:  # type: ignore[type-arg]
     """One sentence for the card and the terminal: the composed (ε, δ) per document, or that privacy was off."""
     if privacy.get("privacy") != "on":
         return str(privacy.get("privacy"))
+    if "tau" in privacy:  # histogram mode: one release per client
+        return (
+            f"({privacy['epsilon']:.3g}, {privacy['delta']:.2g})-DP per document over all "
+            f"{privacy['releases_per_client']} release of a client: {privacy['mechanism']}; k = {privacy['k']}, "
+            f"c = {privacy['c']}, σ = {privacy['sigma']:.4g}, τ = {privacy['tau']:.4g} ({privacy['accountant']})"
+        )
     return (
         f"({privacy['epsilon']:.3g}, {privacy['delta']:.2g})-DP per document over all "
         f"{privacy['releases_per_client']} releases of a client ({privacy['epsilon_per_release']:g} per release, "

@@ -63,3 +63,22 @@ def test_engines_choose_the_same_merges_under_noise(tmp_path):
     assert runs["loopback"].rounds >= 4  # several rounds of broadcasts and catch-up, not one
     assert runs["loopback"].merges == runs["simulation"].merges
     assert runs["loopback"].privacy == runs["simulation"].privacy
+
+
+@pytest.mark.long  # one more Ray start-up (~20 s) for one round: `make test-long`; the loopback half runs in
+# tests/unit/test_tokenizer_histogram.py (loopback merges == the in-process driver's)
+def test_histogram_mode_chooses_the_same_merges_on_both_engines(tmp_path):
+    """Histogram mode: one query round through the same ServerApp and ClientApp; each client's noise comes from
+    (seed, partition id), and the server sums the releases in an order fixed by their content, so both engines and
+    the in-process driver train on the same table and choose the same merges; the card is the same.
+    """
+    docs = generate_corpus(3, 60, pii_rate=0.5, seed=11, multilingual=True)
+    corpus = write_jsonl(tmp_path / "corpus.jsonl", docs)
+    cfg = TokenizerConfig(mode="histogram", vocab_size=256 + 400 + 1, epsilon=8.0, histogram_words=16, seed=3)
+    runs = {e: train_federated_flower(cfg.model_copy(update={"engine": e}), corpus, num_supernodes=3)
+            for e in ("loopback", "simulation")}
+    assert runs["loopback"].rounds == runs["simulation"].rounds == 1
+    assert len(runs["loopback"].merges) > 20
+    assert runs["loopback"].merges == runs["simulation"].merges
+    assert runs["loopback"].privacy == runs["simulation"].privacy
+    assert runs["loopback"].privacy["releases_per_client"] == 1

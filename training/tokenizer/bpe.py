@@ -258,9 +258,11 @@ class ClientState:
     needs them, over the current array (a few hundred thousand positions per institution, milliseconds).
     """
 
-    def __init__(self, word_counts: Mapping[bytes, int]) -> None:
+    def __init__(self, word_counts: Mapping[bytes, float]) -> None:
         items = [(w, c) for w, c in word_counts.items() if w and c > 0]
-        self.freqs = np.array([c for _, c in items], dtype=np.int64)
+        # counts are integers, except in a table of summed noisy counts (histogram mode's server): kept as floats
+        exact = not any(isinstance(c, float) for _, c in items)
+        self.freqs: np.ndarray = np.array([c for _, c in items], dtype=np.int64 if exact else np.float64)
         lengths = np.fromiter((len(w) for w, _ in items), dtype=np.int64, count=len(items))
         self._tok = np.frombuffer(b"".join(w for w, _ in items), dtype=np.uint8).astype(np.int64)
         self._wid = np.repeat(np.arange(len(items), dtype=np.int64), lengths)

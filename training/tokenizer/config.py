@@ -18,8 +18,11 @@ class TokenizerConfig(BaseModel):
 
     vocab_size: int = Field(8000, description="256 bytes + merges + special tokens; the paper uses 50,257")
     special_tokens: list[str] = Field(default_factory=lambda: ["<|endoftext|>"])
-    mode: Literal["single", "batched"] = Field(
-        "batched", description="single: the paper's one merge per round; batched: several non-conflicting merges"
+    mode: Literal["single", "batched", "histogram"] = Field(
+        "batched", description="single: the paper's one merge per round; batched: several non-conflicting merges; "
+        "histogram: each client releases one DP word histogram (Gaussian partition selection) and the server runs "
+        "BPE on their sum with the batched schedule (training/tokenizer/histogram.py; p, k_fraction, top_n and "
+        "pair_tokens do not apply; set epsilon, the total, e.g. 8: chosen on validation corpora, docs/tokenizer.md)",
     )
     merges_per_round: int = Field(
         256, ge=1, description="upper bound on merges per round in batched mode (256 with growth 0.1: chosen on "
@@ -38,14 +41,24 @@ class TokenizerConfig(BaseModel):
     )
     theta: float = Field(8.0, ge=0.0, description="server threshold: keep keys whose aggregated count is > theta")
     epsilon: float = Field(
-        1.0, gt=0.0, description="Laplace ε of one release for one document (noise off only with --no-privacy)"
+        1.0, gt=0.0, description="single / batched: Laplace ε of one release for one document (the card composes the "
+        "releases); histogram: the TOTAL ε per document over all releases (one per client). Noise off only with "
+        "--no-privacy",
     )
     delta: float | None = Field(
-        None, gt=0.0, lt=1.0, description="δ of the composed (ε, δ) in the card; None: 1 / (10 × documents)"
+        None, gt=0.0, lt=1.0, description="δ of the composed (ε, δ) in the card (histogram mode: the total δ that "
+        "σ and τ are calibrated for); None: 1 / (10 × documents)"
     )
     max_doc_bytes: int = Field(
         1024, ge=1, description="a document contributes at most its first max_doc_bytes bytes of words: the L1 "
         "sensitivity of a release (Laplace scale = max_doc_bytes / epsilon)",
+    )
+    histogram_words: int = Field(
+        96, ge=1, description="histogram mode: k, the distinct words a document contributes to (its first k within "
+        "max_doc_bytes); L2 sensitivity histogram_count × √k",
+    )
+    histogram_count: int = Field(
+        1, ge=1, description="histogram mode: c, how often a document counts one word at most (1: document frequency)",
     )
     pair_tokens: int = Field(
         128, ge=2, description="with noise, the pair phase's public domain is all pairs of the top pair_tokens tokens",

@@ -12,7 +12,7 @@ from __future__ import annotations
 import bisect
 import logging
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from itertools import accumulate
@@ -27,6 +27,7 @@ __all__ = [
     "pretokenize",
     "CorpusReport",
     "CorpusPipeline",
+    "document_contribution",
 ]
 
 log = logging.getLogger(__name__)
@@ -148,10 +149,13 @@ class CorpusPipeline:
         return [t for t in (self.clean(d, report) for d in docs) if t is not None]
 
     def count_words(
-        self, docs: Iterable[str | bytes], max_doc_bytes: int | None = None
+        self, docs: Iterable[str | bytes], max_doc_bytes: int | None = None, max_words: int | None = None,
+        max_count: int | None = None,
     ) -> tuple[Counter[str], CorpusReport]:
         """Per-client word frequencies over wiped, pre-tokenized, byte-level text; with ``max_doc_bytes`` each
-        document contributes only its first words up to that many bytes (the bound the privacy account needs).
+        document contributes only its first words up to that many bytes (the bound the privacy account needs), and
+        with ``max_words`` / ``max_count`` only to its first that many distinct words, each at most that many
+        times (:func:`document_contribution`: the histogram mode's L0 / L∞ bound).
         """
         if self.pretokenizer is not pretokenize:  # a swapped pre-tokenizer: its byte-level words as they come
             report = CorpusReport()
@@ -161,7 +165,7 @@ class CorpusPipeline:
                 if max_doc_bytes is not None:
                     words = _first_bytes(words, max_doc_bytes)
                 report.words += len(words)
-                counts.update(words)
+                counts.update(document_contribution(words, max_words, max_count))
             self._log_skips(report)
             return counts, report
         raw, report = self.count_word_bytes(docs, max_doc_bytes)
@@ -169,7 +173,8 @@ class CorpusPipeline:
         return Counter({"".join(table[b] for b in w): c for w, c in raw.items()}), report
 
     def count_word_bytes(
-        self, docs: Iterable[str | bytes], max_doc_bytes: int | None = None
+        self, docs: Iterable[str | bytes], max_doc_bytes: int | None = None, max_words: int | None = None,
+        max_count: int | None = None,
     ) -> tuple[dict[bytes, int], CorpusReport]:
         """:meth:`count_words` keyed by the words' UTF-8 bytes (what the BPE counts), without the byte-level strings.
 
@@ -177,7 +182,7 @@ class CorpusPipeline:
         document, and the byte-level mapping (a bijection) only on the distinct words, after counting.
         """
         if self.pretokenizer is not pretokenize:
-            counts, report = self.count_words(docs, max_doc_bytes)
+            counts, report = self.count_words(docs, max_doc_bytes, max_words, max_count)
             table = unicode_to_bytes()
             out: dict[bytes, int] = {}
             for word, n in counts.items():
@@ -200,7 +205,7 @@ class CorpusPipeline:
                     sizes = accumulate(len(w.encode("utf-8")) for w, _ in pieces)
                 pieces = pieces[: bisect.bisect_right(list(sizes), max_doc_bytes)]
             report.words += len(pieces)
-            words.update(w for w, _ in pieces)
+            words.update(document_contribution([w for w, _ in pieces], max_words, max_count))
         self._log_skips(report)
         return {w.encode("utf-8"): c for w, c in words.items()}, report
 
@@ -208,6 +213,29 @@ class CorpusPipeline:
     def _log_skips(report: CorpusReport) -> None:
         if report.skipped:
             log.info("corpus skipped %s of %d documents", report.skipped, report.documents)
+
+
+def document_contribution(
+    words: Sequence[str], max_words: int | None = None, max_count: int | None = None
+) -> Counter[str] | Sequence[str]:
+    """What one document adds to its client's counts: its words, or (with a bound) only its first ``max_words``
+    distinct words, each counted at most ``max_count`` times.
+
+    The rule looks at the document alone (its word order), never at other documents or at the counts, so adding or
+    removing one document changes at most ``max_words`` keys by at most ``max_count`` each: L0 ≤ ``max_words``,
+    L∞ ≤ ``max_count``, L2 ≤ ``max_count`` × √``max_words`` (the histogram mode's sensitivity, ``histogram.py``).
+    """
+    if max_words is None and max_count is None:
+        return words
+    counts: Counter[str] = Counter()
+    for word in words:
+        if word not in counts:
+            if max_words is not None and len(counts) >= max_words:
+                continue
+            counts[word] = 1
+        elif max_count is None or counts[word] < max_count:
+            counts[word] += 1
+    return counts
 
 
 def _first_bytes(words: list[str], budget: int) -> list[str]:

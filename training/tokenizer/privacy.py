@@ -12,6 +12,9 @@ sampled; those R releases are composed with the PLD accountant of
 composition R·ε; the card reports the smaller. Subsampling with ``p``
 draws word occurrences, not documents, so no amplification is claimed for
 it. The server's threshold θ and the merge choice are post-processing.
+
+``mode: histogram`` releases once per client instead (``histogram.py``: Gaussian partition selection on a
+document-bounded word histogram); its card reports that one release's (ε, δ).
 """
 
 from __future__ import annotations
@@ -46,6 +49,39 @@ def composed_epsilon(epsilon: float, releases: int, delta: float) -> float:
     return float(min(accountant.get_epsilon(delta), releases * epsilon))
 
 
+def _histogram_privacy(
+    raw: Mapping[str, Any], *, documents: int, delta: float | None, max_doc_bytes: int
+) -> dict[str, Any]:
+    """The card's privacy section for histogram mode: one Gaussian partition-selection release per client."""
+    from fedfraud.training.tokenizer.histogram import ACCOUNTANT as HISTOGRAM_ACCOUNTANT
+
+    k, c = int(raw["max_words"]), int(raw["max_count"])
+    eps, d = float(raw["epsilon"]), float(raw["delta"])
+    return {
+        "privacy": "on",
+        "unit_of_privacy": f"one document (its first {max_doc_bytes} bytes of words, of those its first {k} distinct "
+        f"words, each counted at most {c} time{'s' if c > 1 else ''}; the rest is never counted)",
+        "epsilon": eps,
+        "delta": d,
+        "epsilon_per_release": eps,
+        "releases_per_client": int(raw.get("max_releases_per_client", 1)),
+        "accountant": HISTOGRAM_ACCOUNTANT,
+        "mechanism": f"histogram: each client releases once its words' counts plus N(0, σ²), σ = {raw['sigma']:.4g}, "
+        f"only those above τ = {raw['tau']:.4g} (L2 sensitivity c·√k = {raw['sensitivity']:.4g}); the server sums "
+        "them and runs BPE on the sum (post-processing)",
+        "k": k,
+        "c": c,
+        "sigma": float(raw["sigma"]),
+        "tau": float(raw["tau"]),
+        "delta_gaussian": float(raw["delta_gaussian"]),
+        "delta_selection": float(raw["delta_selection"]),
+        "documents": documents,
+        "delta_rule": "1 / (10 x documents), half to the Gaussian noise, half to the selection"
+        if delta is None else "configured, half to the Gaussian noise, half to the selection",
+        **({"note": "total epsilon above 10: a weak guarantee"} if not eps <= 10.0 else {}),
+    }
+
+
 def tokenizer_privacy(
     raw: Mapping[str, Any], *, documents: int, delta: float | None, noise: bool, max_doc_bytes: int
 ) -> dict[str, Any]:
@@ -58,6 +94,8 @@ def tokenizer_privacy(
             "releases_per_client": releases,
             "documents": documents,
         }
+    if raw.get("mechanism") == "histogram":
+        return _histogram_privacy(raw, documents=documents, delta=delta, max_doc_bytes=max_doc_bytes)
     eps = float(raw["epsilon_per_release"])
     d = default_delta(documents) if delta is None else float(delta)
     total = composed_epsilon(eps, releases, d)

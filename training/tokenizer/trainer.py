@@ -20,10 +20,19 @@ from fedfraud.training.tokenizer.bpe import ClientState, FedBPEServer, ReleasePa
 from fedfraud.training.tokenizer.config import TokenizerConfig
 from fedfraud.training.tokenizer.export import build_tokenizer, save_tokenizer
 from fedfraud.training.tokenizer.pretokenize import CorpusPipeline, build_decoder, build_pre_tokenizer, bytes_to_unicode
-from fedfraud.training.tokenizer.privacy import tokenizer_privacy
+from fedfraud.training.tokenizer.histogram import (
+    HistogramMechanism,
+    calibrate,
+    client_histogram,
+    histogram_release,
+    release_rng,
+    train_from_releases,
+)
+from fedfraud.training.tokenizer.privacy import default_delta, tokenizer_privacy
 
 __all__ = [
     "FederatedRun",
+    "histogram_mechanism",
     "server_settings",
     "train_federated_flower",
     "train_federated_inprocess",
@@ -68,6 +77,8 @@ def server_settings(cfg: TokenizerConfig, corpus_path: Path, privacy: bool = Tru
         "merges-per-round": cfg.merges_per_round,
         "merges-growth": cfg.merges_growth,
         "merges-ratio": cfg.merges_ratio,
+        "histogram-words": cfg.histogram_words,
+        "histogram-count": cfg.histogram_count,
         "max-rounds": cfg.max_rounds,
         "seed": cfg.seed,
         "ner": cfg.ner,
@@ -88,8 +99,10 @@ def train_federated_flower(
     from fedfraud.training.tokenizer.federated.client_app import app as client_app
     from fedfraud.training.tokenizer.federated.server_app import build_server_app, run_jobs
 
+    documents = _documents(corpus_path)
     settings = server_settings(
-        cfg, corpus_path, privacy, **{"audit-path": str(audit_path or ""), "num-supernodes": num_supernodes}
+        cfg, corpus_path, privacy, **{"audit-path": str(audit_path or ""), "num-supernodes": num_supernodes,
+                                      "delta": default_delta(documents) if cfg.delta is None else cfg.delta}
     )
     results: list[dict[str, Any]] = []
     start = time.perf_counter()
@@ -99,7 +112,7 @@ def train_federated_flower(
     out = results[0]
     merges = [(bytes.fromhex(a), bytes.fromhex(b)) for a, b in out["merges"]]
     tokenizer = build_tokenizer(merges, cfg.special_tokens)
-    account = tokenizer_privacy(out["privacy"], documents=_documents(corpus_path), delta=cfg.delta, noise=privacy,
+    account = tokenizer_privacy(out["privacy"], documents=documents, delta=cfg.delta, noise=privacy,
                                 max_doc_bytes=cfg.max_doc_bytes)
     return FederatedRun(
         tokenizer=tokenizer,
@@ -128,6 +141,8 @@ def train_federated_inprocess(
     start = time.perf_counter()
     pipe = CorpusPipeline()
     bound = cfg.max_doc_bytes if privacy else None
+    if cfg.mode == "histogram":
+        return _histogram_inprocess(cfg, clients, pipe, privacy, start)
     states = {name: ClientState(pipe.count_word_bytes(docs, bound)[0]) for name, docs in clients.items()}
     server = FedBPEServer(
         cfg.vocab_size - len(cfg.special_tokens),
@@ -156,6 +171,43 @@ def train_federated_inprocess(
         wall_seconds=time.perf_counter() - start,
         train_seconds=train,
     )
+
+
+def _histogram_inprocess(
+    cfg: TokenizerConfig, clients: dict[str, Sequence[str]], pipe: CorpusPipeline, privacy: bool, start: float
+) -> FederatedRun:
+    """Histogram mode with direct calls: each client's one release (partition ids in name order, as the Flower
+    clients' ``client_names``), then the server's sum and BPE.
+    """
+    documents = sum(len(d) for d in clients.values())
+    mechanism = histogram_mechanism(cfg, documents) if privacy else None
+    t0 = time.perf_counter()
+    releases = []
+    for partition, name in enumerate(sorted(clients)):
+        counts, _ = client_histogram(pipe, clients[name], cfg.max_doc_bytes, mechanism)
+        releases.append(histogram_release(counts, mechanism, release_rng(cfg.seed, partition)))
+    result = train_from_releases(
+        releases, mechanism, cfg.vocab_size - len(cfg.special_tokens), theta=cfg.theta,
+        merges_per_round=cfg.merges_per_round, merges_growth=cfg.merges_growth, merges_ratio=cfg.merges_ratio,
+        seed=cfg.seed, max_rounds=cfg.max_rounds,
+    )
+    return FederatedRun(
+        tokenizer=build_tokenizer(result.merges, cfg.special_tokens),
+        merges=result.merges,
+        rounds=1,  # one query round; the BPE on the server's table is local
+        stop_reason=result.stop_reason,
+        privacy=tokenizer_privacy(result.privacy, documents=documents, delta=cfg.delta, noise=privacy,
+                                  max_doc_bytes=cfg.max_doc_bytes),
+        wall_seconds=time.perf_counter() - start,
+        train_seconds=time.perf_counter() - t0,
+        history=[(int(h["vocab"]), float(h["time"]) - t0) for h in result.history],
+    )
+
+
+def histogram_mechanism(cfg: TokenizerConfig, documents: int) -> HistogramMechanism:
+    """σ and τ for the config's total (ε, δ) per document and its contribution bound (k, c)."""
+    delta = default_delta(documents) if cfg.delta is None else cfg.delta
+    return calibrate(cfg.epsilon, delta, cfg.histogram_words, cfg.histogram_count)
 
 
 def train_centralized(texts: Sequence[str], vocab_size: int, special_tokens: Sequence[str] = ()) -> Tokenizer:

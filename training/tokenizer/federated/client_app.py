@@ -1,11 +1,15 @@
-"""FedByteBPE ClientApp: answers the server's single-token and pair queries (ClientSendTuples).
+"""FedByteBPE ClientApp: answers the server's single-token and pair queries (ClientSendTuples), or histogram
+mode's one query (the client's DP word histogram: words above τ, as bytes, with their noisy counts).
 
-Only counts leave the client: token ids (of merges the server broadcast) with
-Laplace-noised frequencies, never words or text. With noise, each document
-counts only up to ``max-doc-bytes`` bytes and the release is dense over a
-public domain (``fedfraud.training.tokenizer.privacy`` has the account). They travel as int/float
-arrays in an ``ArrayRecord`` (compact, and no per-element validation as in a
-``ConfigRecord`` list), as raw bytes (:func:`~fedfraud.training.tokenizer.federated.task.raw_array`).
+In single / batched mode only counts leave the client: token ids (of merges the
+server broadcast) with Laplace-noised frequencies, never words or text. With
+noise, each document counts only up to ``max-doc-bytes`` bytes and the release
+is dense over a public domain (``fedfraud.training.tokenizer.privacy`` has the
+account). They travel as int/float arrays in an ``ArrayRecord`` (compact, and
+no per-element validation as in a ``ConfigRecord`` list), as raw bytes
+(:func:`~fedfraud.training.tokenizer.federated.task.raw_array`). In histogram
+mode the words whose Gaussian-noised count crosses τ leave, as bytes, with
+those noisy counts (``fedfraud.training.tokenizer.histogram`` has the account).
 """
 
 from __future__ import annotations
@@ -17,7 +21,14 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, 
 from flwr.clientapp import ClientApp
 
 from fedfraud.training.tokenizer.bpe import ReleaseParams
-from fedfraud.training.tokenizer.federated.task import array_of, client_state, raw_array, remember_merges
+from fedfraud.training.tokenizer.federated.task import (
+    array_of,
+    client_state,
+    client_word_histogram,
+    raw_array,
+    remember_merges,
+)
+from fedfraud.training.tokenizer.histogram import HistogramMechanism, histogram_release, pack_words, release_rng
 
 __all__ = ["app"]
 
@@ -31,6 +42,8 @@ def query(msg: Message, context: Context) -> Message:
     """Apply the broadcast merges, then release noisy counts for the requested phase."""
     cfg = msg.content["config"]
     partition = int(context.node_config.get("partition-id", 0))
+    if cfg["phase"] == "histogram":
+        return _histogram_reply(msg, cfg, partition)
     eps = float(cfg["epsilon"])
     bound = int(cfg["max-doc-bytes"]) if eps > 0 else None  # the sensitivity bound is part of the mechanism
     run = context.run_id
@@ -67,5 +80,32 @@ def query(msg: Message, context: Context) -> Message:
         if rel.right is not None:
             counts["right"] = raw_array(rel.right.astype(np.int32))
         content["counts"] = ArrayRecord(counts)
+    content["metrics"] = MetricRecord({"kept-docs": report.kept, "skipped-docs": sum(report.skipped.values())})
+    return Message(content, reply_to=msg)
+
+
+def _histogram_reply(msg: Message, cfg: ConfigRecord, partition: int) -> Message:
+    """Histogram mode's one release: the words whose noisy count is above τ, as bytes, with those noisy counts.
+
+    Nothing about the other words leaves: not their number, not their counts. Without noise (``epsilon`` 0,
+    ``--no-privacy``) the exact count of every word.
+    """
+    mechanism = None
+    if float(cfg["epsilon"]) > 0:
+        mechanism = HistogramMechanism(
+            max_words=int(cfg["k"]), max_count=int(cfg["c"]), sigma=float(cfg["sigma"]), tau=float(cfg["tau"]),
+            epsilon=float(cfg["epsilon"]), delta_gaussian=float(cfg["delta-gaussian"]),
+            delta_selection=float(cfg["delta-selection"]),
+        )
+    counts, report = client_word_histogram(
+        str(cfg["corpus-path"]), partition, bool(cfg.get("ner", False)), int(cfg["max-doc-bytes"]), mechanism
+    )
+    rel = histogram_release(counts, mechanism, release_rng(int(cfg["seed"]), partition))
+    content = RecordDict({"release": ConfigRecord({"applied": 0})})
+    if rel.words:
+        data, lengths = pack_words(rel.words)
+        content["words"] = ArrayRecord(
+            {"bytes": raw_array(data), "lengths": raw_array(lengths), "values": raw_array(rel.values)}
+        )
     content["metrics"] = MetricRecord({"kept-docs": report.kept, "skipped-docs": sum(report.skipped.values())})
     return Message(content, reply_to=msg)

@@ -24,10 +24,17 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from flwr.serverapp import Grid, ServerApp
 
 from fedfraud.training.federated.grid import wait_for_nodes
-from fedfraud.training.tokenizer.bpe import FedBPEServer, Release, ReleaseParams
+from fedfraud.training.tokenizer.bpe import FedBPEResult, FedBPEServer, Release, ReleaseParams
 from fedfraud.training.tokenizer.federated.task import array_of, raw_array
+from fedfraud.training.tokenizer.histogram import (
+    HistogramMechanism,
+    WordRelease,
+    calibrate,
+    train_from_releases,
+    unpack_words,
+)
 
-__all__ = ["build_server_app", "run_fedbpe", "run_jobs", "DEFAULTS"]
+__all__ = ["build_server_app", "run_fedbpe", "run_histogram", "run_jobs", "DEFAULTS"]
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +52,9 @@ DEFAULTS: dict[str, Any] = {
     "merges-per-round": 256,
     "merges-growth": 0.1,
     "merges-ratio": 0.0,
+    "histogram-words": 96,  # histogram mode: k distinct words per document
+    "histogram-count": 1,  # histogram mode: c, each counted at most c times
+    "delta": 0.0,  # histogram mode: total δ per document σ and τ are calibrated for (the trainer passes it)
     "max-rounds": 100_000,
     "seed": 7,
     "ner": False,
@@ -58,12 +68,19 @@ DEFAULTS: dict[str, Any] = {
 class _Audit:
     """Append-only JSONL of every release received (token bytes, not ids)."""
 
-    def __init__(self, path: str, server: FedBPEServer) -> None:
+    def __init__(self, path: str, server: FedBPEServer | None) -> None:
         self.fh = open(path, "a", encoding="utf-8") if path else None  # noqa: SIM115 - closed in close()
         self.server = server
 
+    def record_words(self, node: int, rel: WordRelease) -> None:
+        """Histogram mode: the words as received (UTF-8, undecodable bytes escaped) and their values."""
+        if self.fh is not None:
+            keys = [w.decode("utf-8", "backslashreplace") for w in rel.words]
+            self.fh.write(json.dumps({"node": node, "phase": "histogram", "keys": keys,
+                                      "values": rel.values.tolist()}) + "\n")
+
     def record(self, node: int, phase: str, rel: Release) -> None:
-        if self.fh is None:
+        if self.fh is None or self.server is None:
             return
         tokens = self.server.vocab.tokens
         keys = [
@@ -165,8 +182,72 @@ def _exchange(
     return releases
 
 
+def _histogram_query(settings: dict[str, Any], mechanism: HistogramMechanism | None) -> RecordDict:
+    """Histogram mode's one query: where the corpus is, the contribution bound and the calibrated σ and τ."""
+    cfg: dict[str, Any] = {
+        "phase": "histogram", "round": 0, "corpus-path": str(settings["corpus-path"]),
+        "epsilon": 0.0 if mechanism is None else mechanism.epsilon, "max-doc-bytes": int(settings["max-doc-bytes"]),
+        "seed": int(settings["seed"]), "ner": bool(settings["ner"]),
+    }
+    if mechanism is not None:
+        cfg |= {"k": mechanism.max_words, "c": mechanism.max_count, "sigma": mechanism.sigma, "tau": mechanism.tau,
+                "delta-gaussian": mechanism.delta_gaussian, "delta-selection": mechanism.delta_selection}
+    return RecordDict({"config": ConfigRecord(cfg)})
+
+
+def _word_release_of(content: RecordDict) -> WordRelease:
+    if "words" not in content:
+        return WordRelease([], np.zeros(0))
+    arrays = content["words"]
+    return WordRelease(unpack_words(array_of(arrays["bytes"]), array_of(arrays["lengths"])),
+                       array_of(arrays["values"]))
+
+
+def run_histogram(grid: Grid, settings: dict[str, Any]) -> dict[str, Any]:
+    """Histogram mode over a Flower grid: one query round (each client's DP word histogram), then BPE on the sum.
+
+    σ and τ are calibrated here from the total (ε, δ) per document (``delta`` must be set: the trainer passes
+    1 / (10 × documents) unless configured) and sent to the clients with the query.
+    """
+    eps = float(settings["epsilon"] or 0.0)
+    mechanism = None
+    if eps > 0:
+        delta = float(settings.get("delta") or 0.0)
+        if not 0 < delta < 1:
+            raise ValueError("histogram mode needs the setting 'delta' (total δ per document) in (0, 1)")
+        mechanism = calibrate(eps, delta, int(settings["histogram-words"]), int(settings["histogram-count"]))
+    nodes = wait_for_nodes(grid, int(settings["num-supernodes"]))
+    audit = _Audit(str(settings["audit-path"]), None)
+    start = time.perf_counter()
+    content = _histogram_query(settings, mechanism)
+    releases = []
+    try:
+        for reply in _send_and_receive(grid, [Message(content, dst_node_id=n, message_type="query") for n in nodes]):
+            if reply.has_error():
+                log.warning("node=%d left the histogram round: %s", reply.metadata.src_node_id, reply.error.reason)
+                continue
+            rel = _word_release_of(reply.content)
+            audit.record_words(reply.metadata.src_node_id, rel)
+            releases.append(rel)
+    finally:
+        audit.close()
+    log.info("histogram round: %d releases, %d words", len(releases), sum(len(r.words) for r in releases))
+    result = train_from_releases(
+        releases, mechanism, int(settings["vocab-size"]) - int(settings["special-tokens"]),
+        theta=float(settings["theta"]), merges_per_round=int(settings["merges-per-round"]),
+        merges_growth=float(settings["merges-growth"]), merges_ratio=float(settings["merges-ratio"]),
+        seed=int(settings["seed"]), max_rounds=int(settings["max-rounds"]),
+    )
+    result.rounds = 1  # one query round; the merge loop on the server's table sends nothing
+    return _finish(result, start, settings)
+
+
 def run_fedbpe(grid: Grid, settings: dict[str, Any]) -> dict[str, Any]:
-    """The Algorithm 4 loop over a Flower grid; returns (and optionally writes) the result."""
+    """The Algorithm 4 loop over a Flower grid (or, in histogram mode, :func:`run_histogram`); returns (and
+    optionally writes) the result.
+    """
+    if settings["mode"] == "histogram":
+        return run_histogram(grid, settings)
     eps = float(settings["epsilon"] or 0.0)
     server = FedBPEServer(
         int(settings["vocab-size"]) - int(settings["special-tokens"]),
@@ -200,7 +281,11 @@ def run_fedbpe(grid: Grid, settings: dict[str, Any]) -> dict[str, Any]:
     finally:
         audit.close()
     server.stop_at_round_limit()
-    result = server.result()
+    return _finish(server.result(), start, settings)
+
+
+def _finish(result: FedBPEResult, start: float, settings: dict[str, Any]) -> dict[str, Any]:
+    """The result as the ServerApp hands it back (and writes it to ``result-path``)."""
     out = {
         "merges": [[a.hex(), b.hex()] for a, b in result.merges],
         "vocab_size": result.vocab_size,

@@ -32,10 +32,12 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 
 from fedfraud.training.tokenizer.bpe import ClientState
 from fedfraud.training.tokenizer.corpus import read_jsonl
+from fedfraud.training.tokenizer.histogram import HistogramMechanism, client_histogram
 from fedfraud.training.tokenizer.pretokenize import CorpusPipeline, CorpusReport
 
 __all__ = [
-    "RAW_STYPE", "array_of", "client_names", "client_state", "corpus_key", "load_partition", "raw_array",
+    "RAW_STYPE", "array_of", "client_names", "client_state", "client_word_histogram", "corpus_key", "load_partition",
+    "raw_array",
     "remember_merges",
 ]
 
@@ -128,6 +130,26 @@ def _restore(store: RecordDict, key: str) -> tuple[ClientState, CorpusReport] | 
     return state, report
 
 
+def _pipeline(ner: bool) -> CorpusPipeline:
+    """The client's corpus pipeline: the rule-based PII recognizers, plus NER when asked."""
+    masker = None
+    if ner:
+        from fedfraud.training.tokenizer.pii import PIIDetector, default_recognizers, resolve_recognizer
+
+        masker = PIIDetector([*default_recognizers(), resolve_recognizer("ner")])
+    return CorpusPipeline(masker)
+
+
+def client_word_histogram(
+    corpus_path: str, partition_id: int, ner: bool, max_doc_bytes: int, mechanism: HistogramMechanism | None,
+) -> tuple[dict[bytes, int], CorpusReport]:
+    """Histogram mode: one client's bounded word counts after PII wiping (``histogram.client_histogram``); computed
+    once per run (one query), so nothing is cached.
+    """
+    docs = load_partition(Path(corpus_path), partition_id)
+    return client_histogram(_pipeline(ner), docs, max_doc_bytes, mechanism)
+
+
 def client_state(
     corpus_path: str, partition_id: int, ner: bool = False, store: RecordDict | None = None,
     max_doc_bytes: int | None = None, run: int | str | None = None,
@@ -148,12 +170,7 @@ def client_state(
             del _STATES[stale]
         restored = _restore(store, key) if store is not None else None
         if restored is None:
-            masker = None
-            if ner:
-                from fedfraud.training.tokenizer.pii import PIIDetector, default_recognizers, resolve_recognizer
-
-                masker = PIIDetector([*default_recognizers(), resolve_recognizer("ner")])
-            words, report = CorpusPipeline(masker).count_word_bytes(
+            words, report = _pipeline(ner).count_word_bytes(
                 load_partition(Path(corpus_path), partition_id), max_doc_bytes
             )
             restored = ClientState(words), report
