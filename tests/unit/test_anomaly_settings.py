@@ -112,3 +112,25 @@ def test_cli_empty_bank(capsys, monkeypatch, tiny, tmp_path, centralized):
     argv = ["train", "anomaly", "--data", str(data), "--out", str(tmp_path / "out")]
     line = _one_line_error(capsys, monkeypatch, argv + (["--centralized"] if centralized else []))
     assert "bank 1" in line and "no transactions" in line
+
+
+def test_init_from_starts_from_the_published_weights_and_refuses_another_architecture(tmp_path):
+    """Public pretraining: ``anomaly.init_from`` loads a published model's weights into the run's model."""
+    import torch
+
+    from fedfraud.training.anomaly.federated.task import build_model
+    from fedfraud.training.anomaly.scorer import publish_anomaly_model
+    from fedfraud.training.registry import ModelRegistry
+
+    source = RunSettings.from_flat({"seed": 3})
+    pretrained = build_model(source)
+    publish_anomaly_model(ModelRegistry(tmp_path / "reg"), pretrained.state_dict(), anomaly_cfg=source.anomaly,
+                          encoder_cfg=source.encoder, ego_cfg=source.egograph, config={}, metrics={}, privacy={},
+                          card="pretrained on public data")
+    started = build_model(RunSettings.from_flat({"seed": 7, "init-from": str(tmp_path / "reg")}))
+    fresh = build_model(RunSettings.from_flat({"seed": 7}))
+    for key, value in pretrained.state_dict().items():
+        assert torch.equal(started.state_dict()[key], value), key
+    assert any(not torch.equal(fresh.state_dict()[k], v) for k, v in pretrained.state_dict().items())
+    with pytest.raises(ConfigError, match="does not fit this run's architecture"):
+        build_model(RunSettings.from_flat({"hidden": 32, "init-from": str(tmp_path / "reg")}))

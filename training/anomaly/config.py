@@ -158,6 +158,15 @@ class AnomalyConfig(BaseModel):
             "need an event readout (the thesis readouts have no history summary)"
         ),
     )
+    init_from: str = Field(
+        "",
+        description=(
+            "registry folder of a published anomaly model to start from instead of a random draw (same "
+            "architecture; '' = random). Meant for public pretraining: a model trained on data that is not any "
+            "bank's (the project generator), then fine-tuned under cardholder-level DP, which protects only the "
+            "fine-tuning data (docs/privacy.md)"
+        ),
+    )
     cardholder_dp: CardholderDPConfig = Field(
         default_factory=CardholderDPConfig,
         description="cardholder-level DP-SGD in local training (run keys cardholder-dp-*; docs/privacy.md)")

@@ -244,9 +244,22 @@ class RunSettings:
 
 
 def build_model(settings: RunSettings) -> AnomalyModel:
-    """The anomaly model, initialised from ``anomaly.seed`` (every process builds the same initial weights)."""
+    """The anomaly model, initialised from ``anomaly.seed`` (every process builds the same initial weights), or
+    from the published model ``anomaly.init_from`` names (public pretraining; its architecture must match).
+    """
     torch.manual_seed(settings.anomaly.seed)
-    return AnomalyModel(settings.anomaly, settings.encoder, settings.egograph.max_nodes)
+    model = AnomalyModel(settings.anomaly, settings.encoder, settings.egograph.max_nodes)
+    if settings.anomaly.init_from:
+        from fedfraud.training.anomaly.scorer import AnomalyScorer
+
+        source = AnomalyScorer.from_registry(settings.anomaly.init_from, device="cpu")
+        try:
+            model.load_state_dict(source.model.state_dict())
+        except RuntimeError as err:
+            raise ConfigError(f"anomaly.init_from {settings.anomaly.init_from}: {source.tag} does not fit "
+                              f"this run's architecture ({str(err).splitlines()[0]})") from None
+        logger.info("anomaly model initialised from %s (%s)", settings.anomaly.init_from, source.tag)
+    return model
 
 
 _BANKS: OrderedDict[tuple[Any, ...], BankData] = OrderedDict()
