@@ -14,10 +14,13 @@ import os
 import pytest
 
 from fedfraud.feature_store.privacy import FEDERATION_KEY_ENV, SECRET_ENV, SIMULATION_SECRET_ENV
+from fedfraud.training.tokenizer.privacy import TEST_NOISE_SEED_ENV
 
 for _name in (SECRET_ENV, FEDERATION_KEY_ENV):  # a bank secret in the developer's shell would change every test
     os.environ.pop(_name, None)
 os.environ.setdefault(SIMULATION_SECRET_ENV, "fedfraud-test-suite-simulation-secret-not-for-use")
+# the tokenizer clients' noise, seeded for the suite only (a deployment draws OS entropy), so engines can be compared
+os.environ.setdefault(TEST_NOISE_SEED_ENV, "7")
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:

@@ -124,7 +124,7 @@ def test_noise_threshold_and_subsampling_run_and_account_privacy():
     cfg_release = ReleaseParams(p=0.8, epsilon=1.0, sensitivity=2.0, top_n=50)
     server = FedBPEServer(256 + 20, theta=2, mode="batched", merges_per_round=4, k_fraction=0.67,
                           release=cfg_release, seed=3)
-    result = train_in_process(_states(TINY), server, seed=3)
+    result = train_in_process(_states(TINY), server)
     assert result.privacy["epsilon_per_release"] == 1.0 and result.privacy["noise_scale"] == 2.0
     assert result.privacy["max_releases_per_client"] == max(server.releases_per_client.values()) >= 1
     assert len(result.merges) > 0

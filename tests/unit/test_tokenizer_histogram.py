@@ -26,7 +26,7 @@ from fedfraud.training.tokenizer.histogram import (
     unpack_words,
 )
 from fedfraud.training.tokenizer.pretokenize import CorpusPipeline, document_contribution
-from fedfraud.training.tokenizer.privacy import default_delta, tokenizer_privacy
+from fedfraud.training.tokenizer.privacy import TEST_NOISE_SEED_ENV, default_delta, tokenizer_privacy
 from fedfraud.training.tokenizer.trainer import histogram_mechanism, train_federated_flower, train_federated_inprocess
 
 DOCS = [d.text for d in generate_corpus(1, 12, pii_rate=0.0, seed=2, multilingual=True)]
@@ -117,8 +117,8 @@ def test_a_clients_message_holds_only_words_over_tau_with_noisy_counts(tmp_path,
     names = client_names(corpus)
     released = 0
     for reply in seen:
-        assert set(reply.content) <= {"release", "words", "metrics"}
-        assert set(reply.content["metrics"]) == {"kept-docs", "skipped-docs"}
+        assert set(reply.content) <= {"release", "words"}  # no document counts, no metrics
+        assert dict(reply.content["release"]) == {"applied": 0}
         if "words" not in reply.content:
             continue
         arrays = reply.content["words"]
@@ -136,6 +136,37 @@ def test_a_clients_message_holds_only_words_over_tau_with_noisy_counts(tmp_path,
     assert released > 10
     # the in-process driver draws the same noise and trains on the same table: the same merges
     assert train_federated_inprocess(cfg, by_client).merges == run.merges
+
+
+def test_outside_the_suite_the_noise_is_fresh_entropy_that_no_query_can_seed(tmp_path, monkeypatch):
+    """The server must not be able to recompute a client's noise: no seed travels in the query, and two runs of
+    the same corpus and config release different noisy values for the same words.
+    """
+    monkeypatch.delenv(TEST_NOISE_SEED_ENV)
+    docs = generate_corpus(3, 80, pii_rate=0.5, seed=11, multilingual=True)
+    corpus = write_jsonl(tmp_path / "corpus.jsonl", docs)
+    cfg = TokenizerConfig(mode="histogram", vocab_size=400, epsilon=8.0, histogram_words=16, engine="loopback")
+    seen = _recording_replies(monkeypatch)
+    sent = []
+    push = LoopbackGrid.push_messages
+
+    def recording_queries(self, messages):
+        messages = list(messages)
+        sent.extend(m.content["config"] for m in messages)
+        return push(self, messages)
+
+    monkeypatch.setattr(LoopbackGrid, "push_messages", recording_queries)
+    runs = []
+    for _ in range(2):
+        seen.clear()
+        train_federated_flower(cfg, corpus, num_supernodes=3)
+        runs.append({(r.metadata.src_node_id, w): v for r in seen if "words" in r.content
+                     for w, v in zip(unpack_words(array_of(r.content["words"]["bytes"]),
+                                                  array_of(r.content["words"]["lengths"])),
+                                     array_of(r.content["words"]["values"]), strict=True)})
+    assert sent and all("seed" not in c for c in sent)
+    common = set(runs[0]) & set(runs[1])
+    assert len(common) > 10 and all(runs[0][k] != runs[1][k] for k in common)
 
 
 def test_card_of_a_histogram_run_and_a_vocabulary_that_ran_out(tmp_path, capsys):

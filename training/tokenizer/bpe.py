@@ -665,11 +665,15 @@ class FedBPEServer:
 
 
 def train_in_process(
-    clients: Mapping[str, ClientState], server: FedBPEServer, *, seed: int = 0, max_rounds: int = 1_000_000
+    clients: Mapping[str, ClientState], server: FedBPEServer, *, max_rounds: int = 1_000_000
 ) -> FedBPEResult:
-    """Algorithm 4 with direct calls instead of messages (tests, and the reference for the Flower app)."""
+    """Algorithm 4 with direct calls instead of messages (tests, and the reference for the Flower app). Each client
+    draws its noise from :func:`~fedfraud.training.tokenizer.privacy.noise_rng`, as in the Flower app.
+    """
+    from fedfraud.training.tokenizer.privacy import noise_rng
+
     names = sorted(clients)
-    rngs = {name: np.random.default_rng([seed, i]) for i, name in enumerate(names)}
+    rngs = {name: noise_rng(i) for i, name in enumerate(names)}
     pending: list[Merge] = []
     while not server.done and server.rounds < max_rounds:
         for name in names:  # ClientUpdateDataset for all clients (done lazily before they count)

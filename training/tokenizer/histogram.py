@@ -61,7 +61,6 @@ __all__ = [
     "gaussian_epsilon",
     "histogram_release",
     "pack_words",
-    "release_rng",
     "selection_delta",
     "sum_releases",
     "train_from_releases",
@@ -213,13 +212,6 @@ def histogram_release(
     return WordRelease([words[i] for i in keep], noisy[keep])
 
 
-def release_rng(seed: int, partition: int) -> np.random.Generator:
-    """A client's noise generator, from (seed, partition id) alone: every engine and the in-process driver draw the
-    same noise, so they choose the same merges.
-    """
-    return np.random.default_rng([seed, partition, 2])
-
-
 def sum_releases(releases: Iterable[WordRelease], theta: float) -> dict[bytes, float]:
     """The server's table: per word, the sum of the released noisy counts (0 where a client did not release it),
     words whose sum is > ``theta``. Summed in an order fixed by the releases' content (as
@@ -260,10 +252,10 @@ def train_on_histogram(
         merges_ratio=merges_ratio, release=ReleaseParams(), seed=seed,
     )
     start = time.perf_counter()
-    result = train_in_process({"server": ClientState(table)}, server, seed=seed, max_rounds=max_rounds)
+    result = train_in_process({"server": ClientState(table)}, server, max_rounds=max_rounds)
     if result.stop_reason == "no vocabulary left":
         result.stop_reason = (
-            f"the noisy word table ran out of pairs at {result.vocab_size:,} tokens < {target_tokens:,}: every "
+            f"the word table ran out of pairs at {result.vocab_size:,} tokens < {target_tokens:,}: every "
             f"released word ({len(table):,}) is one token; no merge is taken from outside the released words"
         )
     log.info("histogram BPE words=%d vocab=%d rounds=%d %.1f s", len(table), result.vocab_size, result.rounds,

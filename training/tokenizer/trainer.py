@@ -25,10 +25,9 @@ from fedfraud.training.tokenizer.histogram import (
     calibrate,
     client_histogram,
     histogram_release,
-    release_rng,
     train_from_releases,
 )
-from fedfraud.training.tokenizer.privacy import default_delta, tokenizer_privacy
+from fedfraud.training.tokenizer.privacy import default_delta, noise_rng, tokenizer_privacy
 
 __all__ = [
     "FederatedRun",
@@ -159,7 +158,7 @@ def train_federated_inprocess(
         seed=cfg.seed,
     )
     t0 = time.perf_counter()
-    result = train_in_process(states, server, seed=cfg.seed, max_rounds=cfg.max_rounds)
+    result = train_in_process(states, server, max_rounds=cfg.max_rounds)
     train = time.perf_counter() - t0
     return FederatedRun(
         tokenizer=build_tokenizer(result.merges, cfg.special_tokens),
@@ -185,7 +184,7 @@ def _histogram_inprocess(
     releases = []
     for partition, name in enumerate(sorted(clients)):
         counts, _ = client_histogram(pipe, clients[name], cfg.max_doc_bytes, mechanism)
-        releases.append(histogram_release(counts, mechanism, release_rng(cfg.seed, partition)))
+        releases.append(histogram_release(counts, mechanism, noise_rng(partition, 2)))
     result = train_from_releases(
         releases, mechanism, cfg.vocab_size - len(cfg.special_tokens), theta=cfg.theta,
         merges_per_round=cfg.merges_per_round, merges_growth=cfg.merges_growth, merges_ratio=cfg.merges_ratio,

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
 from fedfraud.training.tokenizer.bpe import ReleaseParams
@@ -28,7 +28,8 @@ from fedfraud.training.tokenizer.federated.task import (
     raw_array,
     remember_merges,
 )
-from fedfraud.training.tokenizer.histogram import HistogramMechanism, histogram_release, pack_words, release_rng
+from fedfraud.training.tokenizer.histogram import HistogramMechanism, histogram_release, pack_words
+from fedfraud.training.tokenizer.privacy import noise_rng
 
 __all__ = ["app"]
 
@@ -47,7 +48,7 @@ def query(msg: Message, context: Context) -> Message:
     eps = float(cfg["epsilon"])
     bound = int(cfg["max-doc-bytes"]) if eps > 0 else None  # the sensitivity bound is part of the mechanism
     run = context.run_id
-    state, report = client_state(
+    state, _ = client_state(
         str(cfg["corpus-path"]), partition, bool(cfg.get("ner", False)), context.state, max_doc_bytes=bound, run=run
     )
     base = int(cfg["merge-base"])
@@ -68,7 +69,7 @@ def query(msg: Message, context: Context) -> Message:
         sensitivity=float(bound or 1),
         top_n=int(cfg["top-n"]) or None,
     )
-    rng = np.random.default_rng([int(cfg["seed"]), partition, int(cfg["round"]), 0 if cfg["phase"] == "single" else 1])
+    rng = noise_rng(partition, int(cfg["round"]), 0 if cfg["phase"] == "single" else 1)
     allowed = array_of(sent["allowed"]) if "allowed" in sent else np.zeros(0, np.int64)
     rel = state.release(str(cfg["phase"]), params, rng, allowed)  # type: ignore[arg-type]
     reply["applied"] = state.applied
@@ -80,7 +81,6 @@ def query(msg: Message, context: Context) -> Message:
         if rel.right is not None:
             counts["right"] = raw_array(rel.right.astype(np.int32))
         content["counts"] = ArrayRecord(counts)
-    content["metrics"] = MetricRecord({"kept-docs": report.kept, "skipped-docs": sum(report.skipped.values())})
     return Message(content, reply_to=msg)
 
 
@@ -97,15 +97,14 @@ def _histogram_reply(msg: Message, cfg: ConfigRecord, partition: int) -> Message
             epsilon=float(cfg["epsilon"]), delta_gaussian=float(cfg["delta-gaussian"]),
             delta_selection=float(cfg["delta-selection"]),
         )
-    counts, report = client_word_histogram(
+    counts, _ = client_word_histogram(
         str(cfg["corpus-path"]), partition, bool(cfg.get("ner", False)), int(cfg["max-doc-bytes"]), mechanism
     )
-    rel = histogram_release(counts, mechanism, release_rng(int(cfg["seed"]), partition))
+    rel = histogram_release(counts, mechanism, noise_rng(partition, 2))
     content = RecordDict({"release": ConfigRecord({"applied": 0})})
     if rel.words:
         data, lengths = pack_words(rel.words)
         content["words"] = ArrayRecord(
             {"bytes": raw_array(data), "lengths": raw_array(lengths), "values": raw_array(rel.values)}
         )
-    content["metrics"] = MetricRecord({"kept-docs": report.kept, "skipped-docs": sum(report.skipped.values())})
     return Message(content, reply_to=msg)

@@ -154,7 +154,6 @@ def _exchange(
                         "epsilon": float(settings["epsilon"] or 0.0),
                         "max-doc-bytes": int(settings["max-doc-bytes"]),
                         "top-n": int(settings["top-n"] or 0),
-                        "seed": int(settings["seed"]),
                         "ner": bool(settings["ner"]),
                     }
                 )
@@ -187,7 +186,7 @@ def _histogram_query(settings: dict[str, Any], mechanism: HistogramMechanism | N
     cfg: dict[str, Any] = {
         "phase": "histogram", "round": 0, "corpus-path": str(settings["corpus-path"]),
         "epsilon": 0.0 if mechanism is None else mechanism.epsilon, "max-doc-bytes": int(settings["max-doc-bytes"]),
-        "seed": int(settings["seed"]), "ner": bool(settings["ner"]),
+        "ner": bool(settings["ner"]),
     }
     if mechanism is not None:
         cfg |= {"k": mechanism.max_words, "c": mechanism.max_count, "sigma": mechanism.sigma, "tau": mechanism.tau,
