@@ -27,8 +27,9 @@ import numpy as np
 
 __all__ = ["ACCOUNTANT", "TEST_NOISE_SEED_ENV", "composed_epsilon", "default_delta", "noise_rng", "tokenizer_privacy"]
 
-#: Tests only: seeds every client's noise from (this value, partition, stream) so that runs repeat bit for bit. A
-#: deployment never sets it; then each draw comes from fresh OS entropy.
+#: Tests and the bench's simulations only: seeds every client's noise from (this value, partition, stream) so that
+#: runs repeat bit for bit and engines can be compared. A deployment never sets it; then each draw comes from fresh
+#: OS entropy.
 TEST_NOISE_SEED_ENV = "FEDFRAUD_TOKENIZER_TEST_NOISE_SEED"
 
 ACCOUNTANT = "dp_accounting PLD (Laplace mechanism, self-composed over the client's releases); basic composition"
