@@ -14,7 +14,7 @@ import os
 import pytest
 
 from fedfraud.feature_store.privacy import FEDERATION_KEY_ENV, SECRET_ENV, SIMULATION_SECRET_ENV
-from fedfraud.training.tokenizer.privacy import TEST_NOISE_SEED_ENV
+from fedfraud.training.tokenizer.noise import TEST_NOISE_SEED_ENV
 
 for _name in (SECRET_ENV, FEDERATION_KEY_ENV):  # a bank secret in the developer's shell would change every test
     os.environ.pop(_name, None)

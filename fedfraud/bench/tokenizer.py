@@ -263,7 +263,7 @@ def run_tokenizer_bench(cfg: TokenizerConfig, *, quick: bool = False, privacy: b
     from fedfraud.training.tokenizer.evaluate import compare, hf_counter, public_counter, to_markdown
     from fedfraud.training.tokenizer.export import build_tokenizer
     from fedfraud.training.tokenizer.pretokenize import CorpusPipeline
-    from fedfraud.training.tokenizer.privacy import TEST_NOISE_SEED_ENV
+    from fedfraud.training.tokenizer.noise import TEST_NOISE_SEED_ENV
     from fedfraud.training.tokenizer.trainer import train_federated_flower, train_federated_inprocess
 
     # a simulation of every institution: its clients' noise is seeded (before Ray starts, so its workers inherit

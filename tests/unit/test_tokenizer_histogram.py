@@ -26,7 +26,8 @@ from fedfraud.training.tokenizer.histogram import (
     unpack_words,
 )
 from fedfraud.training.tokenizer.pretokenize import CorpusPipeline, document_contribution
-from fedfraud.training.tokenizer.privacy import TEST_NOISE_SEED_ENV, default_delta, tokenizer_privacy
+from fedfraud.training.tokenizer.noise import TEST_NOISE_SEED_ENV
+from fedfraud.training.tokenizer.privacy import default_delta, tokenizer_privacy
 from fedfraud.training.tokenizer.trainer import histogram_mechanism, train_federated_flower, train_federated_inprocess
 
 DOCS = [d.text for d in generate_corpus(1, 12, pii_rate=0.0, seed=2, multilingual=True)]

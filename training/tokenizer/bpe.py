@@ -670,7 +670,7 @@ def train_in_process(
     """Algorithm 4 with direct calls instead of messages (tests, and the reference for the Flower app). Each client
     draws its noise from :func:`~fedfraud.training.tokenizer.privacy.noise_rng`, as in the Flower app.
     """
-    from fedfraud.training.tokenizer.privacy import noise_rng
+    from fedfraud.training.tokenizer.noise import noise_rng
 
     names = sorted(clients)
     rngs = {name: noise_rng(i) for i, name in enumerate(names)}

@@ -19,33 +19,12 @@ document-bounded word histogram); its card reports that one release's (ε, δ).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from typing import Any
 
-import numpy as np
-
-__all__ = ["ACCOUNTANT", "TEST_NOISE_SEED_ENV", "composed_epsilon", "default_delta", "noise_rng", "tokenizer_privacy"]
-
-#: Tests and the bench's simulations only: seeds every client's noise from (this value, partition, stream) so that
-#: runs repeat bit for bit and engines can be compared. A deployment never sets it; then each draw comes from fresh
-#: OS entropy.
-TEST_NOISE_SEED_ENV = "FEDFRAUD_TOKENIZER_TEST_NOISE_SEED"
+__all__ = ["ACCOUNTANT", "composed_epsilon", "default_delta", "tokenizer_privacy"]
 
 ACCOUNTANT = "dp_accounting PLD (Laplace mechanism, self-composed over the client's releases); basic composition"
-
-
-def noise_rng(partition: int, *stream: int) -> np.random.Generator:
-    """A client's noise generator: fresh OS entropy, never a seed from the server's query or the run's config.
-
-    Why: a server that knows the seed can subtract the noise and read the exact counts, and two runs with one seed
-    would reuse one draw. Only the test suite seeds it (:data:`TEST_NOISE_SEED_ENV`, with the client's partition
-    and the release's ``stream``), so that engines can be compared merge for merge.
-    """
-    seed = os.environ.get(TEST_NOISE_SEED_ENV, "")
-    if not seed:
-        return np.random.default_rng()
-    return np.random.default_rng([int(seed), int(partition), *(int(s) for s in stream)])
 
 
 def default_delta(documents: int) -> float:

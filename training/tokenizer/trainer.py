@@ -27,7 +27,8 @@ from fedfraud.training.tokenizer.histogram import (
     histogram_release,
     train_from_releases,
 )
-from fedfraud.training.tokenizer.privacy import default_delta, noise_rng, tokenizer_privacy
+from fedfraud.training.tokenizer.noise import noise_rng
+from fedfraud.training.tokenizer.privacy import default_delta, tokenizer_privacy
 
 __all__ = [
     "FederatedRun",

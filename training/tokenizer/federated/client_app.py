@@ -29,7 +29,7 @@ from fedfraud.training.tokenizer.federated.task import (
     remember_merges,
 )
 from fedfraud.training.tokenizer.histogram import HistogramMechanism, histogram_release, pack_words
-from fedfraud.training.tokenizer.privacy import noise_rng
+from fedfraud.training.tokenizer.noise import noise_rng
 
 __all__ = ["app"]
 
