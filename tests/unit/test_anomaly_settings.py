@@ -118,7 +118,7 @@ def test_init_from_starts_from_the_published_weights_and_refuses_another_archite
     """Public pretraining: ``anomaly.init_from`` loads a published model's weights into the run's model."""
     import torch
 
-    from fedfraud.training.anomaly.federated.task import build_model
+    from fedfraud.training.anomaly.federated.task import build_model, initial_model
     from fedfraud.training.anomaly.scorer import publish_anomaly_model
     from fedfraud.training.registry import ModelRegistry
 
@@ -127,10 +127,14 @@ def test_init_from_starts_from_the_published_weights_and_refuses_another_archite
     publish_anomaly_model(ModelRegistry(tmp_path / "reg"), pretrained.state_dict(), anomaly_cfg=source.anomaly,
                           encoder_cfg=source.encoder, ego_cfg=source.egograph, config={}, metrics={}, privacy={},
                           card="pretrained on public data")
-    started = build_model(RunSettings.from_flat({"seed": 7, "init-from": str(tmp_path / "reg")}))
+    settings = RunSettings.from_flat({"seed": 7, "init-from": str(tmp_path / "reg")})
+    started = initial_model(settings)
     fresh = build_model(RunSettings.from_flat({"seed": 7}))
     for key, value in pretrained.state_dict().items():
         assert torch.equal(started.state_dict()[key], value), key
     assert any(not torch.equal(fresh.state_dict()[k], v) for k, v in pretrained.state_dict().items())
+    # a client builds the architecture only: it gets the weights in every message, the folder may not exist there
+    client = build_model(settings).state_dict()
+    assert any(not torch.equal(client[k], v) for k, v in pretrained.state_dict().items())
     with pytest.raises(ConfigError, match="does not fit this run's architecture"):
-        build_model(RunSettings.from_flat({"hidden": 32, "init-from": str(tmp_path / "reg")}))
+        initial_model(RunSettings.from_flat({"hidden": 32, "init-from": str(tmp_path / "reg")}))

@@ -18,7 +18,7 @@ from fedfraud.training.anomaly.engine import sources_of, train_model
 from fedfraud.training.anomaly.model import pick_device
 from fedfraud.training.anomaly.run import Checkpoint, RoundRecord, checkpoint_dir, log_round, publish_run
 from fedfraud.training.federated.accountant import dp_off_card
-from fedfraud.training.anomaly.federated.task import RunSettings, bank_data, build_model, local_test, lr_factor
+from fedfraud.training.anomaly.federated.task import RunSettings, bank_data, initial_model, local_test, lr_factor
 from fedfraud.training.anomaly.federated.trainer import RunResult, prepare
 from fedfraud.training.registry import ModelRegistry
 
@@ -35,7 +35,7 @@ def run_centralized(settings: RunSettings, threads: int = 1) -> RunResult:
     torch.set_num_threads(threads)
     directory = checkpoint_dir(settings.out_dir, "centralized")
     flat = settings.to_flat()
-    model = build_model(settings).to(pick_device())
+    model = initial_model(settings).to(pick_device())
     checkpoint = Checkpoint.load(directory) if settings.resume else None
     if checkpoint is None:
         checkpoint = Checkpoint(0, model.state_dict(), [], flat)

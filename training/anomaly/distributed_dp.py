@@ -514,7 +514,7 @@ def run_distributed(settings: Any, threads: int = 1) -> Any:
 
     from fedfraud.feature_store.privacy import feature_ldp_card
     from fedfraud.training.anomaly.engine import sources_of
-    from fedfraud.training.anomaly.federated.task import bank_data, build_model, local_test, lr_factor, total_dp_steps
+    from fedfraud.training.anomaly.federated.task import bank_data, initial_model, local_test, lr_factor, total_dp_steps
     from fedfraud.training.anomaly.federated.trainer import RunResult, prepare
     from fedfraud.training.anomaly.run import Checkpoint, RoundRecord, checkpoint_dir, log_round, publish_run
     from fedfraud.training.registry import ModelRegistry
@@ -528,7 +528,7 @@ def run_distributed(settings: Any, threads: int = 1) -> Any:
     # prepare() checks the data and the checkpoint; its local DP-SGD check refuses distributed noise by design
     banks = prepare(type(settings).from_flat({**settings.to_flat(), "cardholder-dp-enabled": False}), "federated")
     torch.set_num_threads(threads)
-    model = build_model(settings)
+    model = initial_model(settings)
     model.encoder.merchant.weight.requires_grad_(False)
     data = [bank_data(settings, b) for b in banks]
     sets = [[sources_of([d], cfg, settings.egograph.max_nodes)[0].pairs] for d in data]

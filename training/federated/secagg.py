@@ -41,7 +41,7 @@ from flwr.server.strategy import FedAvg
 from flwr.server.workflow import DefaultWorkflow, SecAggPlusWorkflow
 from flwr.serverapp import Grid, ServerApp
 
-from fedfraud.training.anomaly.federated.task import RunSettings, bank_data, build_model, local_train
+from fedfraud.training.anomaly.federated.task import RunSettings, bank_data, build_model, initial_model, local_train
 
 __all__ = ["SecAggRun", "run_secagg"]
 
@@ -130,7 +130,7 @@ def run_secagg(settings: RunSettings, secagg: bool = True, observer: FitObserver
 
     banks = len(prepare(settings, "federated"))
     result = SecAggRun(secagg, banks)
-    initial = [v.numpy() for v in build_model(settings).state_dict().values()]
+    initial = [v.numpy() for v in initial_model(settings).state_dict().values()]
     config = {k: v for k, v in settings.to_flat().items() if isinstance(v, bool | int | float | str)}
     server = ServerApp()
 

@@ -668,7 +668,7 @@ def train_in_process(
     clients: Mapping[str, ClientState], server: FedBPEServer, *, max_rounds: int = 1_000_000
 ) -> FedBPEResult:
     """Algorithm 4 with direct calls instead of messages (tests, and the reference for the Flower app). Each client
-    draws its noise from :func:`~fedfraud.training.tokenizer.privacy.noise_rng`, as in the Flower app.
+    draws its noise from :func:`~fedfraud.training.tokenizer.noise.noise_rng`, as in the Flower app.
     """
     from fedfraud.training.tokenizer.noise import noise_rng
 

@@ -38,8 +38,8 @@ from fedfraud.training.anomaly.dpsgd import cardholder_dp_card
 from fedfraud.training.anomaly.federated.task import (
     MODEL_KEYS,
     RunSettings,
-    build_model,
     cardholder_dp,
+    initial_model,
     total_dp_steps,
 )
 from fedfraud.training.registry import ModelRegistry
@@ -148,7 +148,7 @@ def run_federation(grid: Grid, settings: RunSettings, observer: ReplyObserver | 
     else:
         if settings.resume:
             logger.warning("resume requested but no checkpoint in %s; starting at round 1", directory)
-        checkpoint = Checkpoint(0, build_model(settings).state_dict(), [], flat)
+        checkpoint = Checkpoint(0, initial_model(settings).state_dict(), [], flat)
     settings = _dsfl_calibrated(settings, checkpoint)
     rounds = settings.federated.rounds
     available = len(wait_for_nodes(grid, max(settings.num_banks, 2), timeout_s=120.0))

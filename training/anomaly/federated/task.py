@@ -53,6 +53,7 @@ __all__ = [
     "bank_data",
     "build_model",
     "cardholder_dp",
+    "initial_model",
     "local_test",
     "local_train",
     "lr_factor",
@@ -244,11 +245,17 @@ class RunSettings:
 
 
 def build_model(settings: RunSettings) -> AnomalyModel:
-    """The anomaly model, initialised from ``anomaly.seed`` (every process builds the same initial weights), or
-    from the published model ``anomaly.init_from`` names (public pretraining; its architecture must match).
-    """
+    """The anomaly model, initialised from ``anomaly.seed`` (every process builds the same initial weights)."""
     torch.manual_seed(settings.anomaly.seed)
-    model = AnomalyModel(settings.anomaly, settings.encoder, settings.egograph.max_nodes)
+    return AnomalyModel(settings.anomaly, settings.encoder, settings.egograph.max_nodes)
+
+
+def initial_model(settings: RunSettings) -> AnomalyModel:
+    """The run's starting weights: :func:`build_model`'s, or the published model ``anomaly.init_from`` names
+    (public pretraining; same architecture). Only where a run starts (the server, the in-process trainers): a
+    client receives the weights in every message, and the registry folder need not exist at a bank.
+    """
+    model = build_model(settings)
     if settings.anomaly.init_from:
         from fedfraud.training.anomaly.scorer import AnomalyScorer
 
