@@ -19,7 +19,7 @@ import click
 import typer
 
 from fedfraud.cli.common import config_of
-from fedfraud.config import update_section
+from fedfraud.config import FedfraudConfig, update_section
 
 __all__ = ["eval_app", "register"]
 
@@ -65,6 +65,20 @@ def skew_values(skew: bool, shares: tuple[float, ...] | None, partition: str | N
     return {"partition": partition or "region", "skew": DEFAULT_SKEW}
 
 
+def study_config(ctx: typer.Context, fmt: str | None, banks: int | None, bank_shares: str | None,
+                 skew: bool = False, partition: str | None = None) -> FedfraudConfig:
+    """The config of a study on labelled data: ``--format``, ``--banks`` (one bank per ``--bank-shares`` entry when
+    not given), ``--bank-shares`` and ``--skew``/``--partition`` into the ``ingest`` section; needs the bank secret.
+    """
+    from fedfraud.cli.common import parse_shares
+
+    shares = parse_shares(bank_shares)
+    if shares is not None and banks is None:
+        banks = len(shares)
+    return update_section(config_of(ctx, needs_secret=True), "ingest", format=fmt, banks=banks, bank_shares=shares,
+                          **skew_values(skew, shares, partition))
+
+
 @eval_app.command("stacking")
 def stacking(
     ctx: typer.Context,
@@ -89,14 +103,9 @@ def stacking(
 ) -> None:
     """Local / FL / Central, stacked scores and controls, with 95 % cardholder-bootstrap intervals."""
     from fedfraud.cli.bench import emit
-    from fedfraud.cli.common import parse_shares
     from fedfraud.training.fraud.pipeline import stacking_study
 
-    shares = parse_shares(bank_shares)
-    if shares is not None and banks is None:
-        banks = len(shares)
-    cfg = update_section(config_of(ctx, needs_secret=True), "ingest", format=fmt, banks=banks, bank_shares=shares,
-                         **skew_values(skew, shares, partition))
+    cfg = study_config(ctx, fmt, banks, bank_shares, skew, partition)
     if rounds is not None:
         cfg = update_section(cfg, "fraud", federated_rounds=rounds)
     report = stacking_study(cfg, data, registry, anomaly_version, anomaly_source=anomaly_score, controls=controls,

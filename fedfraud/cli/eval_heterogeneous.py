@@ -11,7 +11,6 @@ from typing import Annotated
 import typer
 
 from fedfraud.cli.bench import OutOption, RecordOption
-from fedfraud.cli.common import config_of
 from fedfraud.cli.eval import (
     BankSharesOption,
     BanksOption,
@@ -21,7 +20,7 @@ from fedfraud.cli.eval import (
     PartitionOption,
     RepsOption,
     SkewOption,
-    skew_values,
+    study_config,
 )
 from fedfraud.config import update_section
 
@@ -48,16 +47,11 @@ def heterogeneous(
     bank, PR-AUC and recall@1%FPR with 95 % intervals.
     """
     from fedfraud.cli.bench import emit, start_record
-    from fedfraud.cli.common import parse_shares
     from fedfraud.training.fraud.spfd.study import heterogeneous_study
 
     if record is not None:
         start_record(ctx, record, "")
-    shares = parse_shares(bank_shares)
-    if shares is not None and banks is None:
-        banks = len(shares)
-    cfg = update_section(config_of(ctx, needs_secret=True), "ingest", format=fmt, banks=banks, bank_shares=shares,
-                         **skew_values(skew, shares, partition))
+    cfg = study_config(ctx, fmt, banks, bank_shares, skew, partition)
     spfd = cfg.fraud.spfd.model_copy(update={"engine": engine, **({"rounds": rounds} if rounds else {})})
     cfg = update_section(cfg, "fraud", spfd=spfd)
     from fedfraud.bench.records import MORE

@@ -10,8 +10,15 @@ from typing import Annotated
 import typer
 
 from fedfraud.cli.bench import OutOption, RecordOption
-from fedfraud.cli.common import config_of
-from fedfraud.cli.eval import BankSharesOption, BanksOption, DataOption, EngineOption, FormatOption, RepsOption
+from fedfraud.cli.eval import (
+    BankSharesOption,
+    BanksOption,
+    DataOption,
+    EngineOption,
+    FormatOption,
+    RepsOption,
+    study_config,
+)
 from fedfraud.config import update_section
 
 __all__ = ["register", "variants"]
@@ -37,16 +44,12 @@ def variants(
 ) -> None:
     """Federated XGBoost (+ hin2vec), FedAvg-GNN, FedRPDA and each ablation: pooled and per bank, 95 % intervals."""
     from fedfraud.cli.bench import emit, start_record
-    from fedfraud.cli.common import parse_shares
     from fedfraud.training.fraud.gnn.study import variants_study
 
     if record is not None:
         start_record(ctx, record, "")
 
-    shares = parse_shares(bank_shares)
-    if shares is not None and banks is None:
-        banks = len(shares)
-    cfg = update_section(config_of(ctx, needs_secret=True), "ingest", format=fmt, banks=banks, bank_shares=shares)
+    cfg = study_config(ctx, fmt, banks, bank_shares)
     gnn = cfg.fraud.gnn.model_copy(update={"engine": engine, **({"rounds": rounds} if rounds else {})})
     cfg = update_section(cfg, "fraud", gnn=gnn)
     report = variants_study(cfg, data, seeds=seeds, reps=reps, tune=tune, hin2vec=hin2vec)

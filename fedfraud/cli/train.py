@@ -101,9 +101,11 @@ def fraud(
         str | None, typer.Option("--variant", help="federated: histogram federation (default: fraud.variant); "
                                  "fedavg-gnn / fedrpda: the federated GNN, published as kind fraud-gnn; fed-spfd: "
                                  "heterogeneous banks (`banks.<k>.private_features`), --bank's model published as "
-                                 "kind fraud-spfd",
-                                 click_type=click.Choice(["federated", "federated-bagging", "centralized", "local",
-                                                          "fedavg-gnn", "fedrpda", "fed-spfd"]))
+                                 "kind fraud-spfd; federated-dp: cardholder-level DP (random trees, noised leaf sums "
+                                 "under SecAgg+, `fraud.dp`)",
+                                 click_type=click.Choice(["federated", "federated-bagging", "federated-dp",
+                                                          "centralized", "local", "fedavg-gnn", "fedrpda",
+                                                          "fed-spfd"]))
     ] = None,
     bank: Annotated[
         int, typer.Option("--bank", help="which bank's model to publish with --variant local or fed-spfd")

@@ -192,6 +192,27 @@ def test_bad_anomaly_source_and_missing_model_are_one_line_errors(world, tmp_pat
     assert code == 2 and len(err) == 1 and "fedfraud train anomaly" in err[0]
 
 
+def test_dp_variant_publishes_its_cardholder_epsilon_on_the_card(world, tmp_path):
+    """``--variant federated-dp`` end to end from the generator's CSV split over 3 banks: the published model's
+    card states its (ε, δ) per cardholder, and the model scores through the same code as the default."""
+    import shutil
+
+    registry = tmp_path / "registry"
+    shutil.copytree(world["registry"], registry)
+    assert main(["--log-level", "WARNING", "--set", "ingest.format=sparkov", "--set", "ingest.banks=3",
+                 "--set", "fraud.dp.trees=6", "--set", "fraud.dp.epsilon=4", "train", "fraud", "--data",
+                 str(world["csv"]), "--out", str(registry), "--variant", "federated-dp"]) == 0
+    version = ModelRegistry(registry).get("fraud", "latest")
+    dp = version.privacy["client_dp"]
+    assert dp["dp"] == "on" and dp["epsilon"] <= 4 * (1 + 1e-3) and dp["releases"] == 8 and dp["banks"] == 3
+    assert dp["noise_source"] == "OS entropy"
+    assert version.privacy["formal_guarantee"].startswith("(4.00, 1e-05)-DP per training cardholder")
+    assert version.privacy["client_dp"]["epsilon_validation_cardholders"] <= 4 * (1 + 1e-3)
+    assert "(4.00, 1e-05)-DP per training cardholder" in (version.path / "MODEL_CARD.md").read_text(encoding="utf-8")
+    model = FraudModel.from_registry(registry)
+    assert model.variant == "federated-dp" and len(model.booster.get_dump()) == 6
+
+
 # a whole Flower simulation on Ray (~17 s) for a variant kept for comparison only: `make test-long` (CI)
 @pytest.mark.slow
 @pytest.mark.long

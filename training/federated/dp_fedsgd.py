@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 from flwr.app import Context
@@ -54,14 +54,13 @@ from fedfraud.training.anomaly.distributed_dp import (
     SECAGG_MODULUS,
     BankShare,
     DistributedPlan,
-    ServerStep,
     bank_share,
     load_trainable,
 )
 from fedfraud.training.anomaly.dpsgd import CardholderPool
 from fedfraud.training.anomaly.model import AnomalyModel
 
-__all__ = ["NOISE_SEED_KEY", "STEP_KEY", "DPBank", "DPFedSGDStrategy", "dp_client_app", "run_dp_fedsgd",
+__all__ = ["NOISE_SEED_KEY", "STEP_KEY", "DPBank", "DPFedSGDStrategy", "SumStep", "dp_client_app", "run_dp_fedsgd",
            "secagg_workflow"]
 
 logger = logging.getLogger(__name__)
@@ -73,6 +72,20 @@ STEP_KEY = "dp-step"
 
 #: Test hook: shown each bank's share (node id, round, share) before it is masked. Never set in a deployment.
 ShareObserver = Callable[[int, int, BankShare], None]
+
+
+class SumStep(Protocol):
+    """What the strategy needs of the server's side: the public plan, a decoded sum to apply, what to send next.
+
+    :class:`~fedfraud.training.anomaly.distributed_dp.ServerStep` (the anomaly model's DP-FedSGD) and
+    :class:`~fedfraud.training.fraud.dp_boost.BoostServer` (the fraud model's DP boosting) are the two.
+    """
+
+    plan: DistributedPlan
+
+    def apply(self, summed: np.ndarray, banks_summed: int) -> np.ndarray: ...
+
+    def weights(self) -> list[np.ndarray]: ...
 
 
 @dataclass
@@ -131,7 +144,7 @@ class DPFedSGDStrategy(SumOnlyStrategy):
     (what the server learns, for logs and tests).
     """
 
-    server: ServerStep
+    server: SumStep
     observer: Callable[[int, list[tuple[ClientProxy, FitRes]]], None] | None = None
     refused: list[int] = field(default_factory=list)
     sums: list[np.ndarray] = field(default_factory=list)
@@ -173,7 +186,7 @@ def secagg_workflow(plan: DistributedPlan, timeout_s: float | None = None) -> Se
     )
 
 
-def run_dp_fedsgd(grid: Grid, context: Context, server: ServerStep, rounds: int, timeout_s: float | None = None,
+def run_dp_fedsgd(grid: Grid, context: Context, server: SumStep, rounds: int, timeout_s: float | None = None,
                   observer: Callable[[int, list[tuple[ClientProxy, FitRes]]], None] | None = None
                   ) -> DPFedSGDStrategy:
     """``rounds`` DP-FedSGD rounds over the connected banks under SecAgg+; returns the strategy (sums, refusals)."""

@@ -9,7 +9,34 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from fedfraud.training.fraud.gnn.config import GnnConfig
 from fedfraud.training.fraud.spfd.config import SpfdConfig
 
-__all__ = ["FraudConfig"]
+__all__ = ["FraudConfig", "FraudDPConfig"]
+
+
+class FraudDPConfig(BaseModel):
+    """Variant ``federated-dp``: cardholder-level DP boosting, random trees with noised leaf sums under SecAgg+
+    (:mod:`fedfraud.training.fraud.dp_boost`). Defaults chosen on validation cardholders (docs/fraud.md).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    epsilon: float = Field(8.0, gt=0, description="ε per cardholder over every release (training cardholders: "
+                           "candidates + trees; validation cardholders: the threshold)")
+    delta: float = Field(1e-5, gt=0, lt=1, description="δ per cardholder; keep it below 1 / cardholders")
+    trees: int = Field(100, ge=1, le=1000, description="random trees, one SecAgg+ release each")
+    depth: int = Field(4, ge=1, le=8, description="depth of every tree (2**depth leaves)")
+    eta: float = Field(0.6, gt=0, le=1, description="shrinkage of the Newton leaf weights")
+    reg_lambda: float = Field(30.0, ge=0, description="λ of −η·G/(H + λ·clip): damps leaves the noise dominates")
+    clip: float = Field(1.0, gt=0, description="L2 bound on one cardholder's per-leaf (Σg, Σh) vector in one tree")
+    positive_weight: float = Field(20.0, ge=1, description="weight of a fraud row's gradient (public, unlike the "
+                                   "default model's neg/pos ratio, which is computed from the labels)")
+    candidates: int = Field(15, ge=1, le=64, description="split-candidate quantiles per feature")
+    candidate_noise_ratio: float = Field(0.25, gt=0, le=1, description="the candidate release's noise multiplier "
+                                         "relative to the trees' (it spreads a cardholder's mass over every feature)")
+    candidate_cut: float = Field(1.5, ge=0, description="a candidate bin counts only if its noised mass is above "
+                                 "this many standard deviations of the summed noise (the rest is taken for noise)")
+    threshold_bins: int = Field(100, ge=10, le=2000, description="score bins of the threshold release")
+    threshold_clip: float = Field(4.0, gt=0, description="L2 bound on one validation cardholder's score histogram")
+    min_banks: int = Field(0, ge=0, description="t: the fewest banks a release may sum; 0: SecAgg+'s majority")
 
 
 class FraudConfig(BaseModel):
@@ -87,14 +114,16 @@ class FraudConfig(BaseModel):
     )
 
     # -- what `fedfraud train fraud` publishes
-    variant: Literal["local", "federated", "federated-bagging", "centralized", "fedavg-gnn", "fedrpda", "fed-spfd"] = (
-        "federated")
+    variant: Literal["local", "federated", "federated-bagging", "federated-dp", "centralized", "fedavg-gnn", "fedrpda",
+                     "fed-spfd"] = "federated"
     use_anomaly_score: bool = True
     extra_features: tuple[Literal["hin2vec"], ...] = Field(
         (), description="stacked feature sets appended to the row: hin2vec (the registry's G-HIN2Vec embedding of "
         "the cardholder's ego graph before the transaction, `fedfraud train embeddings`; --features +hin2vec)")
     hin2vec_version: str = Field("latest", description="the registry's hin2vec version extra_features reads")
 
+    # -- the cardholder-level DP variant "federated-dp" (fedfraud.training.fraud.dp_boost)
+    dp: FraudDPConfig = Field(default_factory=FraudDPConfig)
     # -- the supervised federated GNN variants "fedavg-gnn" and "fedrpda" (fedfraud.training.fraud.gnn)
     gnn: GnnConfig = Field(default_factory=GnnConfig)
     # -- the heterogeneous-banks variant "fed-spfd" (fedfraud.training.fraud.spfd; the columns: `banks` section)

@@ -51,7 +51,7 @@ logger = logging.getLogger(__name__)
 MODEL_FILE = "model.json"
 META_FILE = "fraud_model.json"
 KIND = "fraud"
-Variant = Literal["local", "federated", "centralized"]
+Variant = Literal["local", "federated", "federated-dp", "centralized"]
 
 
 def used_features(names: Sequence[str], use_anomaly_score: bool) -> tuple[str, ...]:
@@ -267,7 +267,27 @@ class FraudModel:
         """Publish as kind ``fraud`` with metrics and a card listing feature importances (``files``: more
         artifacts of the version, e.g. the drift reference).
         """
-        importance = self.feature_importance()
+        dp = self.meta.get("client_dp")
+        # random trees choose no split by gain: their importance is the share of splits
+        importance = self.feature_importance("weight" if dp else "total_gain")
+        if dp:  # variant federated-dp: the card states its (ε, δ) per cardholder
+            statement = (f"**Privacy**: ({dp['epsilon']:.2f}, {dp['delta']:g})-DP per training cardholder over "
+                         f"every release of its training (random trees, noised leaf sums under SecAgg+), "
+                         f"({dp['epsilon_validation_cardholders']:.2f}, {dp['delta']:g}) per validation cardholder "
+                         "(the threshold); see the Privacy section and docs/privacy.md.")
+            eps_valid = dp["epsilon_validation_cardholders"]
+            guarantee = (f"({dp['epsilon']:.2f}, {dp['delta']:g})-DP per training cardholder (add/remove) for the "
+                         f"split candidates and leaf sums its training sent, ({eps_valid:.2f}, {dp['delta']:g}) per "
+                         "validation cardholder for the threshold histogram; under SecAgg+")
+        else:
+            statement = ("**Privacy**: differential privacy is **off** for this model: no (ε, δ). XGBoost trees and "
+                         "the federated histograms and sketches are not noised (see the Privacy section and "
+                         "docs/privacy.md).")
+            guarantee = "none: no (epsilon, delta) is claimed for the fraud model or what its training sent"
+            dp = dp_off_card(
+                f"{self.variant} XGBoost: trees, split values, quantile sketches and gradient/hessian histograms "
+                "are not clipped or noised (variant federated-dp is the fraud model with cardholder-level DP)"
+            )
         card = "\n".join([
             f"XGBoost fraud model, **{self.variant}** training, "
             f"{'with' if self.uses_anomaly_score else 'without'} the federated anomaly score (AS).",
@@ -276,22 +296,13 @@ class FraudModel:
             "cardholders (held out of training by a hash of the cardholder).",
             "Inputs: the full feature row of `fedfraud.training.fraud.features.feature_names` (private features only).",
             "",
-            "**Privacy**: differential privacy is **off** for this model: no (ε, δ). XGBoost trees and the "
-            "federated histograms and sketches are not noised (see the Privacy section and docs/privacy.md).",
+            statement,
             "",
-            "## Feature importance (share of total gain)",
+            f"## Feature importance (share of {'splits' if dp else 'total gain'})",
             "",
             *[f"- {name}: {share:.3f}" for name, share in importance.items()],
         ])
-        # no mechanism noises trees, histograms or sketches: every fraud model says so in its card
-        privacy = {
-            **(privacy or {}),
-            "formal_guarantee": "none: no (epsilon, delta) is claimed for the fraud model or what its training sent",
-            "client_dp": dp_off_card(
-                f"{self.variant} XGBoost: trees, split values, quantile sketches and gradient/hessian histograms "
-                "are not clipped or noised (only the anomaly model's federated updates have client-level DP)"
-            ),
-        }
+        privacy = {**(privacy or {}), "formal_guarantee": guarantee, "client_dp": dp}
         with registry.publish(KIND, config=config, metrics=metrics, privacy=privacy,
                               extra={"variant": self.variant, "used": list(self.used), "threshold": self.threshold,
                                      "feature_importance": importance, **self.meta},

@@ -160,6 +160,10 @@ def _train_variant(cfg: FedfraudConfig, banks: dict[int, FraudFeatures], bank: i
         return train_local(banks[bank], fc.use_anomaly_score, fc, bank)
     if fc.variant == "centralized":
         return train_centralized(banks, fc.use_anomaly_score, fc)
+    if fc.variant == "federated-dp":
+        from fedfraud.training.fraud.dp_boost import train_dp_model
+
+        return train_dp_model(banks, fc)
     if fc.variant == "federated-bagging":
         key = "as" if fc.use_anomaly_score else "base"
         return train_federated(banks, fc, (key,))[key]
@@ -281,7 +285,9 @@ def train_and_publish(cfg: FedfraudConfig, data: Path, out: Path, bank: int = 0,
             "leaves_a_bank": (
                 "federated (histogram): per-feature quantile sketches (bin boundaries), per-node gradient/hessian "
                 "histograms summed by the server, training fraud/legit counts and validation score histograms; "
-                "federated-bagging: XGBoost trees and validation score histograms; never rows"
+                "federated-bagging: XGBoost trees and validation score histograms; federated-dp: masked, noised "
+                "candidate histograms, per-leaf gradient/hessian sums and validation score histograms (client_dp); "
+                "never rows"
             ),
         }
         if cfg.fraud.merchant_risk_features:
