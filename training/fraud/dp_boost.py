@@ -289,8 +289,8 @@ def _used(data: FraudFeatures, used: Sequence[str]) -> np.ndarray:
 
 def candidate_thresholds(noised: np.ndarray, plan: BoostPlan, banks_summed: int) -> list[np.ndarray]:
     """Split candidates per feature from the decoded candidate sum: bins whose noised mass is below
-    ``candidate_cut``·σ are dropped (σ of the ``banks_summed`` shares: m·σ²/t), and the upper edges of the bins where the cumulative mass crosses
-    each of ``candidates`` quantiles are kept.
+    ``candidate_cut``·σ are dropped (σ of the ``banks_summed`` shares: m·σ²/t), and the upper edges of the bins
+    where the cumulative mass crosses each of ``candidates`` quantiles are kept.
     """
     edges = grid_edges()
     width = len(edges) + 1
