@@ -101,8 +101,8 @@ def fraud(
         str | None, typer.Option("--variant", help="federated: histogram federation (default: fraud.variant); "
                                  "fedavg-gnn / fedrpda: the federated GNN, published as kind fraud-gnn; fed-spfd: "
                                  "heterogeneous banks (`banks.<k>.private_features`), --bank's model published as "
-                                 "kind fraud-spfd; federated-dp: cardholder-level DP (random trees, noised leaf sums "
-                                 "under SecAgg+, `fraud.dp`)",
+                                 "kind fraud-spfd; federated-dp: cardholder-level DP (random trees, noised leaf sums, "
+                                 "SecAgg+ arithmetic replayed in process, `fraud.dp`)",
                                  click_type=click.Choice(["federated", "federated-bagging", "federated-dp",
                                                           "centralized", "local", "fedavg-gnn", "fedrpda",
                                                           "fed-spfd"]))

@@ -211,6 +211,10 @@ def test_dp_variant_publishes_its_cardholder_epsilon_on_the_card(world, tmp_path
     assert "(4.00, 1e-05)-DP per training cardholder" in (version.path / "MODEL_CARD.md").read_text(encoding="utf-8")
     model = FraudModel.from_registry(registry)
     assert model.variant == "federated-dp" and len(model.booster.get_dump()) == 6
+    # only the cardholder's own history: no column computed from other cardholders, no bank's transition table
+    assert "anomaly_score" not in model.used and "mcc_transition_surprise" not in model.used
+    assert not any(n.startswith(("merchant_bank_", "merchant_fed_")) for n in model.used)
+    assert model.transitions is None and dp["columns"] == list(model.used)
 
 
 # a whole Flower simulation on Ray (~17 s) for a variant kept for comparison only: `make test-long` (CI)

@@ -27,6 +27,8 @@ from fedfraud.training.fraud.dp_boost import (
     RandomTree,
     bank_release,
     bank_vector,
+    check_splits,
+    own_history_columns,
     grid_edges,
     plan_boost,
     to_booster,
@@ -212,8 +214,7 @@ def test_a_bank_refuses_missing_labels_and_a_cardholder_in_two_splits(banks):
     split = data.split.copy()
     split[np.flatnonzero(data.split == "train")[0]] = "valid"  # one row of a training cardholder in validation
     with pytest.raises(ValueError, match="training and validation"):
-        bank_vector("tree", FraudFeatures(data.X, data.names, data.transaction_id, data.cardholder, data.label,
-                                          split), plan, state)
+        check_splits(FraudFeatures(data.X, data.names, data.transaction_id, data.cardholder, data.label, split))
 
 
 # ---- the accountant ----------------------------------------------------------------------------------------------
@@ -325,6 +326,21 @@ def test_a_bank_refuses_a_malformed_state_and_a_replayed_release(banks):
     for arrays in (bad.to_arrays(), [np.array([1, 2, 3], dtype=np.uint8)]):
         with pytest.raises(ReleaseRefused, match="^malformed state from the server$"):
             bank.fit(arrays, {})
+    # trees: the first one, then the same tree again (refused); a bank that missed tree 1 may release tree 2
+    server = BoostServer(plan, seed=1)
+    server.apply(np.mod(sum(bank_release(banks[b], plan, BoostState.from_arrays(server.weights()),
+                                         np.random.default_rng(b))[0] for b in banks), plan.trees.modulus), 3)
+    tree0 = server.weights()
+    bank.fit(tree0, {})
+    with pytest.raises(ReleaseRefused, match="^release not in the plan$"):
+        bank.fit(tree0, {})
+    for _ in range(2):  # trees 0 and 1 filled without this bank
+        state = BoostState.from_arrays(server.weights())
+        server.apply(np.mod(sum(bank_release(banks[b], plan, state, np.random.default_rng(b))[0]
+                                for b in (1, 2)), plan.trees.modulus), 2 if plan.trees.survivors <= 2 else 3)
+    assert len(server.state.trees) == 2
+    bank.fit(server.weights(), {})
+    assert context.state.config_records[RELEASES_KEY]["tree"] == 2
 
 
 # ---- the model and its card ---------------------------------------------------------------------------------------
@@ -351,6 +367,12 @@ def test_a_published_dp_model_states_its_guarantee_and_scores_like_its_trees(ban
     assert card["releases"] == SMALL.trees + 2
 
 
+def test_a_dp_model_reads_only_columns_of_the_cardholders_own_history():
+    names = ("amount", "tx_count_24h", "merchant_new", "merchant_visits", "mcc_transition_surprise",
+             "anomaly_score", "merchant_bank_frauds_21d", "merchant_fed_frauds_21d")
+    assert own_history_columns(names) == ("amount", "tx_count_24h", "merchant_new", "merchant_visits")
+
+
 def test_only_a_simulation_seeds_the_noise_and_two_banks_are_refused(banks):
     a, _ = train_dp_boost(banks, SMALL, USED, seed=5, noise_seed=5)
     b, log = train_dp_boost(banks, SMALL, USED, seed=5, noise_seed=5)
@@ -372,11 +394,11 @@ def test_only_a_simulation_seeds_the_noise_and_two_banks_are_refused(banks):
 
 
 def test_the_study_puts_fl_and_each_dp_model_in_one_table_with_their_epsilon(banks):
-    from fedfraud.training.fraud.dp_study import FL, NO_NOISE, run_dp_study
+    from fedfraud.training.fraud.dp_study import FL, FL_OWN, NO_NOISE, run_dp_study
 
     cfg = FraudConfig(dp=SMALL, num_boost_round=10, federated_tls=False)
     report = run_dp_study(banks, cfg, [2.0], seeds=2, reps=50)
-    assert report.models == (FL, NO_NOISE, "random trees, ε = 2")
+    assert report.models == (FL, FL_OWN, NO_NOISE, "random trees, ε = 2")
     assert report.cards["random trees, ε = 2"]["epsilon"] == pytest.approx(2.0, rel=1e-3)
     text = report.to_markdown()
     assert "| random trees, ε = 2 |" in text and "| 2.00 | 2.00 | 1e-05 |" in text

@@ -25,7 +25,7 @@ class FraudDPConfig(BaseModel):
     trees: int = Field(100, ge=1, le=1000, description="random trees, one SecAgg+ release each")
     depth: int = Field(4, ge=1, le=8, description="depth of every tree (2**depth leaves)")
     eta: float = Field(0.6, gt=0, le=1, description="shrinkage of the Newton leaf weights")
-    reg_lambda: float = Field(30.0, ge=0, description="λ of −η·G/(H + λ·clip): damps leaves the noise dominates")
+    reg_lambda: float = Field(30.0, gt=0, description="λ of −η·G/(H + λ·clip): damps leaves the noise dominates")
     clip: float = Field(1.0, gt=0, description="L2 bound on one cardholder's per-leaf (Σg, Σh) vector in one tree")
     positive_weight: float = Field(20.0, ge=1, description="weight of a fraud row's gradient (public, unlike the "
                                    "default model's neg/pos ratio, which is computed from the labels)")

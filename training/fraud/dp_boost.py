@@ -15,12 +15,17 @@ Releases, each one SecAgg+ round in which every bank sends its integer vector pl
 
 1. **candidates** (training cardholders): for every feature, the cardholder's own distribution of its rows over a
    fixed log-scale grid (sums to 1 per feature), the whole vector clipped to L2 1. The server keeps the bins whose
-   noised mass clears ``3·σ`` and takes quantiles: those are the split candidates.
+   noised mass clears ``candidate_cut``·σ (σ of the banks summed) and takes quantiles: the split candidates.
 2. **one per tree** (training cardholders): per leaf of the tree the server drew, the cardholder's ``Σ g`` and
    ``Σ h`` over its training rows (``g = w·(p − y)``, ``h = w·p·(1 − p)``, ``w`` = ``positive_weight`` on a fraud
    row, 1 otherwise; ``p`` from the trees so far), the 2L-vector clipped to L2 ``clip``.
 3. **threshold** (validation cardholders): each one's histogram of its validation rows' scores (fraud and legit
    rows apart, ``threshold_bins``), clipped to L2 ``threshold_clip``; the server takes the max-F1 threshold of the sum.
+
+**Columns: the cardholder's own history only** (:func:`own_history_columns`). A column computed from other
+cardholders' rows (the bank's category-transition table, the bank's and the federation's merchant statistics, the
+anomaly score of a model trained on everyone) would let one cardholder move *other* cardholders' vectors, and the
+per-cardholder bound below would not hold. Those columns are dropped, and the model ships no transition table.
 
 **Why the model is (ε, δ)-DP per cardholder** (add/remove one cardholder, all of its rows): in every release one
 cardholder moves the banks' clean integer sum by its own rounded, clipped vector (L2 ≤ Δ₂, L1 ≤ Δ₁, as in
@@ -59,7 +64,10 @@ __all__ = [
     "bank_vector",
     "candidate_thresholds",
     "dp_boost_card",
+    "check_splits",
+    "check_state",
     "grid_edges",
+    "own_history_columns",
     "plan_boost",
     "to_booster",
     "train_dp_boost",
@@ -240,9 +248,6 @@ def bank_vector(kind: str, data: FraudFeatures, plan: BoostPlan, state: BoostSta
     part = data.of_split("valid" if kind == "threshold" else "train")
     if kind != "candidates" and not (len(part) == 0 or part.has_labels):
         raise ValueError(f"the {kind} release needs a label on every row")
-    held = set(data.cardholder[data.split == "valid"].tolist())
-    if held & set(data.cardholder[data.split == "train"].tolist()):
-        raise ValueError("a cardholder has training and validation rows: the two releases' ε would add up")
     X = _used(part, plan.used)
     codes = _holders(part)
     holders = int(codes.max()) + 1 if len(codes) else 0
@@ -280,6 +285,22 @@ def bank_vector(kind: str, data: FraudFeatures, plan: BoostPlan, state: BoostSta
         raise ValueError(f"unknown release {kind!r}")
     total, clipped = _clipped_integer_sum(per, target)
     return total, holders, clipped
+
+
+def own_history_columns(names: Sequence[str]) -> tuple[str, ...]:
+    """The columns a DP model may read: those computed from the cardholder's own rows only (see the module doc)."""
+    from fedfraud.training.fraud.features import ANOMALY_FEATURE, TRANSITION_FEATURE
+
+    shared = (ANOMALY_FEATURE, TRANSITION_FEATURE)
+    return tuple(n for n in names if n not in shared and not n.startswith(("merchant_bank_", "merchant_fed_")))
+
+
+def check_splits(data: FraudFeatures) -> None:
+    """Refuse a bank whose training and validation cardholders overlap: the two releases' ε would add up."""
+    train = np.unique(data.cardholder[data.split == "train"].astype(str))
+    valid = np.unique(data.cardholder[data.split == "valid"].astype(str))
+    if len(np.intersect1d(train, valid)):
+        raise ValueError("a cardholder has training and validation rows: the two releases' ε would add up")
 
 
 def _used(data: FraudFeatures, used: Sequence[str]) -> np.ndarray:
@@ -461,6 +482,8 @@ def train_dp_boost(banks: Mapping[int, FraudFeatures], cfg: FraudDPConfig, used:
     from tqdm.auto import tqdm
 
     order = sorted(banks)
+    for b in order:
+        check_splits(banks[b])
     n_train = sum(len(np.unique(banks[b].cardholder[banks[b].split == "train"])) for b in order)
     n_valid = sum(len(np.unique(banks[b].cardholder[banks[b].split == "valid"])) for b in order)
     plan = plan_boost(cfg, used, len(order), n_train, n_valid)
@@ -528,15 +551,19 @@ def train_dp_model(banks: Mapping[int, FraudFeatures], cfg: FraudConfig) -> Any:
     """Variant ``federated-dp`` as a :class:`~fedfraud.training.fraud.model.FraudModel` (kind ``fraud``: serving,
     reasons and batch scoring are the default model's), its card's ``client_dp`` in ``meta``.
     """
-    from fedfraud.training.fraud.model import FraudModel, used_features
+    from fedfraud.training.fraud.model import FraudModel
 
     if len(banks) < 3:
         raise ValueError("federated-dp needs at least 3 banks (SecAgg+)")
     names = next(iter(banks.values())).names
-    used = used_features(names, cfg.use_anomaly_score)
+    used = own_history_columns(names)
+    if cfg.use_anomaly_score:
+        logger.warning("fraud_dp_columns the anomaly score is not a column of a DP model (trained on everyone)")
     server, log = train_dp_boost(banks, cfg.dp, used, cfg.seed)  # the noise: OS entropy, never a known seed
     booster = to_booster(server.state, used, cfg.nthread)
-    card = {**dp_boost_card(server.boost), "noise_source": log["noise"]}
+    card = {**dp_boost_card(server.boost), "noise_source": log["noise"],
+            "execution": "in-process replay of the SecAgg+ arithmetic (fedfraud train fraud): one process held every "
+            "bank's rows, so the (epsilon, delta) is the published model's, against whoever reads it"}
     logger.info("fraud_dp_trained trees=%d epsilon=%.3f delta=%g", len(server.state.trees), card["epsilon"],
                 card["delta"])
     threshold = 0.5 if server.state.threshold is None else float(server.state.threshold)
@@ -559,6 +586,9 @@ def dp_boost_card(plan: BoostPlan) -> dict[str, Any]:
         "noise_multiplier_candidates": plan.candidates.noise_multiplier,
         "noise_multiplier_threshold": plan.threshold.noise_multiplier,
         "trees": cfg.trees, "depth": cfg.depth, "eta": cfg.eta, "clip": cfg.clip,
+        "columns": list(plan.used),
+        "columns_excluded": "every column computed from other cardholders' rows (category-transition surprise, "
+        "merchant statistics, anomaly score): with them one cardholder would move other cardholders' vectors",
         "releases": cfg.trees + 2,
         "banks": plan.trees.banks,
         "min_banks_summed": plan.trees.survivors,

@@ -5,6 +5,9 @@ Rows: the same feature rows and cardholder split as ``eval variants`` (no anomal
 
 * ``federated XGBoost``: the shipped default (histogram federation, no noise; its histograms leave the banks in
   clear inside libxgboost's collective);
+* ``federated XGBoost, own-history columns``: the same federation without the columns a DP model may not read
+  (computed from other cardholders' rows: :func:`~fedfraud.training.fraud.dp_boost.own_history_columns`): what
+  dropping them costs;
 * ``random trees, no noise``: the DP variant's trees with the noise switched off (ε = ∞): what the data-independent
   structure alone costs (the ablation);
 * ``random trees, ε = …``: variant ``federated-dp`` at each ε (:mod:`fedfraud.training.fraud.dp_boost`), the
@@ -37,6 +40,7 @@ __all__ = ["DPStudyReport", "dp_study", "run_dp_study"]
 logger = logging.getLogger(__name__)
 
 FL = "federated XGBoost"
+FL_OWN = "federated XGBoost, own-history columns"
 NO_NOISE = "random trees, no noise"
 METRICS = ("pr_auc", "recall_at_fpr")
 TITLES = {"pr_auc": "PR-AUC", "recall_at_fpr": "recall@1%FPR"}
@@ -60,7 +64,9 @@ class DPStudyReport:
         i = self.info
         dp_models = [m for m in self.models if m in self.cards]
         summary = (
-            f"{FL} {self.single[FL]['pr_auc'].fmt()} PR-AUC; random trees without noise "
+            f"{FL} {self.single[FL]['pr_auc'].fmt()} PR-AUC; on the own-history columns a DP model may read "
+            f"{self.single[FL_OWN]['pr_auc'].fmt()} ({self.diff[FL_OWN]['pr_auc'].fmt(100, 1, True)} points); "
+            "random trees without noise "
             f"{self.single[NO_NOISE]['pr_auc'].fmt()} ({self.diff[NO_NOISE]['pr_auc'].fmt(100, 1, True)} points); "
             "with cardholder-level DP at ε = " + " / ".join(f"{self.cards[m]['epsilon']:.3g}" for m in dp_models)
             + f" (δ {self.cards[dp_models[0]]['delta']:g}): " if dp_models else "")
@@ -86,7 +92,8 @@ class DPStudyReport:
             f"Data: {i.get('data', '?')}; banks={i.get('banks', '?')}; rows={i.get('rows', '?')}; training "
             f"cardholders={i.get('train_cardholders', '?')}; test cardholders={i.get('test_cardholders', '?')}; "
             f"**test frauds={i.get('test_frauds', '?')}**; bootstrap: {i.get('reps', '?')} replicates over test "
-            f"cardholders; {i.get('features', '')}; DP trees: {i.get('dp', '?')}; XGBoost: {i.get('xgb', '?')}; "
+            f"cardholders; {i.get('features', '')}; {i.get('columns', '')}; DP trees: {i.get('dp', '?')}; "
+            f"XGBoost: {i.get('xgb', '?')}; "
             f"wall {float(i.get('seconds', math.nan)):.0f} s; load average at start {i.get('load_start', '?')}, at "
             f"end {i.get('load_end', '?')}.")
         lines += ["", "**Paired differences to federated XGBoost** (points)", "",
@@ -105,7 +112,7 @@ def run_dp_study(banks: Mapping[int, FraudFeatures], cfg: FraudConfig, epsilons:
     """Train FL and the DP variant at each ε (plus without noise) on the same rows, score every bank's test
     cardholders, bootstrap over them.
     """
-    from fedfraud.training.fraud.dp_boost import dp_boost_card, to_booster, train_dp_boost
+    from fedfraud.training.fraud.dp_boost import dp_boost_card, own_history_columns, to_booster, train_dp_boost
     from fedfraud.training.fraud.federated.hist import HistJob, federated_hist_train
     from fedfraud.training.fraud.metrics import classification_metrics
     from fedfraud.training.fraud.model import to_dmatrix, used_features
@@ -116,15 +123,18 @@ def run_dp_study(banks: Mapping[int, FraudFeatures], cfg: FraudConfig, epsilons:
     if any(not banks[b].has_labels for b in order):
         raise ValueError("evaluation needs labels")
     names = next(iter(banks.values())).names
-    used = used_features(names, False)
+    used = own_history_columns(names)
+    dropped = tuple(n for n in used_features(names, False) if n not in used)
     test = FraudFeatures.concat([banks[b].of_split("test") for b in order])
     runs: dict[str, list[tuple[np.ndarray, float]]] = {}
     cards: dict[str, dict[str, Any]] = {}
     t0 = time.perf_counter()
-    fl = federated_hist_train(dict(banks), cfg.model_copy(update={"nthread": 1}), [HistJob("FL", None, cfg.seed)],
-                              tls=cfg.federated_tls, timeout_s=cfg.federated_timeout_s)["FL"]
-    runs[FL] = [(fl.scores(test.X), fl.threshold)]
-    seconds = {FL: time.perf_counter() - t0}
+    fls = federated_hist_train(dict(banks), cfg.model_copy(update={"nthread": 1}),
+                               [HistJob("FL", None, cfg.seed), HistJob("own", None, cfg.seed, drop=dropped)],
+                               tls=cfg.federated_tls, timeout_s=cfg.federated_timeout_s)
+    runs[FL] = [(fls["FL"].scores(test.X), fls["FL"].threshold)]
+    runs[FL_OWN] = [(fls["own"].scores(test.X), fls["own"].threshold)]
+    seconds = {FL: (time.perf_counter() - t0) / 2, FL_OWN: (time.perf_counter() - t0) / 2}
     for eps in (math.inf, *epsilons):
         label = NO_NOISE if math.isinf(eps) else _dp_label(eps)
         dp = cfg.dp.model_copy(update={"epsilon": 1e9 if math.isinf(eps) else float(eps)})
@@ -160,6 +170,8 @@ def run_dp_study(banks: Mapping[int, FraudFeatures], cfg: FraudConfig, epsilons:
         "seeds": seeds,
         "test_frauds": int(test.label.sum()), "reps": reps, "seconds": time.perf_counter() - started,
         "load_start": load_start, "load_end": _load(), "train_seconds": seconds,
+        "columns": f"{len(used)} own-history columns for the DP models and {FL_OWN!r} ({len(dropped)} dropped: "
+                   + ", ".join(dropped) + ")",
         "dp": (f"{d.trees} totally random trees of depth {d.depth}, eta {d.eta:g}, λ {d.reg_lambda:g}·clip, clip "
                f"{d.clip:g}, fraud-row weight {d.positive_weight:g}, {d.candidates} candidate quantiles, "
                f"δ {d.delta:g}, {seeds} structure-and-noise seeds from {cfg.seed}"),

@@ -272,13 +272,15 @@ class FraudModel:
         importance = self.feature_importance("weight" if dp else "total_gain")
         if dp:  # variant federated-dp: the card states its (ε, δ) per cardholder
             statement = (f"**Privacy**: ({dp['epsilon']:.2f}, {dp['delta']:g})-DP per training cardholder over "
-                         f"every release of its training (random trees, noised leaf sums under SecAgg+), "
+                         f"every release of its training (random trees, noised leaf sums; the SecAgg+ arithmetic "
+                         f"replayed in one process), "
                          f"({dp['epsilon_validation_cardholders']:.2f}, {dp['delta']:g}) per validation cardholder "
                          "(the threshold); see the Privacy section and docs/privacy.md.")
             eps_valid = dp["epsilon_validation_cardholders"]
             guarantee = (f"({dp['epsilon']:.2f}, {dp['delta']:g})-DP per training cardholder (add/remove) for the "
                          f"split candidates and leaf sums its training sent, ({eps_valid:.2f}, {dp['delta']:g}) per "
-                         "validation cardholder for the threshold histogram; under SecAgg+")
+                         "validation cardholder for the threshold histogram; the published model and the sums it "
+                         "was built from")
         else:
             statement = ("**Privacy**: differential privacy is **off** for this model: no (ε, δ). XGBoost trees and "
                          "the federated histograms and sketches are not noised (see the Privacy section and "

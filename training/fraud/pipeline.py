@@ -242,7 +242,9 @@ def train_and_publish(cfg: FedfraudConfig, data: Path, out: Path, bank: int = 0,
     with ExitStack() as stack:
         banks, info = load_fraud_banks(cfg, data, out, anomaly_version, stack, require_labels=True)
         model = _train_variant(cfg, banks, bank)
-        if bank in banks:  # serving computes the surprise with the publishing bank's own table, as its rows were
+        if cfg.fraud.variant == "federated-dp":  # reads no shared column, so it ships no bank's table either
+            model.transitions = None
+        elif bank in banks:  # serving computes the surprise with the publishing bank's own table, as its rows were
             model.transitions = banks[bank].transitions
         elif TRANSITION_FEATURE in model.used:
             from fedfraud.core.errors import UserError

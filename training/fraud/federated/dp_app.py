@@ -27,7 +27,7 @@ from flwr.clientapp import ClientApp
 from flwr.common import Scalar
 
 from fedfraud.training.federated.dp_fedsgd import NOISE_SEED_KEY, STEP_KEY
-from fedfraud.training.fraud.dp_boost import BoostPlan, BoostState, bank_release, check_state
+from fedfraud.training.fraud.dp_boost import BoostPlan, BoostState, bank_release, check_splits, check_state
 from fedfraud.training.fraud.features import FraudFeatures
 
 __all__ = ["RELEASES_KEY", "BankRelease", "ReleaseRefused", "dp_boost_client_app"]
@@ -50,6 +50,7 @@ BankRelease = Callable[[int, int, np.ndarray, np.ndarray], None]
 
 class _Bank(NumPyClient):
     def __init__(self, data: FraudFeatures, plan: BoostPlan, context: Context, observer: BankRelease | None) -> None:
+        check_splits(data)
         self.data = data
         self.plan = plan
         self.context = context
@@ -60,7 +61,8 @@ class _Bank(NumPyClient):
 
     def _charge(self, state: BoostState) -> None:
         """Count the release against the plan: 1 candidate release, ``trees`` tree releases, 1 threshold release;
-        a server that asks again (a replay) gets nothing.
+        a server that asks again for a tree this bank released (a replay) gets nothing, so a round SecAgg+ refused
+        (fewer than t banks) ends the run. A bank that missed a round may join the next one.
         """
         try:
             check_state(state, self.plan)
@@ -71,7 +73,7 @@ class _Bank(NumPyClient):
             self.context.state[RELEASES_KEY] = ConfigRecord({"candidates": 0, "tree": 0, "threshold": 0})
         done = self.context.state.config_records[RELEASES_KEY]
         allowed = {"candidates": 1, "tree": self.plan.cfg.trees, "threshold": 1}
-        replay = kind == "tree" and int(done[kind]) != len(state.trees)
+        replay = kind == "tree" and int(done[kind]) > len(state.trees)  # a tree this bank already released
         if kind is None or int(done[kind]) >= allowed[kind] or replay:
             raise ReleaseRefused("release not in the plan")
         done[kind] = int(done[kind]) + 1
