@@ -80,6 +80,7 @@ __all__ = [
     "RoundRefused",
     "ServerStep",
     "bank_share",
+    "clipped_integer_sum",
     "decode_sum",
     "distributed_card",
     "distributed_epsilon",
@@ -275,21 +276,11 @@ def _field_bits(banks: int) -> int:
 
 def _calibrate(target: float, steps: int, delta: float, q: float, dims: int, scale_bits: int) -> float:
     """The smallest z (within 1e-4 relative) whose ε over ``steps`` rounds is ≤ ``target``."""
+    from fedfraud.training.federated.accountant import smallest_noise
+
     l2 = float(1 << scale_bits) + math.sqrt(dims) / 2
     l1 = math.sqrt(dims) * (1 << scale_bits) + dims / 2
-    hi = 1.0
-    while distributed_epsilon(hi, steps, delta, q, l1, l2) > target:
-        hi *= 2.0
-    lo = hi / 2.0
-    while lo > 1e-3 and distributed_epsilon(lo, steps, delta, q, l1, l2) <= target:
-        hi, lo = lo, lo / 2.0
-    while hi - lo > 1e-4 * hi:
-        mid = 0.5 * (lo + hi)
-        if distributed_epsilon(mid, steps, delta, q, l1, l2) <= target:
-            hi = mid
-        else:
-            lo = mid
-    return hi
+    return smallest_noise(lambda z: distributed_epsilon(z, steps, delta, q, l1, l2), target, floor=1e-3)
 
 
 def plan_distributed(cfg: CardholderDPConfig, steps: int, banks: int, dims: int, cardholders: int) -> DistributedPlan:
@@ -350,6 +341,18 @@ class BankShare:
     loss: float
 
 
+def clipped_integer_sum(per: np.ndarray, plan: DistributedPlan) -> tuple[np.ndarray, int]:
+    """Σ over cardholders (rows of ``per``) of each one's vector clipped to the plan's C (times ``1 − 1e-6``),
+    scaled to integer units and rounded **per cardholder**: the step that bounds one cardholder's integer vector by
+    Δ₂ and Δ₁. Returns (int64 sum, cardholders clipped). DP-FedSGD and DP boosting both call it.
+    """
+    bound = plan.clipping_norm * _CLIP_SAFETY
+    norms = np.linalg.norm(per, axis=1)
+    factor = np.minimum(bound / np.maximum(norms, 1e-300), 1.0)
+    units = np.rint(per * (factor * plan.scale)[:, None]).astype(np.int64)
+    return units.sum(0), int((norms > bound).sum())
+
+
 def bank_share(
     model: AnomalyModel,
     sets: Sequence[PairSet],
@@ -366,18 +369,15 @@ def bank_share(
     contributions = pool.sample(plan.sampling_rate, cfg.pairs_per_step, sample_rng)
     total = np.zeros(plan.dims, dtype=np.int64)
     clipped, loss_sum = 0, 0.0
-    bound = plan.clipping_norm * _CLIP_SAFETY
     for a in range(0, len(contributions), cfg.cardholders_per_pass):
         grads, losses = per_cardholder_gradients(model, sets, contributions[a : a + cfg.cardholders_per_pass])
         flat = torch.cat([grads[n].reshape(grads[n].shape[0], -1).double() for n in names], dim=1)
-        norms = flat.norm(dim=1)
-        factor = torch.clamp(bound / (norms + 1e-300), max=1.0)
-        units = torch.round(flat * (factor * plan.scale)[:, None]).to(torch.int64)
-        total += units.sum(0).numpy()
-        clipped += int((norms > bound).sum())
+        part, n_clipped = clipped_integer_sum(flat.detach().cpu().numpy(), plan)
+        if part.shape[0] != plan.dims:
+            raise ValueError(f"model has {part.shape[0]} trainable coordinates, the plan {plan.dims}")
+        total += part
+        clipped += n_clipped
         loss_sum += float(losses.sum())
-    if total.shape[0] != plan.dims:
-        raise ValueError(f"model has {total.shape[0]} trainable coordinates, the plan {plan.dims}")
     from fedfraud.training.merchant_risk.dp import skellam_share
 
     noise = skellam_share((plan.dims,), plan.share_variance, noise_rng)

@@ -34,6 +34,7 @@ __all__ = [
     "epsilon_spent",
     "gaussian_epsilon",
     "noise_for_epsilon",
+    "smallest_noise",
     "plan_noise",
     "rdp_epsilon",
 ]
@@ -92,6 +93,28 @@ def gaussian_epsilon(noise_multiplier: float, rounds: int, delta: float, samplin
     if rounds < 0:
         raise ValueError(f"rounds must be >= 0, got {rounds}")
     return epsilon_spent([noise_multiplier] * rounds, delta, sampling_rate)
+
+
+def smallest_noise(epsilon_of: Callable[[float], float], target: float, start: float = 1.0, rel_tol: float = 1e-4,
+                   floor: float = 0.0) -> float:
+    """The smallest noise (within ``rel_tol``, not below ``floor``) whose ``epsilon_of`` is at most ``target``.
+
+    Why bisection: ε falls monotonically as the noise grows, and the value returned always meets the target (the
+    DP-FedSGD, merchant-release and DP-boosting calibrations share it).
+    """
+    hi = start
+    while epsilon_of(hi) > target:
+        hi *= 2.0
+    lo = hi / 2.0
+    while lo > floor and epsilon_of(lo) <= target:
+        hi, lo = lo, lo / 2.0
+    while hi - lo > rel_tol * hi:
+        mid = 0.5 * (lo + hi)
+        if epsilon_of(mid) <= target:
+            hi = mid
+        else:
+            lo = mid
+    return hi
 
 
 def noise_for_epsilon(

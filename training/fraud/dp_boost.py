@@ -51,7 +51,14 @@ import numpy as np
 import pandas as pd
 
 from fedfraud.training.anomaly.config import CardholderDPConfig
-from fedfraud.training.anomaly.distributed_dp import ORDERS, DistributedPlan, decode_sum, plan_distributed
+from fedfraud.training.anomaly.distributed_dp import (
+    ORDERS,
+    DistributedPlan,
+    clipped_integer_sum,
+    decode_sum,
+    plan_distributed,
+)
+from fedfraud.training.federated.accountant import smallest_noise
 from fedfraud.training.fraud.config import FraudConfig, FraudDPConfig
 from fedfraud.training.fraud.features import FraudFeatures
 
@@ -81,8 +88,6 @@ ACCOUNTANT = (
     "integer orders 2..256, summed over the candidate release and every tree release (no sampling: every training "
     "cardholder is in every release), dp-accounting compute_epsilon; add/remove one cardholder"
 )
-#: Clip to C·(1 − 1e-6): float error in the norm cannot push a clipped vector above C.
-_CLIP_SAFETY = 1.0 - 1e-6
 #: Grid of the candidate histogram: t(x) = sign(x)·log2(1 + |x|/0.01), cut every 0.5 in [−32, 32]: 1 % resolution
 #: near 0, a factor √2 per bin for large values (an amount of 10,000 is t ≈ 20).
 _GRID_UNIT, _GRID_STEP, _GRID_MAX = 0.01, 0.5, 32.0
@@ -174,20 +179,6 @@ def _plan(z: float, clip: float, banks: int, dims: int, cardholders: int, cfg: F
     return plan_distributed(dp, 1, banks, dims, max(cardholders, 1))
 
 
-def _bisect(epsilon_of: Any, target: float) -> float:
-    """The smallest z (1e-4 relative) with ``epsilon_of(z) <= target`` (ε falls as z grows)."""
-    hi = 1.0
-    while epsilon_of(hi) > target:
-        hi *= 2.0
-    lo = hi / 2.0
-    while lo > 1e-3 and epsilon_of(lo) <= target:
-        hi, lo = lo, lo / 2.0
-    while hi - lo > 1e-4 * hi:
-        mid = 0.5 * (lo + hi)
-        hi, lo = (mid, lo) if epsilon_of(mid) <= target else (hi, mid)
-    return hi
-
-
 def plan_boost(cfg: FraudDPConfig, used: Sequence[str], banks: int, train_cardholders: int,
                valid_cardholders: int) -> BoostPlan:
     """Calibrate the noise so a training cardholder and a validation cardholder each spend ``cfg.epsilon``.
@@ -207,25 +198,15 @@ def plan_boost(cfg: FraudDPConfig, used: Sequence[str], banks: int, train_cardho
         cand, tree = plans(z)
         return _composed_epsilon([(cand, 1), (tree, cfg.trees)], cfg.delta)
 
+    def threshold_plan(z: float) -> DistributedPlan:
+        return _plan(z, cfg.threshold_clip, banks, 2 * cfg.threshold_bins, valid_cardholders, cfg)
+
     def validation(z: float) -> float:
-        return _composed_epsilon([(_plan(z, cfg.threshold_clip, banks, 2 * cfg.threshold_bins, valid_cardholders,
-                                        cfg), 1)], cfg.delta)
+        return _composed_epsilon([(threshold_plan(z), 1)], cfg.delta)
 
-    cand, tree = plans(_bisect(training, cfg.epsilon))
-    threshold = _plan(_bisect(validation, cfg.epsilon), cfg.threshold_clip, banks, 2 * cfg.threshold_bins,
-                      valid_cardholders, cfg)
+    cand, tree = plans(smallest_noise(training, cfg.epsilon, floor=1e-3))
+    threshold = threshold_plan(smallest_noise(validation, cfg.epsilon, floor=1e-3))
     return BoostPlan(cfg, tuple(used), cand, tree, threshold)
-
-
-def _clipped_integer_sum(per: np.ndarray, plan: DistributedPlan) -> tuple[np.ndarray, int]:
-    """Σ over cardholders (rows of ``per``) of each one's vector clipped to the plan's C, scaled to integer units
-    and rounded per cardholder; returns (int64 sum, cardholders clipped).
-    """
-    bound = plan.clipping_norm * _CLIP_SAFETY
-    norms = np.linalg.norm(per, axis=1)
-    factor = np.minimum(bound / np.maximum(norms, 1e-300), 1.0)
-    units = np.rint(per * (factor * plan.scale)[:, None]).astype(np.int64)
-    return units.sum(0), int((norms > bound).sum())
 
 
 def _holders(data: FraudFeatures) -> np.ndarray:
@@ -283,7 +264,7 @@ def bank_vector(kind: str, data: FraudFeatures, plan: BoostPlan, state: BoostSta
         per = _per_cardholder(codes, cols, np.ones(n), holders, target.dims)
     else:
         raise ValueError(f"unknown release {kind!r}")
-    total, clipped = _clipped_integer_sum(per, target)
+    total, clipped = clipped_integer_sum(per, target)
     return total, holders, clipped
 
 

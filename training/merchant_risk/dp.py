@@ -107,19 +107,10 @@ def noise_for_epsilon(target_epsilon: float, releases: int, delta: float, l1: fl
         raise ValueError(f"target epsilon must be positive and finite, got {target_epsilon}")
     if releases < 1:
         raise ValueError(f"releases must be >= 1, got {releases}")
-    hi = l2
-    while release_epsilon(hi, releases, delta, l1, l2) > target_epsilon:
-        hi *= 2.0
-    lo = hi / 2.0
-    while release_epsilon(lo, releases, delta, l1, l2) <= target_epsilon:
-        hi, lo = lo, lo / 2.0
-    while hi - lo > rel_tol * hi:
-        mid = 0.5 * (lo + hi)
-        if release_epsilon(mid, releases, delta, l1, l2) <= target_epsilon:
-            hi = mid
-        else:
-            lo = mid
-    return hi
+    from fedfraud.training.federated.accountant import smallest_noise
+
+    return smallest_noise(lambda std: release_epsilon(std, releases, delta, l1, l2), target_epsilon, start=l2,
+                          rel_tol=rel_tol)
 
 
 def release_noise_std(risk: MerchantRiskConfig, noise: MerchantNoiseConfig) -> float:
