@@ -47,6 +47,10 @@ def fraud_dp(
     from fedfraud.training.fraud.dp_study import dp_study
 
     eps = _epsilons(epsilons)
+    if banks is not None and banks < 3:
+        from fedfraud.core.errors import UserError
+
+        raise UserError(f"--banks {banks}: the DP models need at least 3 banks (SecAgg+ sums a majority of them)")
     if record is not None:
         start_record(ctx, record, "")
     cfg = study_config(ctx, fmt, banks, bank_shares)

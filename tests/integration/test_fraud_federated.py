@@ -192,7 +192,7 @@ def test_bad_anomaly_source_and_missing_model_are_one_line_errors(world, tmp_pat
     assert code == 2 and len(err) == 1 and "fedfraud train anomaly" in err[0]
 
 
-def test_dp_variant_publishes_its_cardholder_epsilon_on_the_card(world, tmp_path):
+def test_dp_variant_publishes_its_cardholder_epsilon_on_the_card(world, tmp_path, capsys):
     """``--variant federated-dp`` end to end from the generator's CSV split over 3 banks: the published model's
     card states its (ε, δ) per cardholder, and the model scores through the same code as the default."""
     import shutil
@@ -215,6 +215,13 @@ def test_dp_variant_publishes_its_cardholder_epsilon_on_the_card(world, tmp_path
     assert "anomaly_score" not in model.used and "mcc_transition_surprise" not in model.used
     assert not any(n.startswith(("merchant_bank_", "merchant_fed_")) for n in model.used)
     assert model.transitions is None and dp["columns"] == list(model.used)
+    # two banks cannot run SecAgg+: one line, nothing published
+    assert main(["--log-level", "WARNING", "train", "fraud", "--data", str(world["data"]), "--out", str(registry),
+                 "--variant", "federated-dp"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == "error: --variant federated-dp needs at least 3 banks (SecAgg+ sums a majority of them); " \
+        "the data has 2"
+    assert ModelRegistry(registry).get("fraud", "latest").version == version.version
 
 
 # a whole Flower simulation on Ray (~17 s) for a variant kept for comparison only: `make test-long` (CI)

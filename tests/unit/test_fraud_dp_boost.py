@@ -416,3 +416,16 @@ def test_bad_epsilons_give_one_line(tmp_path, capsys, value):
     assert main(["eval", "fraud-dp", "--data", str(tmp_path / "x.csv"), "--epsilons", value]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--epsilons" in err[0]
+
+
+def test_two_banks_give_one_line(tmp_path, capsys, banks):
+    from fedfraud.cli.app import main
+    from fedfraud.core.errors import UserError
+    from fedfraud.training.fraud.dp_study import run_dp_study
+
+    (tmp_path / "x.csv").write_text("a\n1\n")
+    assert main(["eval", "fraud-dp", "--data", str(tmp_path / "x.csv"), "--banks", "2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "at least 3 banks" in err[0]
+    with pytest.raises(UserError, match="at least 3 banks"):
+        run_dp_study({0: banks[0], 1: banks[1]}, FraudConfig(dp=SMALL), [1.0], seeds=1, reps=50)

@@ -120,6 +120,11 @@ def run_dp_study(banks: Mapping[int, FraudFeatures], cfg: FraudConfig, epsilons:
     started, load_start = time.perf_counter(), _load()
     reps = cfg.bootstrap_reps if reps is None else reps
     order = sorted(banks)
+    if len(order) < 3:
+        from fedfraud.core.errors import UserError
+
+        raise UserError(f"the DP models need at least 3 banks (SecAgg+ sums a majority of them); the data has "
+                        f"{len(order)}")
     if any(not banks[b].has_labels for b in order):
         raise ValueError("evaluation needs labels")
     names = next(iter(banks.values())).names

@@ -163,6 +163,12 @@ def _train_variant(cfg: FedfraudConfig, banks: dict[int, FraudFeatures], bank: i
     if fc.variant == "federated-dp":
         from fedfraud.training.fraud.dp_boost import train_dp_model
 
+        if len(banks) < 3:
+            from fedfraud.core.errors import UserError
+
+            raise UserError(f"--variant federated-dp needs at least 3 banks (SecAgg+ sums a majority of them); the "
+                            f"data has {len(banks)}")
+
         return train_dp_model(banks, fc)
     if fc.variant == "federated-bagging":
         key = "as" if fc.use_anomaly_score else "base"
