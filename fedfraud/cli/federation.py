@@ -75,6 +75,8 @@ def up(
     typer.echo(f'  FLWR_HOME={files.flwr_home} flwr run . fedfraud --stream --run-config "num-banks={banks} rounds=5"')
     typer.echo(f'  FLWR_HOME={files.flwr_home} flwr run apps/fraud fedfraud --stream --run-config '
                f'"num-supernodes={banks} num-rounds=20"')
+    typer.echo(f'  FLWR_HOME={files.flwr_home} flwr run apps/anomaly_dp fedfraud --stream --run-config '
+               f'"num-banks={banks} dp-cardholders=<N>"   (cardholder-level DP under SecAgg+; docs/deploy.md)')
     if detach:
         fed.processes.clear()  # leave them running; `federation down` stops them from federation.json
         typer.echo(f"Stop it with: fedfraud federation down --out {out}")

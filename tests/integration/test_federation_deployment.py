@@ -31,6 +31,8 @@ from fedfraud.training.fraud.features import FraudFeatures
 from fedfraud.training.fraud.federated.task import NODE_FEATURES_FILE
 from tests.integration.test_federated_anomaly import SMALL as SIMULATION_SMALL
 from fedfraud.training.federated.deployment import Federation, flwr_env, generate_federation_files, run_app
+from fedfraud.training.registry import ModelRegistry
+from tests.unit.test_anomaly_dp_app import training_cardholders
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -90,6 +92,26 @@ def test_anomaly_app_runs_across_processes(federation, tmp_path):
     for bank in BANKS:
         cached = sorted(p.name for p in (federation.files.root / "cache" / f"bank_{bank}").glob("*.pt"))
         assert cached and all(name.startswith(f"bank_{bank}-") for name in cached), cached
+
+
+@pytest.mark.long
+def test_anomaly_dp_app_runs_under_secagg_across_processes(federation, tmp_path):
+    """apps/anomaly_dp across the SuperLink and 3 SuperNode processes: 4 DP-FedSGD rounds under SecAgg+, one
+    evaluation per block, the best block published with its (ε, δ) per cardholder."""
+    out = tmp_path / "server"
+    keys = tomllib.loads((ROOT / "apps" / "anomaly_dp" / "pyproject.toml").read_text())["tool"]["flwr"]["app"]
+    config = {k: v for k, v in SMALL.items() if k in keys["config"]} | {
+        "rounds": 2, "local-epochs": 1, "samples-per-epoch": 48, "batch-size": 24, "cardholder-dp-sampling-rate": 0.6,
+        "cardholder-dp-pool-per-cardholder": 40, "data-dir": str(tmp_path / "nowhere"), "out-dir": str(out),
+        "timeout-s": 240.0}
+    n = training_cardholders(federation.data_dir, {**keys["config"], **config, "cache-dir": str(tmp_path / "c")})
+    run_app(federation.files, ROOT / "apps" / "anomaly_dp", {**config, "dp-cardholders": n}, timeout_s=600,
+            log_name="anomaly-dp")
+    result = json.loads((out / "checkpoints" / "anomaly-federated-dp" / "result.json").read_text())
+    assert result["dp_rounds"] == 4 and result["refused"] == [] and result["rounds"] == 2 and result["banks"] == 3
+    card = ModelRegistry(out).get("anomaly", result["version"].split(":")[1]).privacy["client_dp"]
+    assert card["noise"] == "distributed" and card["cardholders"] == n and card["epsilon"] <= 8.0 + 1e-6
+    assert card["steps"] == 4 and "SecAggPlusWorkflow" in card["execution"]
 
 
 @pytest.mark.long

@@ -17,6 +17,12 @@ floats; ``rint(mean·m)`` is the exact integer ``Σ y``, congruent to the noised
 round with fewer than ``t`` banks (SecAgg+ halts it first), decodes and applies the step
 (:class:`~fedfraud.training.anomaly.distributed_dp.ServerStep`).
 
+Evaluation (optional, ``evaluate_every``): a deployed run must choose the round to publish, as the in-process replay
+does with each block's validation loss. Every ``evaluate_every`` rounds the strategy asks each bank for scalar
+metrics of the current model (``DPBank.evaluate``); they are computed on the bank's validation and test cardholders
+only, never on a training cardholder, so they are outside the training cardholders' (ε, δ) and the card says so
+(``not_covered``). ``secaggplus_mod`` passes these messages through unmasked: they carry no gradient.
+
 Noise draws: fresh OS entropy for the sample and the share; a node config ``dp-noise-seed`` fixes both (tests only:
 whoever knows the seed can subtract the bank's share).
 """
@@ -34,6 +40,8 @@ from flwr.client import NumPyClient
 from flwr.client.mod import secaggplus_mod
 from flwr.clientapp import ClientApp
 from flwr.common import (
+    EvaluateIns,
+    EvaluateRes,
     FitIns,
     FitRes,
     Parameters,
@@ -60,8 +68,8 @@ from fedfraud.training.anomaly.distributed_dp import (
 from fedfraud.training.anomaly.dpsgd import CardholderPool
 from fedfraud.training.anomaly.model import AnomalyModel
 
-__all__ = ["NOISE_SEED_KEY", "STEP_KEY", "DPBank", "DPFedSGDStrategy", "SumStep", "dp_client_app", "run_dp_fedsgd",
-           "secagg_workflow"]
+__all__ = ["LAST_KEY", "NOISE_SEED_KEY", "STEP_KEY", "BankEvaluation", "DPBank", "DPFedSGDStrategy", "SumStep",
+           "dp_client_app", "run_dp_fedsgd", "secagg_workflow"]
 
 logger = logging.getLogger(__name__)
 
@@ -88,15 +96,25 @@ class SumStep(Protocol):
     def weights(self) -> list[np.ndarray]: ...
 
 
+#: Evaluate-config key: this evaluation follows the run's last round (the bank adds its fraud metrics).
+LAST_KEY = "dp-last"
+
+#: A bank's metrics of the current model on its validation and test cardholders: ``(model, last) -> metrics``.
+BankEvaluation = Callable[[AnomalyModel, bool], dict[str, float]]
+
+
 @dataclass
 class DPBank:
-    """What a bank's ClientApp holds across rounds: its model copy, its training cardholders and the public plan."""
+    """What a bank's ClientApp holds across rounds: its model copy, its training cardholders and the public plan;
+    ``evaluate`` scores its validation and test cardholders (None: the bank answers no evaluation).
+    """
 
     model: AnomalyModel
     sets: list[PairSet]
     pool: CardholderPool
     cfg: CardholderDPConfig
     plan: DistributedPlan
+    evaluate: BankEvaluation | None = None
 
 
 class _Client(NumPyClient):
@@ -126,6 +144,14 @@ class _Client(NumPyClient):
         logger.info("dp_fedsgd_bank step=%d cardholders=%d clipped=%d", step, share.cardholders, share.clipped)
         return [share.residues], 1, {}  # weight 1 = SecAgg+'s max_weight: Flower's quantization is then exact
 
+    def evaluate(self, parameters: list[np.ndarray], config: dict[str, Scalar]) -> tuple[float, int, dict]:
+        if self.bank.evaluate is None:
+            raise RuntimeError("this bank answers no evaluation")
+        load_trainable(self.bank.model, parameters)
+        self.bank.model.eval()
+        metrics = self.bank.evaluate(self.bank.model, bool(config.get(LAST_KEY, False)))
+        return float(metrics.get("val_loss", float("nan"))), 1, {k: float(v) for k, v in metrics.items()}
+
 
 def dp_client_app(bank_for: Callable[[Context], DPBank], observer: ShareObserver | None = None) -> ClientApp:
     """The banks' ClientApp: :func:`bank_share` inside ``secaggplus_mod`` (the share is masked before it leaves)."""
@@ -141,13 +167,17 @@ class DPFedSGDStrategy(SumOnlyStrategy):
     """Legacy strategy: all banks every round; the SecAgg+ aggregate decoded and applied by a :class:`ServerStep`.
 
     ``refused`` lists the rounds that summed fewer than t banks (not applied); ``sums`` the decoded integer sums
-    (what the server learns, for logs and tests).
+    (what the server learns, for logs and tests). With ``evaluate_every`` = k > 0 every bank evaluates the model
+    after rounds k, 2k, ... and ``on_evaluate`` receives their replies.
     """
 
     server: SumStep
     observer: Callable[[int, list[tuple[ClientProxy, FitRes]]], None] | None = None
     refused: list[int] = field(default_factory=list)
     sums: list[np.ndarray] = field(default_factory=list)
+    evaluate_every: int = 0
+    on_evaluate: Callable[[int, list[tuple[ClientProxy, EvaluateRes]]], None] | None = None
+    rounds: int = 0
 
     def initialize_parameters(self, client_manager: ClientManager) -> Parameters | None:
         return ndarrays_to_parameters(self.server.weights())
@@ -176,6 +206,23 @@ class DPFedSGDStrategy(SumOnlyStrategy):
         logger.info("dp_fedsgd_round round=%d banks=%d failures=%d", server_round, m, len(failures))
         return ndarrays_to_parameters(self.server.weights()), {}
 
+    def configure_evaluate(self, server_round: int, parameters: Parameters, client_manager: ClientManager
+                           ) -> list[tuple[ClientProxy, EvaluateIns]]:
+        if self.evaluate_every <= 0 or server_round % self.evaluate_every:
+            return []
+        banks = self.server.plan.banks
+        clients = client_manager.sample(num_clients=banks, min_num_clients=banks)
+        config: dict[str, Scalar] = {STEP_KEY: server_round, LAST_KEY: server_round == self.rounds}
+        return [(c, EvaluateIns(parameters, config)) for c in clients]
+
+    def aggregate_evaluate(self, server_round: int, results: list[tuple[ClientProxy, EvaluateRes]],
+                           failures: list[Any]) -> tuple[float | None, dict[str, Scalar]]:
+        if failures:
+            logger.warning("dp_fedsgd_evaluate round=%d failures=%d", server_round, len(failures))
+        if self.on_evaluate is not None and results:
+            self.on_evaluate(server_round, results)
+        return None, {}
+
 
 def secagg_workflow(plan: DistributedPlan, timeout_s: float | None = None) -> SecAggPlusWorkflow:
     """SecAgg+ for the plan: every bank shares with all others, t reconstructs; Flower's quantization made exact."""
@@ -187,10 +234,15 @@ def secagg_workflow(plan: DistributedPlan, timeout_s: float | None = None) -> Se
 
 
 def run_dp_fedsgd(grid: Grid, context: Context, server: SumStep, rounds: int, timeout_s: float | None = None,
-                  observer: Callable[[int, list[tuple[ClientProxy, FitRes]]], None] | None = None
+                  observer: Callable[[int, list[tuple[ClientProxy, FitRes]]], None] | None = None,
+                  evaluate_every: int = 0,
+                  on_evaluate: Callable[[int, list[tuple[ClientProxy, EvaluateRes]]], None] | None = None,
                   ) -> DPFedSGDStrategy:
-    """``rounds`` DP-FedSGD rounds over the connected banks under SecAgg+; returns the strategy (sums, refusals)."""
-    strategy = DPFedSGDStrategy(server, observer)
+    """``rounds`` DP-FedSGD rounds over the connected banks under SecAgg+ (and, every ``evaluate_every`` rounds, the
+    banks' evaluation); returns the strategy (sums, refusals).
+    """
+    strategy = DPFedSGDStrategy(server, observer, evaluate_every=evaluate_every, on_evaluate=on_evaluate,
+                                rounds=rounds)
     legacy = LegacyContext(context, config=ServerConfig(num_rounds=rounds), strategy=strategy)
     DefaultWorkflow(fit_workflow=secagg_workflow(server.plan, timeout_s))(grid, legacy)
     return strategy

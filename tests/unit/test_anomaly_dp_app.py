@@ -1,0 +1,139 @@
+"""apps/anomaly_dp: DP-FedSGD under SecAgg+ as a deployable Flower App (settings, refusals, a whole run).
+
+The whole run goes through the app's real ServerApp function and ClientApp over the loopback grid (every message
+serialized as over the SuperLink, every reply the server received written by the audit grid): the banks read their
+own folders, every round's gradient crosses only as SecAgg+'s masked vector, each block is evaluated on the banks'
+validation cardholders, and the best block is published with (ε, δ) per cardholder on its card.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+import numpy as np
+import pytest
+from flwr.app import Context, RecordDict
+from flwr.common import MessageType
+
+from fedfraud.core.errors import ConfigError
+from fedfraud.feature_store.layout import bank_dir
+from fedfraud.training.anomaly.dpsgd import CardholderPool
+from fedfraud.training.anomaly.engine import sources_of
+from fedfraud.training.anomaly.federated import dp_app
+from fedfraud.training.anomaly.federated.task import RunSettings, bank_data, on_node
+from fedfraud.training.data.config import GeneratorConfig
+from fedfraud.training.data.synthetic import generate_dataset
+from fedfraud.training.merchant_risk.release_app import AuditGrid, read_audit
+from fedfraud.training.registry import ModelRegistry
+from tests.integration.tiny_run import TINY_RUN
+from tests.unit.test_distributed_dp import task_identity  # noqa: F401 - fixture
+from tests.unit.test_merchant_release import _Loopback, masked_vectors
+
+ROOT = Path(__file__).resolve().parents[2]
+#: apps/anomaly_dp's values that differ from RunSettings' defaults (the mode, and what the bench chose on validation)
+APP_CHOICES = {"num-banks": 3, "rounds": 5, "local-epochs": 4, "lr": 0.03, "cardholder-dp-enabled": True,
+               "cardholder-dp-noise": "distributed", "cardholder-dp-sampling-rate": 0.15,
+               "cardholder-dp-pairs-per-step": 8}
+BANKS = (0, 1, 2)
+NODES = {9101: 0, 9102: 1, 9103: 2}  # node id -> partition
+
+
+def _app_config() -> dict:
+    return tomllib.loads((ROOT / "apps" / "anomaly_dp" / "pyproject.toml").read_text())["tool"]["flwr"]["app"]
+
+
+def test_app_config_is_the_run_settings_defaults_but_the_dp_mode_and_the_benchs_choices():
+    app = _app_config()
+    assert app["components"] == {"serverapp": "fedfraud.training.anomaly.federated.dp_app:server",
+                                 "clientapp": "fedfraud.training.anomaly.federated.dp_app:client"}
+    defaults = {**RunSettings.defaults(), **dp_app.APP_DEFAULTS, **APP_CHOICES}
+    for key, value in app["config"].items():
+        assert key in defaults, key
+        assert value == defaults[key], key
+    run = dp_app.dp_run({**app["config"], "dp-cardholders": 600})
+    assert run.steps == 160 and run.per_block == 32 and run.cardholders == 600
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"dp-cardholders": 0}, "dp-cardholders must be"),
+    ({"num-banks": 2}, "at least 3 for SecAgg"),
+    ({"cardholder-dp-noise": "local"}, "runs cardholder-dp-enabled = true with"),
+    ({"cardholder-dp-enabled": False}, "runs cardholder-dp-enabled = true with"),
+    ({"readout": "thesis"}, "next-event"),
+    ({"init-from": "anomaly:v1"}, "init-from is not supported"),
+    ({"timeout-s": 0.0}, "timeout-s must be > 0"),
+])
+def test_a_setting_the_app_cannot_run_is_a_one_line_error(change, message):
+    config = {**_app_config()["config"], "dp-cardholders": 600, **change}
+    with pytest.raises(ConfigError, match=message) as err:
+        dp_app.dp_run(config)
+    assert "\n" not in str(err.value)
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    root = tmp_path_factory.mktemp("dp-app-data")
+    generate_dataset(root, GeneratorConfig(banks=3, cardholders=36, days=21, fraud_rate=0.03, seed=11),
+                     raw_csv=False, progress=False)
+    return root
+
+
+def _run_config(data: Path, out: Path, cardholders: int) -> dict:
+    tiny = {k: v for k, v in TINY_RUN.items() if k in RunSettings.defaults() and k not in ("client-cpus", "ray-cpus")}
+    return {**_app_config()["config"], **tiny, "data-dir": str(data / "nowhere"), "out-dir": str(out),
+            "registry-dir": str(out / "registry"), "cache-dir": str(out / "cache"), "rounds": 2, "local-epochs": 1,
+            "samples-per-epoch": 48, "batch-size": 24, "cardholder-dp-sampling-rate": 0.6,
+            "cardholder-dp-pool-per-cardholder": 40, "dp-cardholders": cardholders}
+
+
+def training_cardholders(data: Path, config: dict) -> int:
+    """N: the training cardholders of every bank's DP pool under ``config`` (what the federation agrees on)."""
+    settings = RunSettings.from_flat({k: v for k, v in config.items() if k not in dp_app.APP_DEFAULTS})
+    total = 0
+    for bank in BANKS:
+        own = on_node(settings, bank, {"data-dir": str(bank_dir(data, bank))})
+        pairs = sources_of([bank_data(own, bank)], own.anomaly, own.egograph.max_nodes)[0].pairs
+        total += len(CardholderPool.of([pairs]))
+    return total
+
+
+def test_a_whole_run_sums_masked_gradients_evaluates_each_block_and_publishes_the_card(
+    data, tmp_path, task_identity  # noqa: F811 - fixture
+):
+    out = tmp_path / "server"
+    n = training_cardholders(data, _run_config(data, out, 1))
+    config = _run_config(data, out, n)
+    contexts = {node: Context(7, node, {"partition-id": bank, "data-dir": str(bank_dir(data, bank))},
+                              RecordDict(), config) for node, bank in NODES.items()}
+    audit = tmp_path / "audit"
+    run = dp_app.dp_run(config)
+    assert run.steps == 4 and run.per_block == 2
+    result = dp_app.run_dp_federation(AuditGrid(_Loopback(dp_app.client, contexts), audit),
+                                      Context(7, 0, {}, RecordDict(), config), run)
+
+    assert result["dp_rounds"] == 4 and not result["refused"] and result["rounds"] == 2
+    assert result["version"] == "anomaly:v1"
+    version = ModelRegistry(out / "registry").latest("anomaly")
+    card = version.privacy["client_dp"]
+    assert card["noise"] == "distributed" and card["steps"] == 4 and card["banks"] == 3
+    assert card["cardholders"] == n and card["epsilon"] <= 8.0 + 1e-6
+    assert "SecAggPlusWorkflow" in card["execution"] and card["noise_source"] == "OS entropy, in each bank"
+    metrics = version.metrics
+    assert metrics["mode"] == dp_app.MODE and len(metrics["history"]) == 2
+    assert set(metrics["per_bank"]) == {str(b) for b in BANKS}
+    # every bank scored the model (a bank of this tiny file may have no validation pair: NaN, skipped in the mean)
+    assert all({"val_loss", "loss"} <= set(m) for m in metrics["per_bank"].values())
+    assert np.isfinite(metrics["val_loss_mean"])
+
+    replies = read_audit(audit)
+    train = [m for m in replies if m.metadata.message_type == MessageType.TRAIN]
+    evaluate = [m for m in replies if m.metadata.message_type == MessageType.EVALUATE]
+    assert len(train) == 4 * 3 * 4  # SecAgg+'s four stages, three banks, four rounds
+    assert len(evaluate) == 2 * 3  # one evaluation per block and bank
+    assert all(not record for m in replies for record in m.content.array_records.values())  # no clear array
+    assert sum(len(masked_vectors(train[i:i + 12])) for i in range(0, len(train), 12)) == 4 * 3
+    for msg in evaluate:  # scalar metrics of validation and test cardholders, no gradient, no training loss
+        keys = {k for record in msg.content.metric_records.values() for k in record}
+        keys |= {k for record in msg.content.config_records.values() for k in record}
+        assert "val_loss" in keys and "partition-id" in keys and not any("train" in k for k in keys)

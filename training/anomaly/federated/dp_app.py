@@ -1,0 +1,256 @@
+"""DP-FedSGD under SecAgg+ as a Flower App of its own, for a deployed federation (``flwr run apps/anomaly_dp``).
+
+The default anomaly app (``flwr run .``) runs the Message-API strategies, which cannot run SecAgg+ in flwr 1.41,
+so it refuses ``cardholder-dp-noise = "distributed"``. This app is that mode across SuperNodes: the same mechanism
+and accountant as the in-process replay that ``bench privacy`` trains with
+(:func:`~fedfraud.training.anomaly.distributed_dp.run_distributed`), over Flower's real SecAgg+ stages
+(:mod:`fedfraud.training.federated.dp_fedsgd`):
+
+* every round each bank Poisson-samples its training cardholders, sends its clipped, rounded gradient sum plus its
+  own Skellam share of the noise (drawn from OS entropy at the bank), masked by ``secaggplus_mod``; the server
+  decodes only the sum over ≥ t banks and steps Adam;
+* after each block of rounds (``rounds`` blocks of ``total_dp_steps / rounds`` DP rounds, the replay's
+  checkpoints) each bank reports scalar metrics of its validation and test cardholders; the block with the lowest
+  validation loss is published, with the (ε, δ) per cardholder on the card.
+
+Settings: the run config (``[tool.flwr.app.config]`` of ``apps/anomaly_dp`` and ``--run-config``) holds the
+anomaly run's flat keys (:class:`~fedfraud.training.anomaly.federated.task.RunSettings`) plus ``dp-cardholders``
+(N: the federation's training cardholders, a public count the banks agree on; the noise is divided by it and the
+SecAgg+ field is sized for it) and ``timeout-s``. Server and banks derive the same plan from them. The merchant
+table is frozen at its seeded initial value, which every process builds alike (``anomaly.init_from`` is refused:
+the banks would need the registry).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from flwr.app import Context
+from flwr.server.client_proxy import ClientProxy
+from flwr.common import EvaluateRes
+from flwr.serverapp import Grid, ServerApp
+
+from fedfraud.core.errors import ConfigError
+from fedfraud.feature_store.privacy import feature_ldp_card
+from fedfraud.training.anomaly.distributed_dp import (
+    DistributedPlan,
+    ServerStep,
+    distributed_card,
+    plan_distributed,
+    trainable,
+)
+from fedfraud.training.anomaly.dpsgd import CardholderPool
+from fedfraud.training.anomaly.engine import sources_of
+from fedfraud.training.anomaly.federated.task import (
+    RunSettings,
+    bank_data,
+    build_model,
+    local_test,
+    lr_factor,
+    on_node,
+    total_dp_steps,
+)
+from fedfraud.training.anomaly.model import AnomalyModel
+from fedfraud.training.anomaly.run import Checkpoint, RoundRecord, checkpoint_dir, log_round, publish_run
+from fedfraud.training.federated.dp_fedsgd import DPBank, dp_client_app, run_dp_fedsgd
+from fedfraud.training.federated.grid import wait_for_nodes
+from fedfraud.training.registry import ModelRegistry
+
+__all__ = ["APP_DEFAULTS", "MODE", "DPRun", "client", "dp_run", "run_dp_federation", "server"]
+
+logger = logging.getLogger(__name__)
+
+#: The app's own run-config keys (besides the anomaly run's), with their defaults.
+APP_DEFAULTS: dict[str, Any] = {"dp-cardholders": 0, "timeout-s": 600.0}
+#: The checkpoint folder's and the card's mode name.
+MODE = "federated-dp"
+_PRIVACY_PREFIX = "privacy-"
+_EXECUTION = ("Flower Deployment Engine (flwr run apps/anomaly_dp): every round through SecAggPlusWorkflow and "
+              "secaggplus_mod across the SuperNodes; each bank draws its sample and noise share from OS entropy")
+
+
+@dataclass(frozen=True)
+class DPRun:
+    """A deployed DP-FedSGD run's public settings: the anomaly run's, N and the SecAgg+ timeout."""
+
+    settings: RunSettings
+    cardholders: int
+    timeout_s: float
+
+    @property
+    def steps(self) -> int:
+        """DP rounds the accountant charges (:func:`total_dp_steps`)."""
+        return total_dp_steps(self.settings)
+
+    @property
+    def per_block(self) -> int:
+        """DP rounds between two evaluations (the replay's rounds per checkpoint)."""
+        return max(1, self.steps // self.settings.federated.rounds)
+
+    def plan(self, model: AnomalyModel) -> DistributedPlan:
+        """The plan every party derives alike from these settings and the model's trainable size."""
+        dims = sum(p.numel() for _, p in trainable(model))
+        return plan_distributed(self.settings.anomaly.cardholder_dp, self.steps, self.settings.num_banks, dims,
+                                self.cardholders)
+
+
+def dp_run(run_config: Mapping[str, Any]) -> DPRun:
+    """Parse the run config; a setting this app cannot run is a one-line :class:`ConfigError`."""
+    flat = {**APP_DEFAULTS, **dict(run_config)}
+    cardholders = int(flat.pop("dp-cardholders"))
+    timeout_s = float(flat.pop("timeout-s"))
+    settings = RunSettings.from_flat(flat)
+    dp = settings.anomaly.cardholder_dp
+    if not dp.enabled or dp.noise != "distributed":
+        raise ConfigError("apps/anomaly_dp runs cardholder-dp-enabled = true with cardholder-dp-noise = "
+                          "\"distributed\" only")
+    if settings.anomaly.readout != "next-event":
+        raise ConfigError("cardholder-level DP needs readout = \"next-event\"")
+    if settings.num_banks < 3:
+        raise ConfigError(f"num-banks must name the federation's banks, at least 3 for SecAgg+; got "
+                          f"{settings.num_banks}")
+    if cardholders < 1:
+        raise ConfigError("dp-cardholders must be the federation's number of training cardholders (public; the "
+                          "noise is divided by it)")
+    if settings.anomaly.init_from:
+        raise ConfigError("init-from is not supported by apps/anomaly_dp: the banks rebuild the frozen merchant "
+                          "table from the seed")
+    if timeout_s <= 0:
+        raise ConfigError(f"timeout-s must be > 0, got {timeout_s}")
+    return DPRun(settings, cardholders, timeout_s)
+
+
+def _model(settings: RunSettings) -> AnomalyModel:
+    """The seeded model with its merchant table frozen (DP-FedSGD trains and sends the rest only)."""
+    model = build_model(settings)
+    model.encoder.merchant.weight.requires_grad_(False)
+    return model
+
+
+class _BlockSchedule:
+    """The server's step with the run's learning-rate schedule applied per block (as the replay does)."""
+
+    def __init__(self, step: ServerStep, run: DPRun) -> None:
+        self.step = step
+        self.run = run
+        self.applied = 0
+        self.plan = step.plan
+
+    def apply(self, summed: np.ndarray, banks_summed: int) -> np.ndarray:
+        block = self.applied // self.run.per_block + 1
+        cfg = self.run.settings.anomaly
+        self.step.set_lr(cfg.lr * lr_factor(cfg, block, self.run.settings.federated.rounds))
+        mean = self.step.apply(summed, banks_summed)
+        self.applied += 1
+        return mean
+
+    def weights(self) -> list[np.ndarray]:
+        return self.step.weights()
+
+
+def run_dp_federation(grid: Grid, context: Context, run: DPRun) -> dict[str, Any]:
+    """The whole deployed run: DP-FedSGD rounds under SecAgg+, an evaluation per block, publish the best block."""
+    settings = run.settings
+    dp = settings.anomaly.cardholder_dp
+    blocks = settings.federated.rounds
+    nodes = wait_for_nodes(grid, settings.num_banks, timeout_s=run.timeout_s)
+    if len(nodes) < settings.num_banks:
+        raise ConfigError(f"{len(nodes)} of num-banks={settings.num_banks} SuperNodes connected")
+    model = _model(settings)
+    plan = run.plan(model)
+    logger.info("dp_federation plan z=%.4f t=%d/%d N=%d steps=%d blocks=%d eps=%.4f", plan.noise_multiplier,
+                plan.survivors, plan.banks, plan.cardholders, run.steps, blocks, plan.epsilon(run.steps, dp.delta))
+    step = _BlockSchedule(ServerStep(model, plan, settings.anomaly.lr), run)
+    checkpoint = Checkpoint(0, model.state_dict(), [], settings.to_flat())
+    directory = checkpoint_dir(settings.out_dir, MODE)
+    start = time.perf_counter()
+    last = [start]
+
+    def on_evaluate(server_round: int, results: list[tuple[ClientProxy, EvaluateRes]]) -> None:
+        per_bank: dict[int, dict[str, float]] = {}
+        for _, res in results:
+            metrics = {k: float(v) for k, v in res.metrics.items()}
+            bank = int(metrics.pop("partition-id"))
+            checkpoint.privacy[bank] = {k[len(_PRIVACY_PREFIX):]: metrics.pop(k) for k in list(metrics)
+                                        if k.startswith(_PRIVACY_PREFIX)}
+            per_bank[bank] = metrics
+        now = time.perf_counter()
+        record = RoundRecord(server_round // run.per_block, math.nan, per_bank, now - last[0])
+        last[0] = now
+        checkpoint.offer(record, model.state_dict())
+        checkpoint.save(directory)
+        log_round(record, blocks, MODE)
+
+    strategy = run_dp_fedsgd(grid, context, step, run.per_block * blocks, run.timeout_s,
+                             evaluate_every=run.per_block, on_evaluate=on_evaluate)
+    result: dict[str, Any] = {
+        "rounds": checkpoint.round, "dp_rounds": len(strategy.sums), "refused": strategy.refused,
+        "banks": settings.num_banks, "wall_seconds": time.perf_counter() - start,
+        "summary": checkpoint.history[-1].summary if checkpoint.history else {},
+    }
+    if settings.publish and checkpoint.history:
+        selected, weights = checkpoint.selected
+        version = publish_run(
+            ModelRegistry(settings.registry_dir), weights, selected_round=selected, mode=MODE,
+            anomaly_cfg=settings.anomaly, encoder_cfg=settings.encoder, ego_cfg=settings.egograph,
+            config={**settings.config_dump(), "mode": MODE, "strategy": "DP-FedSGD under SecAgg+"},
+            history=checkpoint.history, privacy=checkpoint.privacy,
+            client_dp={**distributed_card(dp, plan, run.steps, blocks), "noise_source": "OS entropy, in each bank",
+                       "execution": _EXECUTION},
+            feature_ldp=feature_ldp_card(settings.privacy),
+        )
+        result["version"] = version.tag
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "result.json").write_text(json.dumps(result, indent=1, default=str), encoding="utf-8")
+    return result
+
+
+_BANKS: dict[tuple[int, int], DPBank] = {}
+
+
+def _bank_for(context: Context) -> DPBank:
+    """This SuperNode's bank, built once per run: its own folder's data, the frozen model and the public plan."""
+    key = (context.run_id, context.node_id)
+    if key in _BANKS:
+        return _BANKS[key]
+    run = dp_run(context.run_config)
+    partition = int(context.node_config.get("partition-id", 0))
+    settings = on_node(run.settings, partition, context.node_config)
+    torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
+    data = bank_data(settings, partition)
+    sets = [sources_of([data], settings.anomaly, settings.egograph.max_nodes)[0].pairs]
+    pool = CardholderPool.of(sets)
+    if len(pool) > run.cardholders:
+        raise ConfigError(f"bank {partition} has {len(pool)} training cardholders, more than the federation's "
+                          f"dp-cardholders = {run.cardholders}")
+    model = _model(settings)
+    privacy = {f"{_PRIVACY_PREFIX}{k}": float(v) for k, v in vars(data.privacy).items()}
+
+    def evaluate(current: AnomalyModel, last: bool) -> dict[str, float]:
+        # validation and test cardholders only: never a training cardholder (docs/privacy.md)
+        return {**local_test(current, data, with_fraud=last), "partition-id": float(partition), **privacy}
+
+    bank = DPBank(model, sets, pool, settings.anomaly.cardholder_dp, run.plan(model), evaluate)
+    _BANKS.clear()  # one run at a time per process
+    _BANKS[key] = bank
+    return bank
+
+
+#: The banks' ClientApp (``[tool.flwr.app.components] clientapp`` of apps/anomaly_dp).
+client = dp_client_app(_bank_for)
+#: The ServerApp (``serverapp`` of apps/anomaly_dp).
+server = ServerApp()
+
+
+@server.main()
+def _main(grid: Grid, context: Context) -> None:
+    run_dp_federation(grid, context, dp_run(context.run_config))
