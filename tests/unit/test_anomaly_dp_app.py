@@ -63,6 +63,10 @@ def test_app_config_is_the_run_settings_defaults_but_the_dp_mode_and_the_benchs_
     ({"readout": "thesis"}, "next-event"),
     ({"init-from": "anomaly:v1"}, "init-from is not supported"),
     ({"timeout-s": 0.0}, "timeout-s must be > 0"),
+    ({"dp-cardholders": "many"}, "dp-cardholders must be an integer"),
+    ({"cardholder-dp-delta": 0.01}, "above 1/N"),
+    ({"cardholder-dp-min-banks": 3}, "min_banks must be below banks"),
+    ({"cardholder-dp-target-epsilon": 0.0, "cardholder-dp-noise-multiplier": 0.0}, "noise multiplier is 0"),
 ])
 def test_a_setting_the_app_cannot_run_is_a_one_line_error(change, message):
     config = {**_app_config()["config"], "dp-cardholders": 600, **change}
@@ -112,12 +116,15 @@ def test_a_whole_run_sums_masked_gradients_evaluates_each_block_and_publishes_th
     result = dp_app.run_dp_federation(AuditGrid(_Loopback(dp_app.client, contexts), audit),
                                       Context(7, 0, {}, RecordDict(), config), run)
 
-    assert result["dp_rounds"] == 4 and not result["refused"] and result["rounds"] == 2
+    assert result["dp_rounds"] == result["dp_rounds_planned"] == 4 and result["rounds"] == 2
     assert result["version"] == "anomaly:v1"
     version = ModelRegistry(out / "registry").latest("anomaly")
     card = version.privacy["client_dp"]
     assert card["noise"] == "distributed" and card["steps"] == 4 and card["banks"] == 3
-    assert card["cardholders"] == n and card["epsilon"] <= 8.0 + 1e-6
+    assert card["dp_rounds_applied"] == 4 and card["cardholders"] == n
+    assert card["noise_multiplier"] == run.plan.noise_multiplier
+    assert card["epsilon"] == pytest.approx(run.plan.epsilon(4, run.settings.anomaly.cardholder_dp.delta))
+    assert card["epsilon"] <= 8.0 + 1e-6
     assert "SecAggPlusWorkflow" in card["execution"] and card["noise_source"] == "OS entropy, in each bank"
     metrics = version.metrics
     assert metrics["mode"] == dp_app.MODE and len(metrics["history"]) == 2
@@ -133,7 +140,44 @@ def test_a_whole_run_sums_masked_gradients_evaluates_each_block_and_publishes_th
     assert len(evaluate) == 2 * 3  # one evaluation per block and bank
     assert all(not record for m in replies for record in m.content.array_records.values())  # no clear array
     assert sum(len(masked_vectors(train[i:i + 12])) for i in range(0, len(train), 12)) == 4 * 3
-    for msg in evaluate:  # scalar metrics of validation and test cardholders, no gradient, no training loss
-        keys = {k for record in msg.content.metric_records.values() for k in record}
-        keys |= {k for record in msg.content.config_records.values() for k in record}
-        assert "val_loss" in keys and "partition-id" in keys and not any("train" in k for k in keys)
+    # the evaluation replies: the model's metrics on validation and test cardholders (local_test) and the bank's
+    # partition id, nothing else (no gradient, no training loss, no statistic over the training cardholders)
+    allowed = {"val_loss", "loss", "accuracy", "precision", "recall", "f1", "roc_auc", "fraud_roc_auc",
+               "fraud_pr_auc", "fraud_n", "partition-id"}
+    for msg in evaluate:  # Flower's legacy EvaluateRes: its status record (code, message) aside
+        records = {**msg.content.config_records, **msg.content.metric_records}
+        metrics = {k for name, record in records.items() if not name.endswith(".status") for k in record}
+        assert {"val_loss", "partition-id"} <= metrics, metrics
+        assert metrics <= allowed | {"num_examples"}, metrics - allowed
+
+
+def _bank_context(data: Path, out: Path, node: int, bank: int, config: dict, **node_config) -> Context:
+    return Context(7, node, {"partition-id": bank, "data-dir": str(bank_dir(data, bank)), **node_config},
+                   RecordDict(), config)
+
+
+def test_a_bank_refuses_a_test_noise_seed_a_foreign_plan_a_replayed_step_and_steps_past_its_budget(data, tmp_path):
+    from fedfraud.training.anomaly.distributed_dp import trainable
+    from fedfraud.training.federated.dp_fedsgd import (
+        NOISE_SEED_KEY, PLAN_KEY, REFUSAL, STEP_KEY, BankRefused, _Client, plan_digest,
+    )
+
+    config = _run_config(data, tmp_path, 10_000)
+    with pytest.raises(ConfigError, match="tests only, refused here"):
+        dp_app._bank_for(_bank_context(data, tmp_path, 9201, 0, config, **{NOISE_SEED_KEY: 3}))
+    context = _bank_context(data, tmp_path, 9202, 0, config)
+    bank = dp_app._bank_for(context)
+    assert bank.max_steps == 4 and plan_digest(bank.plan) == plan_digest(dp_app.dp_run(config).plan)
+    client = _Client(bank, context, None)
+    weights = [p.detach().numpy().copy() for _, p in trainable(bank.model)]
+    good = {PLAN_KEY: plan_digest(bank.plan)}
+    for bad in ({STEP_KEY: 1, PLAN_KEY: "0" * 16}, {STEP_KEY: 0, **good}):
+        with pytest.raises(BankRefused) as err:
+            client.fit(weights, bad)
+        assert str(err.value) == REFUSAL
+    for step in (1, 2, 3, 4):
+        residues, weight, metrics = client.fit(weights, {STEP_KEY: step, **good})
+        assert weight == 1 and metrics == {} and residues[0].shape == (bank.plan.dims,)
+    for bad in ({STEP_KEY: 4, **good}, {STEP_KEY: 5, **good}):  # a replay; then past the 4-step budget
+        with pytest.raises(BankRefused, match="the bank refused"):
+            client.fit(weights, bad)

@@ -8,7 +8,10 @@ over a ``LegacyContext`` and a ``flwr.server.strategy`` strategy on the server; 
 Bank side (:func:`dp_client_app`): ``fit`` loads the server's trainable weights, computes
 :func:`~fedfraud.training.anomaly.distributed_dp.bank_share` (clipped, rounded per-cardholder gradients, summed, plus
 its Skellam share, mod ``M``) and returns the residues with weight 1; ``secaggplus_mod`` masks them. No metric
-leaves the bank.
+leaves the bank in a training round. The bank checks the plan the server names (a digest of every public setting
+of the noise and field) against its own, refuses a step it already answered and any step past ``max_steps`` (its
+budget in this run; :class:`DPBank`), and answers any refusal or failure with one fixed message (Flower returns an
+exception's text to the server, so it must not depend on the bank's data).
 
 Server side (:func:`run_dp_fedsgd`): one SecAgg+ round per DP-FedSGD step. Flower's quantizer maps a residue ``y``
 in ``[0, M)`` with ``clipping_range = M`` and ``2M`` levels to ``y + M`` exactly (integers, nothing clipped or
@@ -29,13 +32,14 @@ whoever knows the seed can subtract the bank's share).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
-from flwr.app import Context
+from flwr.app import ConfigRecord, Context
 from flwr.client import NumPyClient
 from flwr.client.mod import secaggplus_mod
 from flwr.clientapp import ClientApp
@@ -68,8 +72,9 @@ from fedfraud.training.anomaly.distributed_dp import (
 from fedfraud.training.anomaly.dpsgd import CardholderPool
 from fedfraud.training.anomaly.model import AnomalyModel
 
-__all__ = ["LAST_KEY", "NOISE_SEED_KEY", "STEP_KEY", "BankEvaluation", "DPBank", "DPFedSGDStrategy", "SumStep",
-           "dp_client_app", "run_dp_fedsgd", "secagg_workflow"]
+__all__ = ["LAST_KEY", "NOISE_SEED_KEY", "PLAN_KEY", "REFUSAL", "STEPS_KEY", "STEP_KEY", "BankEvaluation",
+           "BankRefused", "DPBank", "DPFedSGDStrategy", "SumStep", "dp_client_app", "plan_digest", "run_dp_fedsgd",
+           "secagg_workflow"]
 
 logger = logging.getLogger(__name__)
 
@@ -98,6 +103,23 @@ class SumStep(Protocol):
 
 #: Evaluate-config key: this evaluation follows the run's last round (the bank adds its fraud metrics).
 LAST_KEY = "dp-last"
+#: Fit-config key: the digest of the server's plan (:func:`plan_digest`); a bank refuses a round under another plan.
+PLAN_KEY = "dp-plan"
+#: The node's state record of the DP steps it answered in this run (count and last step).
+STEPS_KEY = "dp-fedsgd-steps"
+#: The only text a bank's failure sends back (the details stay in the bank's log).
+REFUSAL = "the bank refused or failed this round; see the bank's log"
+
+
+class BankRefused(RuntimeError):
+    """A bank's refusal or failure, with :data:`REFUSAL` as its only text."""
+
+
+def plan_digest(plan: DistributedPlan) -> str:
+    """A short digest of every field of the plan: equal plans give equal digests on every party."""
+    import hashlib
+
+    return hashlib.sha256(repr(dataclasses.astuple(plan)).encode()).hexdigest()[:16]
 
 #: A bank's metrics of the current model on its validation and test cardholders: ``(model, last) -> metrics``.
 BankEvaluation = Callable[[AnomalyModel, bool], dict[str, float]]
@@ -106,7 +128,8 @@ BankEvaluation = Callable[[AnomalyModel, bool], dict[str, float]]
 @dataclass
 class DPBank:
     """What a bank's ClientApp holds across rounds: its model copy, its training cardholders and the public plan;
-    ``evaluate`` scores its validation and test cardholders (None: the bank answers no evaluation).
+    ``evaluate`` scores its validation and test cardholders (None: the bank answers no evaluation); ``max_steps``
+    caps the steps it answers in one run (0: no cap), so it never releases more than the accountant charged.
     """
 
     model: AnomalyModel
@@ -115,6 +138,7 @@ class DPBank:
     cfg: CardholderDPConfig
     plan: DistributedPlan
     evaluate: BankEvaluation | None = None
+    max_steps: int = 0
 
 
 class _Client(NumPyClient):
@@ -133,23 +157,46 @@ class _Client(NumPyClient):
         logger.warning("dp_fedsgd_fixed_noise_seed: this bank's sample and noise are predictable (tests only)")
         return np.random.default_rng([int(seed), step, 0]), np.random.default_rng([int(seed), step, 1])
 
+    def _charge(self, step: int, config: dict[str, Scalar]) -> None:
+        """Refuse a round under another plan, a step answered before, or one past the run's budget; else count it."""
+        named = config.get(PLAN_KEY)
+        if named is not None and named != plan_digest(self.bank.plan):
+            raise ValueError(f"the server's plan {named} is not this bank's {plan_digest(self.bank.plan)}")
+        if STEPS_KEY not in self.context.state.config_records:
+            self.context.state[STEPS_KEY] = ConfigRecord({"count": 0, "last": 0})
+        done = self.context.state.config_records[STEPS_KEY]
+        if step <= int(done["last"]):  # type: ignore[call-overload]
+            raise ValueError(f"step {step} replays or precedes step {done['last']}")
+        if self.bank.max_steps and int(done["count"]) >= self.bank.max_steps:  # type: ignore[call-overload]
+            raise ValueError(f"the run's budget of {self.bank.max_steps} steps is spent")
+        done["count"], done["last"] = int(done["count"]) + 1, step  # type: ignore[call-overload]
+
     def fit(self, parameters: list[np.ndarray], config: dict[str, Scalar]) -> tuple[list[np.ndarray], int, dict]:
         step = int(config.get(STEP_KEY, 0))
-        load_trainable(self.bank.model, parameters)
-        self.bank.model.train()
-        share = bank_share(self.bank.model, self.bank.sets, self.bank.pool, self.bank.cfg, self.bank.plan,
-                           *self._rngs(step))
+        try:
+            self._charge(step, config)
+            load_trainable(self.bank.model, parameters)
+            self.bank.model.train()
+            share = bank_share(self.bank.model, self.bank.sets, self.bank.pool, self.bank.cfg, self.bank.plan,
+                               *self._rngs(step))
+        except Exception:  # noqa: BLE001 - every refusal and failure answers the same text
+            logger.exception("dp_fedsgd_bank_refused step=%d", step)
+            raise BankRefused(REFUSAL) from None
         if self.observer is not None:
             self.observer(self.context.node_id, step, share)
         logger.info("dp_fedsgd_bank step=%d cardholders=%d clipped=%d", step, share.cardholders, share.clipped)
         return [share.residues], 1, {}  # weight 1 = SecAgg+'s max_weight: Flower's quantization is then exact
 
     def evaluate(self, parameters: list[np.ndarray], config: dict[str, Scalar]) -> tuple[float, int, dict]:
-        if self.bank.evaluate is None:
-            raise RuntimeError("this bank answers no evaluation")
-        load_trainable(self.bank.model, parameters)
-        self.bank.model.eval()
-        metrics = self.bank.evaluate(self.bank.model, bool(config.get(LAST_KEY, False)))
+        try:
+            if self.bank.evaluate is None:
+                raise ValueError("this bank answers no evaluation")
+            load_trainable(self.bank.model, parameters)
+            self.bank.model.eval()
+            metrics = self.bank.evaluate(self.bank.model, bool(config.get(LAST_KEY, False)))
+        except Exception:  # noqa: BLE001 - as in fit
+            logger.exception("dp_fedsgd_bank_evaluation_refused")
+            raise BankRefused(REFUSAL) from None
         return float(metrics.get("val_loss", float("nan"))), 1, {k: float(v) for k, v in metrics.items()}
 
 
@@ -157,7 +204,12 @@ def dp_client_app(bank_for: Callable[[Context], DPBank], observer: ShareObserver
     """The banks' ClientApp: :func:`bank_share` inside ``secaggplus_mod`` (the share is masked before it leaves)."""
 
     def client_fn(context: Context) -> Any:
-        return _Client(bank_for(context), context, observer).to_client()
+        try:
+            bank = bank_for(context)
+        except Exception:  # noqa: BLE001 - a bank that cannot start answers the same fixed text
+            logger.exception("dp_fedsgd_bank_setup_failed")
+            raise BankRefused(REFUSAL) from None
+        return _Client(bank, context, observer).to_client()
 
     return ClientApp(client_fn=client_fn, mods=[secaggplus_mod])
 
@@ -167,8 +219,10 @@ class DPFedSGDStrategy(SumOnlyStrategy):
     """Legacy strategy: all banks every round; the SecAgg+ aggregate decoded and applied by a :class:`ServerStep`.
 
     ``refused`` lists the rounds that summed fewer than t banks (not applied); ``sums`` the decoded integer sums
-    (what the server learns, for logs and tests). With ``evaluate_every`` = k > 0 every bank evaluates the model
-    after rounds k, 2k, ... and ``on_evaluate`` receives their replies.
+    (what the server learns, for logs and tests); a round SecAgg+ halts (fewer than t masked vectors) never reaches
+    :meth:`aggregate_fit`, so ``len(sums)`` is the count of rounds applied. With ``evaluate_every`` = k > 0 every
+    bank evaluates the model after rounds k, 2k, ... and ``on_evaluate`` receives their replies; ``on_round`` is
+    told each round's number before it starts.
     """
 
     server: SumStep
@@ -178,6 +232,7 @@ class DPFedSGDStrategy(SumOnlyStrategy):
     evaluate_every: int = 0
     on_evaluate: Callable[[int, list[tuple[ClientProxy, EvaluateRes]]], None] | None = None
     rounds: int = 0
+    on_round: Callable[[int], None] | None = None
 
     def initialize_parameters(self, client_manager: ClientManager) -> Parameters | None:
         return ndarrays_to_parameters(self.server.weights())
@@ -186,7 +241,10 @@ class DPFedSGDStrategy(SumOnlyStrategy):
                       ) -> list[tuple[ClientProxy, FitIns]]:
         banks = self.server.plan.banks
         clients = client_manager.sample(num_clients=banks, min_num_clients=banks)
-        return [(c, FitIns(parameters, {STEP_KEY: server_round})) for c in clients]
+        if self.on_round is not None:
+            self.on_round(server_round)
+        config: dict[str, Scalar] = {STEP_KEY: server_round, PLAN_KEY: plan_digest(self.server.plan)}
+        return [(c, FitIns(parameters, config)) for c in clients]
 
     def aggregate_fit(self, server_round: int, results: list[tuple[ClientProxy, FitRes]],
                       failures: list[Any]) -> tuple[Parameters | None, dict[str, Scalar]]:
@@ -237,12 +295,13 @@ def run_dp_fedsgd(grid: Grid, context: Context, server: SumStep, rounds: int, ti
                   observer: Callable[[int, list[tuple[ClientProxy, FitRes]]], None] | None = None,
                   evaluate_every: int = 0,
                   on_evaluate: Callable[[int, list[tuple[ClientProxy, EvaluateRes]]], None] | None = None,
+                  on_round: Callable[[int], None] | None = None,
                   ) -> DPFedSGDStrategy:
     """``rounds`` DP-FedSGD rounds over the connected banks under SecAgg+ (and, every ``evaluate_every`` rounds, the
     banks' evaluation); returns the strategy (sums, refusals).
     """
     strategy = DPFedSGDStrategy(server, observer, evaluate_every=evaluate_every, on_evaluate=on_evaluate,
-                                rounds=rounds)
+                                rounds=rounds, on_round=on_round)
     legacy = LegacyContext(context, config=ServerConfig(num_rounds=rounds), strategy=strategy)
     DefaultWorkflow(fit_workflow=secagg_workflow(server.plan, timeout_s))(grid, legacy)
     return strategy

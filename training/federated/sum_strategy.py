@@ -1,7 +1,9 @@
 """A Flower strategy base for rounds whose product is a SecAgg+ sum: no evaluation round on the banks or the server.
 
 The DP-FedSGD anomaly rounds and the merchant-risk release both send only masked vectors; an evaluate round
-would be a second message from each bank that the privacy argument does not cover, so neither has one.
+would be a second message from each bank that the privacy argument does not cover, so neither has one here. (The
+deployed DP-FedSGD app opts into one evaluation per block, on validation and test cardholders only:
+:class:`~fedfraud.training.federated.dp_fedsgd.DPFedSGDStrategy`'s ``evaluate_every``.)
 """
 
 from __future__ import annotations

@@ -10,8 +10,14 @@ and accountant as the in-process replay that ``bench privacy`` trains with
   own Skellam share of the noise (drawn from OS entropy at the bank), masked by ``secaggplus_mod``; the server
   decodes only the sum over ≥ t banks and steps Adam;
 * after each block of rounds (``rounds`` blocks of ``total_dp_steps / rounds`` DP rounds, the replay's
-  checkpoints) each bank reports scalar metrics of its validation and test cardholders; the block with the lowest
-  validation loss is published, with the (ε, δ) per cardholder on the card.
+  checkpoints) each bank reports scalar metrics of its validation and test cardholders; among the blocks every bank
+  evaluated, the one with the lowest validation loss is published, with the (ε, δ) per cardholder on the card and
+  the count of DP rounds applied (a round SecAgg+ halts is charged, not applied).
+
+A bank refuses a round under a plan other than its own, a step it already answered, steps past the run's budget, a
+test-only noise seed in its node config, and more training cardholders than ``dp-cardholders``; every refusal
+answers one fixed text (:data:`~fedfraud.training.federated.dp_fedsgd.REFUSAL`). Each run's card states that
+run's ε: two runs over the same cardholders spend both (no ledger across runs).
 
 Settings: the run config (``[tool.flwr.app.config]`` of ``apps/anomaly_dp`` and ``--run-config``) holds the
 anomaly run's flat keys (:class:`~fedfraud.training.anomaly.federated.task.RunSettings`) plus ``dp-cardholders``
@@ -61,7 +67,7 @@ from fedfraud.training.anomaly.federated.task import (
 )
 from fedfraud.training.anomaly.model import AnomalyModel
 from fedfraud.training.anomaly.run import Checkpoint, RoundRecord, checkpoint_dir, log_round, publish_run
-from fedfraud.training.federated.dp_fedsgd import DPBank, dp_client_app, run_dp_fedsgd
+from fedfraud.training.federated.dp_fedsgd import NOISE_SEED_KEY, DPBank, dp_client_app, run_dp_fedsgd
 from fedfraud.training.federated.grid import wait_for_nodes
 from fedfraud.training.registry import ModelRegistry
 
@@ -73,18 +79,20 @@ logger = logging.getLogger(__name__)
 APP_DEFAULTS: dict[str, Any] = {"dp-cardholders": 0, "timeout-s": 600.0}
 #: The checkpoint folder's and the card's mode name.
 MODE = "federated-dp"
-_PRIVACY_PREFIX = "privacy-"
 _EXECUTION = ("Flower Deployment Engine (flwr run apps/anomaly_dp): every round through SecAggPlusWorkflow and "
               "secaggplus_mod across the SuperNodes; each bank draws its sample and noise share from OS entropy")
 
 
 @dataclass(frozen=True)
 class DPRun:
-    """A deployed DP-FedSGD run's public settings: the anomaly run's, N and the SecAgg+ timeout."""
+    """A deployed DP-FedSGD run's public settings: the anomaly run's, N, the SecAgg+ timeout and the plan every
+    party derives alike from them.
+    """
 
     settings: RunSettings
     cardholders: int
     timeout_s: float
+    plan: DistributedPlan
 
     @property
     def steps(self) -> int:
@@ -96,18 +104,15 @@ class DPRun:
         """DP rounds between two evaluations (the replay's rounds per checkpoint)."""
         return max(1, self.steps // self.settings.federated.rounds)
 
-    def plan(self, model: AnomalyModel) -> DistributedPlan:
-        """The plan every party derives alike from these settings and the model's trainable size."""
-        dims = sum(p.numel() for _, p in trainable(model))
-        return plan_distributed(self.settings.anomaly.cardholder_dp, self.steps, self.settings.num_banks, dims,
-                                self.cardholders)
-
 
 def dp_run(run_config: Mapping[str, Any]) -> DPRun:
     """Parse the run config; a setting this app cannot run is a one-line :class:`ConfigError`."""
     flat = {**APP_DEFAULTS, **dict(run_config)}
-    cardholders = int(flat.pop("dp-cardholders"))
-    timeout_s = float(flat.pop("timeout-s"))
+    try:
+        cardholders = int(flat.pop("dp-cardholders"))
+        timeout_s = float(flat.pop("timeout-s"))
+    except (TypeError, ValueError):
+        raise ConfigError("dp-cardholders must be an integer and timeout-s a number") from None
     settings = RunSettings.from_flat(flat)
     dp = settings.anomaly.cardholder_dp
     if not dp.enabled or dp.noise != "distributed":
@@ -126,7 +131,18 @@ def dp_run(run_config: Mapping[str, Any]) -> DPRun:
                           "table from the seed")
     if timeout_s <= 0:
         raise ConfigError(f"timeout-s must be > 0, got {timeout_s}")
-    return DPRun(settings, cardholders, timeout_s)
+    if dp.delta > 1.0 / cardholders:
+        raise ConfigError(f"cardholder-dp-delta {dp.delta:g} is above 1/N = {1.0 / cardholders:.3g}")
+    steps = total_dp_steps(settings)
+    dims = sum(p.numel() for _, p in trainable(_model(settings)))
+    try:
+        plan = plan_distributed(dp, steps, settings.num_banks, dims, cardholders)
+    except ValueError as err:
+        raise ConfigError(str(err).splitlines()[0]) from None
+    if plan.noise_multiplier <= 0:
+        raise ConfigError("the noise multiplier is 0: set cardholder-dp-target-epsilon > 0 or a positive "
+                          "cardholder-dp-noise-multiplier")
+    return DPRun(settings, cardholders, timeout_s, plan)
 
 
 def _model(settings: RunSettings) -> AnomalyModel:
@@ -137,21 +153,22 @@ def _model(settings: RunSettings) -> AnomalyModel:
 
 
 class _BlockSchedule:
-    """The server's step with the run's learning-rate schedule applied per block (as the replay does)."""
+    """The server's step with the run's learning-rate schedule applied per block of rounds (as the replay does),
+    by round number, so a halted round does not shift it.
+    """
 
     def __init__(self, step: ServerStep, run: DPRun) -> None:
         self.step = step
         self.run = run
-        self.applied = 0
         self.plan = step.plan
 
-    def apply(self, summed: np.ndarray, banks_summed: int) -> np.ndarray:
-        block = self.applied // self.run.per_block + 1
+    def at_round(self, server_round: int) -> None:
+        block = (server_round - 1) // self.run.per_block + 1
         cfg = self.run.settings.anomaly
         self.step.set_lr(cfg.lr * lr_factor(cfg, block, self.run.settings.federated.rounds))
-        mean = self.step.apply(summed, banks_summed)
-        self.applied += 1
-        return mean
+
+    def apply(self, summed: np.ndarray, banks_summed: int) -> np.ndarray:
+        return self.step.apply(summed, banks_summed)
 
     def weights(self) -> list[np.ndarray]:
         return self.step.weights()
@@ -166,7 +183,7 @@ def run_dp_federation(grid: Grid, context: Context, run: DPRun) -> dict[str, Any
     if len(nodes) < settings.num_banks:
         raise ConfigError(f"{len(nodes)} of num-banks={settings.num_banks} SuperNodes connected")
     model = _model(settings)
-    plan = run.plan(model)
+    plan = run.plan
     logger.info("dp_federation plan z=%.4f t=%d/%d N=%d steps=%d blocks=%d eps=%.4f", plan.noise_multiplier,
                 plan.survivors, plan.banks, plan.cardholders, run.steps, blocks, plan.epsilon(run.steps, dp.delta))
     step = _BlockSchedule(ServerStep(model, plan, settings.anomaly.lr), run)
@@ -179,10 +196,12 @@ def run_dp_federation(grid: Grid, context: Context, run: DPRun) -> dict[str, Any
         per_bank: dict[int, dict[str, float]] = {}
         for _, res in results:
             metrics = {k: float(v) for k, v in res.metrics.items()}
-            bank = int(metrics.pop("partition-id"))
-            checkpoint.privacy[bank] = {k[len(_PRIVACY_PREFIX):]: metrics.pop(k) for k in list(metrics)
-                                        if k.startswith(_PRIVACY_PREFIX)}
-            per_bank[bank] = metrics
+            if "partition-id" in metrics:
+                per_bank[int(metrics.pop("partition-id"))] = metrics
+        if len(per_bank) < settings.num_banks:  # a block is compared only on every bank's cardholders
+            logger.warning("dp_federation block after round %d: %d of %d banks evaluated; not a candidate",
+                           server_round, len(per_bank), settings.num_banks)
+            return
         now = time.perf_counter()
         record = RoundRecord(server_round // run.per_block, math.nan, per_bank, now - last[0])
         last[0] = now
@@ -190,14 +209,22 @@ def run_dp_federation(grid: Grid, context: Context, run: DPRun) -> dict[str, Any
         checkpoint.save(directory)
         log_round(record, blocks, MODE)
 
-    strategy = run_dp_fedsgd(grid, context, step, run.per_block * blocks, run.timeout_s,
-                             evaluate_every=run.per_block, on_evaluate=on_evaluate)
+    planned = run.per_block * blocks
+    strategy = run_dp_fedsgd(grid, context, step, planned, run.timeout_s, evaluate_every=run.per_block,
+                             on_evaluate=on_evaluate, on_round=step.at_round)
+    applied = len(strategy.sums)
     result: dict[str, Any] = {
-        "rounds": checkpoint.round, "dp_rounds": len(strategy.sums), "refused": strategy.refused,
+        "rounds": checkpoint.round, "dp_rounds": applied, "dp_rounds_planned": planned,
         "banks": settings.num_banks, "wall_seconds": time.perf_counter() - start,
         "summary": checkpoint.history[-1].summary if checkpoint.history else {},
     }
-    if settings.publish and checkpoint.history:
+    if applied < planned:
+        logger.error("dp_federation %d of %d DP rounds were halted by SecAgg+ (fewer than t banks); they are "
+                     "charged, not applied", planned - applied, planned)
+    if not applied or not checkpoint.history:
+        raise RuntimeError(f"nothing to publish: {applied} of {planned} DP rounds applied, "
+                           f"{len(checkpoint.history)} blocks evaluated by every bank")
+    if settings.publish:
         selected, weights = checkpoint.selected
         version = publish_run(
             ModelRegistry(settings.registry_dir), weights, selected_round=selected, mode=MODE,
@@ -205,7 +232,7 @@ def run_dp_federation(grid: Grid, context: Context, run: DPRun) -> dict[str, Any
             config={**settings.config_dump(), "mode": MODE, "strategy": "DP-FedSGD under SecAgg+"},
             history=checkpoint.history, privacy=checkpoint.privacy,
             client_dp={**distributed_card(dp, plan, run.steps, blocks), "noise_source": "OS entropy, in each bank",
-                       "execution": _EXECUTION},
+                       "execution": _EXECUTION, "dp_rounds_applied": applied},
             feature_ldp=feature_ldp_card(settings.privacy),
         )
         result["version"] = version.tag
@@ -215,13 +242,18 @@ def run_dp_federation(grid: Grid, context: Context, run: DPRun) -> dict[str, Any
 
 
 _BANKS: dict[tuple[int, int], DPBank] = {}
+_MAX_CACHED = 8
 
 
 def _bank_for(context: Context) -> DPBank:
-    """This SuperNode's bank, built once per run: its own folder's data, the frozen model and the public plan."""
+    """This SuperNode's bank: its own folder's data, the frozen model and the public plan (kept while the process
+    lives; Flower may start a process per message, and the data then comes from the bank's disk cache).
+    """
     key = (context.run_id, context.node_id)
     if key in _BANKS:
         return _BANKS[key]
+    if NOISE_SEED_KEY in context.node_config:
+        raise ConfigError(f"node config {NOISE_SEED_KEY} makes the noise predictable: tests only, refused here")
     run = dp_run(context.run_config)
     partition = int(context.node_config.get("partition-id", 0))
     settings = on_node(run.settings, partition, context.node_config)
@@ -232,15 +264,15 @@ def _bank_for(context: Context) -> DPBank:
     if len(pool) > run.cardholders:
         raise ConfigError(f"bank {partition} has {len(pool)} training cardholders, more than the federation's "
                           f"dp-cardholders = {run.cardholders}")
-    model = _model(settings)
-    privacy = {f"{_PRIVACY_PREFIX}{k}": float(v) for k, v in vars(data.privacy).items()}
 
     def evaluate(current: AnomalyModel, last: bool) -> dict[str, float]:
         # validation and test cardholders only: never a training cardholder (docs/privacy.md)
-        return {**local_test(current, data, with_fraud=last), "partition-id": float(partition), **privacy}
+        return {**local_test(current, data, with_fraud=last), "partition-id": float(partition)}
 
-    bank = DPBank(model, sets, pool, settings.anomaly.cardholder_dp, run.plan(model), evaluate)
-    _BANKS.clear()  # one run at a time per process
+    bank = DPBank(_model(settings), sets, pool, settings.anomaly.cardholder_dp, run.plan, evaluate,
+                  max_steps=run.steps)
+    while len(_BANKS) >= _MAX_CACHED:
+        _BANKS.pop(next(iter(_BANKS)))
     _BANKS[key] = bank
     return bank
 
