@@ -14,6 +14,7 @@ from uuid import uuid4
 import numpy as np
 import pandas as pd
 import pytest
+import scipy.stats
 from dp_accounting import GaussianDpEvent, SelfComposedDpEvent
 from dp_accounting.rdp import RdpAccountant
 from flwr.app import Context, Message, RecordDict
@@ -276,7 +277,10 @@ def assert_server_saw_only_masks(replies: list[Message], clear: dict[int, np.nda
         assert u.max() >= SECAGG_MODULUS // 2 > 2 * modulus  # far above any residue or count
         for plain in (clear[node], residues[node], residues[node] + modulus):
             assert np.mean(u == plain) < 0.01
-        assert abs(np.corrcoef(u.ravel().astype(float), clear[node].ravel().astype(float))[0, 1]) < 0.1
+        # Rank correlation, so the clipped outlier cannot dominate; under independence its std is 1/sqrt(n), and
+        # 5 std bounds a false alarm at about 6e-7 per vector (a fixed 0.1 was 3 std here and failed in CI).
+        rho = scipy.stats.spearmanr(u.ravel().astype(float), clear[node].ravel().astype(float)).statistic
+        assert abs(rho) < 5 / np.sqrt(u.size)
 
 
 @pytest.fixture
