@@ -124,6 +124,12 @@ def test_published_model_loads_and_scores(runs):
     checkpoint = Checkpoint.load(checkpoint_dir(runs["out"], "federated"))
     selected, state = checkpoint.selected  # the round with the lowest validation loss, not necessarily the last
     assert version.metrics["selected_round"] == selected in (1, 2)
+    # the card's figures are the published weights' own: every round scores the test cardholders' frauds, and the
+    # metrics and card text come from the selected round's record, not the last one's
+    chosen = next(r for r in checkpoint.history if r.round == selected)
+    assert all("fraud_roc_auc_mean" in r.summary for r in checkpoint.history)
+    assert {k: version.metrics[k] for k in chosen.summary} == pytest.approx(chosen.summary, nan_ok=True)
+    assert f"round {selected} of 2" in version.model_card
     for k, v in scorer.model.state_dict().items():
         assert torch.equal(v.cpu(), state[k])
 

@@ -132,6 +132,10 @@ def test_a_whole_run_sums_masked_gradients_evaluates_each_block_and_publishes_th
     # every bank scored the model (a bank of this tiny file may have no validation pair: NaN, skipped in the mean)
     assert all({"val_loss", "loss"} <= set(m) for m in metrics["per_bank"].values())
     assert np.isfinite(metrics["val_loss_mean"])
+    # the card's figures are the published block's own (lowest validation loss), not the last block's
+    chosen = min(metrics["history"], key=lambda r: r["val_loss_mean"])
+    assert metrics["selected_round"] == chosen["round"] == result["selected_round"]
+    assert metrics["val_loss_mean"] == chosen["val_loss_mean"] == result["summary"]["val_loss_mean"]
 
     replies = read_audit(audit)
     train = [m for m in replies if m.metadata.message_type == MessageType.TRAIN]
@@ -147,7 +151,7 @@ def test_a_whole_run_sums_masked_gradients_evaluates_each_block_and_publishes_th
     for msg in evaluate:  # Flower's legacy EvaluateRes: its status record (code, message) aside
         records = {**msg.content.config_records, **msg.content.metric_records}
         metrics = {k for name, record in records.items() if not name.endswith(".status") for k in record}
-        assert {"val_loss", "partition-id"} <= metrics, metrics
+        assert {"val_loss", "fraud_n", "partition-id"} <= metrics, metrics  # every block scores the test frauds
         assert metrics <= allowed | {"num_examples"}, metrics - allowed
 
 

@@ -61,7 +61,7 @@ def run_centralized(settings: RunSettings, threads: int = 1) -> RunResult:
             aux_weight=cfg.aux_weight,
             optimizer_state=checkpoint.optimizer,
         )
-        per_bank = {b.bank: local_test(model, b, with_fraud=rnd == rounds) for b in data}
+        per_bank = {b.bank: local_test(model, b) for b in data}
         record = RoundRecord(rnd, stats.loss_last, per_bank, time.perf_counter() - t0)
         checkpoint.optimizer = opt_state
         checkpoint.offer(record, model.state_dict())
@@ -93,7 +93,7 @@ def run_centralized(settings: RunSettings, threads: int = 1) -> RunResult:
         checkpoint.round,
         len(banks),
         wall,
-        checkpoint.history[-1].summary,
+        checkpoint.selected_summary,
         [r.seconds for r in checkpoint.history],
         version,
     )

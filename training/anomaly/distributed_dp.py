@@ -561,7 +561,7 @@ def run_distributed(settings: Any, threads: int = 1, noise_seed: int | None = No
             shares, _ = simulate_round(model, list(zip(sets, pools, strict=True)), dp, plan, server, rngs)
             losses += [s.loss for s in shares if math.isfinite(s.loss)]
         model.eval()
-        per_bank = {d.bank: local_test(model, d, with_fraud=rnd == rounds) for d in data}
+        per_bank = {d.bank: local_test(model, d) for d in data}
         record = RoundRecord(rnd, float(np.mean(losses)) if losses else math.nan, per_bank, time.perf_counter() - t0)
         checkpoint.offer(record, model.state_dict())
         checkpoint.save(checkpoint_dir(settings.out_dir, "federated"))
@@ -586,5 +586,5 @@ def run_distributed(settings: Any, threads: int = 1, noise_seed: int | None = No
                        f"seeded ({noise_seed}): reproducible, so NOT a guarantee against whoever knows the seed"},
             feature_ldp=feature_ldp_card(settings.privacy),
         ).tag
-    return RunResult("federated", checkpoint.round, len(banks), wall, checkpoint.history[-1].summary,
+    return RunResult("federated", checkpoint.round, len(banks), wall, checkpoint.selected_summary,
                      [r.seconds for r in checkpoint.history], version)

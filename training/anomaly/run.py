@@ -36,6 +36,7 @@ __all__ = [
     "CHECKPOINT_FILE",
     "Checkpoint",
     "RoundRecord",
+    "selected_record",
     "checkpoint_dir",
     "log_round",
     "privacy_report",
@@ -161,6 +162,13 @@ class Checkpoint:
         if self.best_state_dict is not None:
             return self.best_round, self.best_state_dict
         return self.round, self.state_dict
+
+    @property
+    def selected_summary(self) -> dict[str, float]:
+        """The published round's summary, so a run's result reports the weights it publishes (empty before any
+        round).
+        """
+        return dict(selected_record(self.history, self.selected[0]).summary) if self.history else {}
 
     def save(self, directory: Path) -> Path:
         """Atomic write of ``checkpoint.pt`` (and ``history.json`` for people)."""
@@ -290,8 +298,8 @@ def privacy_report(
     }
 
 
-def _card(mode: str, anomaly_cfg: AnomalyConfig, rounds: int, summary: Mapping[str, float]) -> str:
-    auc = summary.get("fraud_roc_auc_mean", float("nan"))
+def _card(mode: str, anomaly_cfg: AnomalyConfig, rounds: int, chosen: RoundRecord) -> str:
+    auc = chosen.summary.get("fraud_roc_auc_mean", float("nan"))
     encoder = (
         f"a {anomaly_cfg.layers}-layer GCN with `{anomaly_cfg.pooling}` pooling (ratio {anomaly_cfg.ratio}) over each "
         "cardholder's private dynamic ego graph"
@@ -324,7 +332,11 @@ def _card(mode: str, anomaly_cfg: AnomalyConfig, rounds: int, summary: Mapping[s
             "",
             what[1],
             "",
-            f"**ROC-AUC against real fraud labels** (in-training check on test cardholders): {auc:.3f}. The "
+            f"**Published weights**: round {chosen.round} of {rounds} (the lowest mean validation loss; the latest "
+            "round when the readout has none).",
+            "",
+            f"**ROC-AUC against real fraud labels** (in-training check of these weights on test cardholders): "
+            f"{auc:.3f}. The "
             "benchmark (`fedfraud bench anomaly`) gives intervals and baselines.",
             "",
             "**Inputs**: noised location L' (nodes), noised time T' (edges), hashed merchant buckets and a summary "
@@ -359,19 +371,21 @@ def publish_run(
     feature_ldp: Mapping[str, Any] | None = None,
     selected_round: int | None = None,
 ) -> ModelVersion:
-    """Publish the selected weights with config, final metrics (mean/std and per bank), history and privacy
-    (``client_dp``: the accountant's card of the run's releases, or a plain ``dp: off``; ``feature_ldp``: the
-    feature mechanism inside the banks, :func:`fedfraud.feature_store.privacy.feature_ldp_card`).
+    """Publish the selected weights with config, the selected round's metrics (mean/std and per bank: the weights'
+    own figures, not the last round's), history and privacy (``client_dp``: the accountant's card of the run's
+    releases, or a plain ``dp: off``; ``feature_ldp``: the feature mechanism inside the banks,
+    :func:`fedfraud.feature_store.privacy.feature_ldp_card`).
     """
     if not history:
         raise ValueError("nothing to publish: no completed round")
     last = history[-1]
+    chosen = selected_record(history, selected_round)
     metrics: dict[str, Any] = {
         "mode": mode,
         "rounds": last.round,
-        "selected_round": selected_round or last.round,
-        **{k: v for k, v in last.summary.items()},
-        "per_bank": {str(b): m for b, m in last.per_bank.items()},
+        "selected_round": chosen.round,
+        **{k: v for k, v in chosen.summary.items()},
+        "per_bank": {str(b): m for b, m in chosen.per_bank.items()},
         "seconds_per_round": float(np.mean([r.seconds for r in history])),
         "history": [
             {
@@ -393,13 +407,19 @@ def publish_run(
         config=config,
         metrics=metrics,
         privacy=privacy_report(privacy, client_dp, feature_ldp),
-        card=_card(mode, anomaly_cfg, last.round, last.summary),
+        card=_card(mode, anomaly_cfg, last.round, chosen),
     )
     logger.info(
-        "published=%s mode=%s rounds=%d f1=%.4f",
+        "published=%s mode=%s rounds=%d selected_round=%d f1=%.4f",
         version.tag,
         mode,
         last.round,
-        last.summary.get("f1_mean", float("nan")),
+        chosen.round,
+        chosen.summary.get("f1_mean", float("nan")),
     )
     return version
+
+
+def selected_record(history: list[RoundRecord], selected_round: int | None) -> RoundRecord:
+    """The record of the published round (the last one when none was selected or it is not in the history)."""
+    return next((r for r in history if r.round == selected_round), history[-1])

@@ -72,7 +72,7 @@ from fedfraud.training.anomaly.distributed_dp import (
 from fedfraud.training.anomaly.dpsgd import CardholderPool
 from fedfraud.training.anomaly.model import AnomalyModel
 
-__all__ = ["LAST_KEY", "NOISE_SEED_KEY", "PLAN_KEY", "REFUSAL", "STEPS_KEY", "STEP_KEY", "BankEvaluation",
+__all__ = ["NOISE_SEED_KEY", "PLAN_KEY", "REFUSAL", "STEPS_KEY", "STEP_KEY", "BankEvaluation",
            "BankRefused", "DPBank", "DPFedSGDStrategy", "SumStep", "dp_client_app", "plan_digest", "run_dp_fedsgd",
            "secagg_workflow"]
 
@@ -101,8 +101,6 @@ class SumStep(Protocol):
     def weights(self) -> list[np.ndarray]: ...
 
 
-#: Evaluate-config key: this evaluation follows the run's last round (the bank adds its fraud metrics).
-LAST_KEY = "dp-last"
 #: Fit-config key: the digest of the server's plan (:func:`plan_digest`); a bank refuses a round under another plan.
 PLAN_KEY = "dp-plan"
 #: The node's state record of the DP steps it answered in this run (count and last step).
@@ -121,8 +119,8 @@ def plan_digest(plan: DistributedPlan) -> str:
 
     return hashlib.sha256(repr(dataclasses.astuple(plan)).encode()).hexdigest()[:16]
 
-#: A bank's metrics of the current model on its validation and test cardholders: ``(model, last) -> metrics``.
-BankEvaluation = Callable[[AnomalyModel, bool], dict[str, float]]
+#: A bank's metrics of the current model on its validation and test cardholders: ``model -> metrics``.
+BankEvaluation = Callable[[AnomalyModel], dict[str, float]]
 
 
 @dataclass
@@ -193,7 +191,7 @@ class _Client(NumPyClient):
                 raise ValueError("this bank answers no evaluation")
             load_trainable(self.bank.model, parameters)
             self.bank.model.eval()
-            metrics = self.bank.evaluate(self.bank.model, bool(config.get(LAST_KEY, False)))
+            metrics = self.bank.evaluate(self.bank.model)
         except Exception:  # noqa: BLE001 - as in fit
             logger.exception("dp_fedsgd_bank_evaluation_refused")
             raise BankRefused(REFUSAL) from None
@@ -270,7 +268,7 @@ class DPFedSGDStrategy(SumOnlyStrategy):
             return []
         banks = self.server.plan.banks
         clients = client_manager.sample(num_clients=banks, min_num_clients=banks)
-        config: dict[str, Scalar] = {STEP_KEY: server_round, LAST_KEY: server_round == self.rounds}
+        config: dict[str, Scalar] = {STEP_KEY: server_round}
         return [(c, EvaluateIns(parameters, config)) for c in clients]
 
     def aggregate_evaluate(self, server_round: int, results: list[tuple[ClientProxy, EvaluateRes]],

@@ -217,7 +217,6 @@ class AnomalyFedProx(FedProx):
     ) -> Iterable[Message]:
         self._arrays = arrays  # the global model as released (after the DP wrapper's noise, when there is one)
         config["global-round"] = self.global_round(server_round)
-        config["fraud-eval"] = self.global_round(server_round) == self.total_rounds
         return super().configure_evaluate(server_round, arrays, config, grid)
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:

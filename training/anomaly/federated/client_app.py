@@ -171,7 +171,7 @@ def evaluate(msg: Message, context: Context) -> Message:
     """Test metrics of the received global model on this bank's test cardholders."""
     settings, partition, model, _ = _setup(msg, context)
     bank = bank_data(settings, partition)
-    metrics = local_test(model, bank, bool(msg.content["config"].get("fraud-eval", False)))
+    metrics = local_test(model, bank)
     record = MetricRecord(
         {
             "num-examples": len(bank.test),

@@ -216,7 +216,7 @@ def run_dp_federation(grid: Grid, context: Context, run: DPRun) -> dict[str, Any
     result: dict[str, Any] = {
         "rounds": checkpoint.round, "dp_rounds": applied, "dp_rounds_planned": planned,
         "banks": settings.num_banks, "wall_seconds": time.perf_counter() - start,
-        "summary": checkpoint.history[-1].summary if checkpoint.history else {},
+        "selected_round": checkpoint.selected[0], "summary": checkpoint.selected_summary,
     }
     if applied < planned:
         logger.error("dp_federation %d of %d DP rounds were halted by SecAgg+ (fewer than t banks); they are "
@@ -265,9 +265,9 @@ def _bank_for(context: Context) -> DPBank:
         raise ConfigError(f"bank {partition} has {len(pool)} training cardholders, more than the federation's "
                           f"dp-cardholders = {run.cardholders}")
 
-    def evaluate(current: AnomalyModel, last: bool) -> dict[str, float]:
+    def evaluate(current: AnomalyModel) -> dict[str, float]:
         # validation and test cardholders only: never a training cardholder (docs/privacy.md)
-        return {**local_test(current, data, with_fraud=last), "partition-id": float(partition)}
+        return {**local_test(current, data), "partition-id": float(partition)}
 
     bank = DPBank(_model(settings), sets, pool, settings.anomaly.cardholder_dp, run.plan, evaluate,
                   max_steps=run.steps)

@@ -174,7 +174,8 @@ def run_federation(grid: Grid, settings: RunSettings, observer: ReplyObserver | 
         "rounds": checkpoint.round,
         "wall_seconds": wall,
         "banks": banks,
-        "summary": checkpoint.history[-1].summary if checkpoint.history else {},
+        "selected_round": checkpoint.selected[0],
+        "summary": checkpoint.selected_summary,
         "seconds_per_round": [r.seconds for r in checkpoint.history],
     }
     if settings.publish and checkpoint.history:

@@ -81,7 +81,7 @@ _RUN_DEFAULTS: dict[str, Any] = {
     "registry-dir": "",
 }
 #: Keys the server adds to train/evaluate messages (not settings): round numbers, FedProx μ, DP clipping norm.
-_MESSAGE_KEYS = ("proximal-mu", "server-round", "fraud-eval", "global-round", "clipping_norm")
+_MESSAGE_KEYS = ("proximal-mu", "server-round", "global-round", "clipping_norm")
 #: Settings a resumed run must share with its checkpoint (they shape the model or its data).
 MODEL_KEYS: tuple[str, ...] = (
     "pooling",
@@ -405,12 +405,11 @@ def cardholder_dp(settings: RunSettings) -> CardholderDP | None:
     return CardholderDP(dp, plan_noise(dp, total_dp_steps(settings)))
 
 
-def local_test(model: AnomalyModel, bank: BankData, with_fraud: bool) -> dict[str, float]:
-    """Validation loss (model selection), test-task metrics, and real-label fraud metrics when ``with_fraud``."""
-    metrics = {**evaluate_selection(model, bank), **evaluate_task(model, bank)}
-    if with_fraud:
-        metrics.update(evaluate_fraud(model, bank))
-    return metrics
+def local_test(model: AnomalyModel, bank: BankData) -> dict[str, float]:
+    """Validation loss (model selection), test-task metrics and real-label fraud metrics, every round: the published
+    round is chosen on validation loss alone, and its card must report that round's own test figures.
+    """
+    return {**evaluate_selection(model, bank), **evaluate_task(model, bank), **evaluate_fraud(model, bank)}
 
 
 def device_for_client() -> torch.device:
