@@ -155,6 +155,51 @@ def test_a_whole_run_sums_masked_gradients_evaluates_each_block_and_publishes_th
         assert metrics <= allowed | {"num_examples"}, metrics - allowed
 
 
+class _Leaving(_Loopback):
+    """The loopback grid where the banks in ``leave`` disconnect for good after the first evaluation (the end of
+    block 1): they drop out of ``get_node_ids``, and a message sent to one gets no reply, as over a SuperLink.
+    """
+
+    def __init__(self, app, contexts: dict[int, Context], leave: set[int]) -> None:
+        super().__init__(app, contexts)
+        self.leave = leave
+
+    def send_and_receive(self, messages, *, timeout=None):
+        messages = list(messages)
+        replies = super().send_and_receive([m for m in messages if m.metadata.dst_node_id in self.contexts],
+                                           timeout=timeout)
+        if any(m.metadata.message_type == MessageType.EVALUATE for m in messages):
+            for node in self.leave:
+                self.contexts.pop(node, None)
+        return replies
+
+
+@pytest.mark.parametrize("leave, applied, stopped", [({9103}, 4, 0), ({9102, 9103}, 2, 3)])
+def test_a_bank_gone_for_good_shrinks_the_run_to_t_banks_and_below_t_the_run_stops_and_publishes(
+    data, tmp_path, task_identity, leave, applied, stopped  # noqa: F811 - fixture
+):
+    out = tmp_path / "server"
+    n = training_cardholders(data, _run_config(data, out, 1))
+    config = {**_run_config(data, out, n), "timeout-s": 2.0}
+    contexts = {node: Context(7, node, {"partition-id": bank, "data-dir": str(bank_dir(data, bank))},
+                              RecordDict(), config) for node, bank in NODES.items()}
+    run = dp_app.dp_run(config)
+    assert run.plan.survivors == 2 and run.per_block == 2
+    audit = tmp_path / "audit"
+    result = dp_app.run_dp_federation(AuditGrid(_Leaving(dp_app.client, contexts, leave), audit),
+                                      Context(7, 0, {}, RecordDict(), config), run)
+    # one bank gone: rounds 3 and 4 sum the two left (t = 2); two gone: the run stops at round 3
+    assert result["dp_rounds"] == applied and result.get("stopped_at_round", 0) == stopped
+    train = [m for m in read_audit(audit) if m.metadata.message_type == MessageType.TRAIN]
+    assert len(train) == 4 * (3 * 2 + (3 - len(leave)) * (applied - 2))  # SecAgg+'s four stages per bank and round
+    # block 2 was evaluated by fewer than every bank: not a candidate, so block 1 is published
+    version = ModelRegistry(out / "registry").latest("anomaly")
+    assert version.metrics["selected_round"] == result["selected_round"] == 1
+    card = version.privacy["client_dp"]
+    assert card["dp_rounds_applied"] == applied and card.get("stopped_at_round", 0) == stopped
+    assert card["epsilon"] == pytest.approx(run.plan.epsilon(4, run.settings.anomaly.cardholder_dp.delta))
+
+
 def _bank_context(data: Path, out: Path, node: int, bank: int, config: dict, **node_config) -> Context:
     return Context(7, node, {"partition-id": bank, "data-dir": str(bank_dir(data, bank)), **node_config},
                    RecordDict(), config)

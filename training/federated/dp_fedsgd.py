@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -221,6 +222,11 @@ class DPFedSGDStrategy(SumOnlyStrategy):
     :meth:`aggregate_fit`, so ``len(sums)`` is the count of rounds applied. With ``evaluate_every`` = k > 0 every
     bank evaluates the model after rounds k, 2k, ... and ``on_evaluate`` receives their replies; ``on_round`` is
     told each round's number before it starts.
+
+    A round waits up to ``wait_s`` for every bank, then sums the banks connected if they are at least t (the noise
+    plan already covers t banks' shares); once a bank has missed that wait, later rounds do not wait for it again
+    (it rejoins when it reconnects). With fewer than t banks the run stops: ``stopped_at`` is that round, and every
+    later round is cancelled without a message (nothing is released, so nothing is charged).
     """
 
     server: SumStep
@@ -231,14 +237,37 @@ class DPFedSGDStrategy(SumOnlyStrategy):
     on_evaluate: Callable[[int, list[tuple[ClientProxy, EvaluateRes]]], None] | None = None
     rounds: int = 0
     on_round: Callable[[int], None] | None = None
+    wait_s: float = 600.0
+    stopped_at: int = 0
+    _waited_out: bool = False
+
+    def _connected_banks(self, server_round: int, client_manager: ClientManager) -> list[ClientProxy]:
+        """Every connected bank, after waiting (at most ``wait_s``, once) for all of them; none when fewer than t."""
+        plan = self.server.plan
+        if self.stopped_at:
+            return []
+        wait = 0 if self._waited_out else math.ceil(self.wait_s)
+        if not client_manager.wait_for(plan.banks, timeout=wait) and not self._waited_out:
+            self._waited_out = True
+        available = client_manager.num_available()
+        if available < plan.survivors:
+            self.stopped_at = server_round
+            logger.error("dp_fedsgd_stopped round=%d banks=%d of %d t=%d: too few banks connected to sum; the run "
+                         "stops here", server_round, available, plan.banks, plan.survivors)
+            return []
+        if available < plan.banks:
+            logger.warning("dp_fedsgd_round round=%d sums the %d of %d banks connected (t=%d)", server_round,
+                           available, plan.banks, plan.survivors)
+        return client_manager.sample(num_clients=available, min_num_clients=plan.survivors)
 
     def initialize_parameters(self, client_manager: ClientManager) -> Parameters | None:
         return ndarrays_to_parameters(self.server.weights())
 
     def configure_fit(self, server_round: int, parameters: Parameters, client_manager: ClientManager
                       ) -> list[tuple[ClientProxy, FitIns]]:
-        banks = self.server.plan.banks
-        clients = client_manager.sample(num_clients=banks, min_num_clients=banks)
+        clients = self._connected_banks(server_round, client_manager)
+        if not clients:
+            return []
         if self.on_round is not None:
             self.on_round(server_round)
         config: dict[str, Scalar] = {STEP_KEY: server_round, PLAN_KEY: plan_digest(self.server.plan)}
@@ -264,10 +293,10 @@ class DPFedSGDStrategy(SumOnlyStrategy):
 
     def configure_evaluate(self, server_round: int, parameters: Parameters, client_manager: ClientManager
                            ) -> list[tuple[ClientProxy, EvaluateIns]]:
-        if self.evaluate_every <= 0 or server_round % self.evaluate_every:
+        if self.evaluate_every <= 0 or server_round % self.evaluate_every or self.stopped_at:
             return []
-        banks = self.server.plan.banks
-        clients = client_manager.sample(num_clients=banks, min_num_clients=banks)
+        available = client_manager.num_available()  # the banks the round just summed were connected: no wait
+        clients = client_manager.sample(num_clients=available, min_num_clients=1) if available else []
         config: dict[str, Scalar] = {STEP_KEY: server_round}
         return [(c, EvaluateIns(parameters, config)) for c in clients]
 
@@ -281,9 +310,11 @@ class DPFedSGDStrategy(SumOnlyStrategy):
 
 
 def secagg_workflow(plan: DistributedPlan, timeout_s: float | None = None) -> SecAggPlusWorkflow:
-    """SecAgg+ for the plan: every bank shares with all others, t reconstructs; Flower's quantization made exact."""
+    """SecAgg+ for the plan: every bank of a round shares with all the others (``num_shares = 1.0``: the whole sample,
+    so a round of fewer banks than planned still runs), t reconstructs; Flower's quantization made exact.
+    """
     return SecAggPlusWorkflow(
-        num_shares=plan.banks, reconstruction_threshold=plan.survivors, max_weight=1.0,
+        num_shares=1.0, reconstruction_threshold=plan.survivors, max_weight=1.0,
         clipping_range=float(plan.modulus), quantization_range=2 * plan.modulus, modulus_range=SECAGG_MODULUS,
         timeout=timeout_s,
     )
@@ -299,7 +330,7 @@ def run_dp_fedsgd(grid: Grid, context: Context, server: SumStep, rounds: int, ti
     banks' evaluation); returns the strategy (sums, refusals).
     """
     strategy = DPFedSGDStrategy(server, observer, evaluate_every=evaluate_every, on_evaluate=on_evaluate,
-                                rounds=rounds, on_round=on_round)
+                                rounds=rounds, on_round=on_round, wait_s=600.0 if timeout_s is None else timeout_s)
     legacy = LegacyContext(context, config=ServerConfig(num_rounds=rounds), strategy=strategy)
     DefaultWorkflow(fit_workflow=secagg_workflow(server.plan, timeout_s))(grid, legacy)
     return strategy

@@ -14,6 +14,9 @@ and accountant as the in-process replay that ``bench privacy`` trains with
   evaluated, the one with the lowest validation loss is published, with the (ε, δ) per cardholder on the card and
   the count of DP rounds applied (a round SecAgg+ halts is charged, not applied).
 
+A round waits up to ``timeout-s`` for every bank and then sums the t or more connected (the noise plan covers t
+banks' shares); with fewer than t the run stops and publishes the best block every bank evaluated before.
+
 A bank refuses a round under a plan other than its own, a step it already answered, steps past the run's budget, a
 test-only noise seed in its node config, and more training cardholders than ``dp-cardholders``; every refusal
 answers one fixed text (:data:`~fedfraud.training.federated.dp_fedsgd.REFUSAL`). Each run's card states that
@@ -218,7 +221,11 @@ def run_dp_federation(grid: Grid, context: Context, run: DPRun) -> dict[str, Any
         "banks": settings.num_banks, "wall_seconds": time.perf_counter() - start,
         "selected_round": checkpoint.selected[0], "summary": checkpoint.selected_summary,
     }
-    if applied < planned:
+    if strategy.stopped_at:
+        result["stopped_at_round"] = strategy.stopped_at
+        logger.error("dp_federation stopped at round %d: fewer than t = %d banks connected; the best block every "
+                     "bank evaluated before it is published", strategy.stopped_at, plan.survivors)
+    elif applied < planned:
         logger.error("dp_federation %d of %d DP rounds were halted by SecAgg+ (fewer than t banks); they are "
                      "charged, not applied", planned - applied, planned)
     if not applied or not checkpoint.history:
@@ -232,7 +239,8 @@ def run_dp_federation(grid: Grid, context: Context, run: DPRun) -> dict[str, Any
             config={**settings.config_dump(), "mode": MODE, "strategy": "DP-FedSGD under SecAgg+"},
             history=checkpoint.history, privacy=checkpoint.privacy,
             client_dp={**distributed_card(dp, plan, run.steps, blocks), "noise_source": "OS entropy, in each bank",
-                       "execution": _EXECUTION, "dp_rounds_applied": applied},
+                       "execution": _EXECUTION, "dp_rounds_applied": applied,
+                       **({"stopped_at_round": strategy.stopped_at} if strategy.stopped_at else {})},
             feature_ldp=feature_ldp_card(settings.privacy),
         )
         result["version"] = version.tag
