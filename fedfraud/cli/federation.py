@@ -1,4 +1,4 @@
-"""``fedfraud federation certs|up|down``: a Flower Deployment Engine federation of N banks on this machine."""
+"""``fedfraud federation certs|up|features|ledger|down``: a Flower Deployment Engine federation of N banks on this machine."""
 
 from __future__ import annotations
 
@@ -126,6 +126,28 @@ def features(
     out = bank_dir(data_dir, bank) / NODE_FEATURES_FILE
     feats.save(str(out))
     typer.echo(f"wrote {out}: {len(feats)} rows, anomaly score from {tag}")
+
+
+@federation_app.command("ledger")
+def ledger(
+    data_dir: Annotated[Path, typer.Option("--data-dir", help="dataset root holding this bank's bank_<k>/ folder")],
+    bank: Annotated[int, typer.Option("--bank", min=0, help="this bank's partition id k")],
+    path: Annotated[Path | None, typer.Option("--ledger", help="the ledger file, when the SuperNode's node "
+                                                               "config named one (dp-ledger)")] = None,
+) -> None:
+    """This bank's privacy ledger: every DP run it answered, and their composed (ε, δ) per cardholder."""
+    from fedfraud.feature_store.layout import bank_dir
+    from fedfraud.training.federated.ledger import PrivacyLedger
+
+    where = path or bank_dir(data_dir, bank) / "dp-ledger.json"
+    if not where.is_file():
+        raise UserError(f"no privacy ledger at {where}: this bank has answered no DP run there")
+    book = PrivacyLedger(where)
+    entries = book.entries()
+    for e in entries:
+        typer.echo(f"{e.charged_at}  {e.run}  ε {e.epsilon:.4g} at δ {e.delta:g}  ({e.mechanism})")
+    eps, delta = book.composed(entries)
+    typer.echo(f"composed over {len(entries)} run(s): ε {eps:.4g} at δ {delta:g} per cardholder")
 
 
 @federation_app.command("down")

@@ -14,7 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from flwr.app import Context, RecordDict
-from flwr.common import MessageType
+from flwr.common import Error, Message, MessageType
+from flwr.common.constant import ErrorCode
 
 from fedfraud.core.errors import ConfigError
 from fedfraud.feature_store.layout import bank_dir
@@ -24,6 +25,8 @@ from fedfraud.training.anomaly.federated import dp_app
 from fedfraud.training.anomaly.federated.task import RunSettings, bank_data, on_node
 from fedfraud.training.data.config import GeneratorConfig
 from fedfraud.training.data.synthetic import generate_dataset
+from fedfraud.training.federated.dp_fedsgd import REFUSAL
+from fedfraud.training.federated.ledger import BUDGET_KEY, LEDGER_KEY, PrivacyLedger
 from fedfraud.training.merchant_risk.release_app import AuditGrid, read_audit
 from fedfraud.training.registry import ModelRegistry
 from tests.integration.tiny_run import TINY_RUN
@@ -108,8 +111,7 @@ def test_a_whole_run_sums_masked_gradients_evaluates_each_block_and_publishes_th
     out = tmp_path / "server"
     n = training_cardholders(data, _run_config(data, out, 1))
     config = _run_config(data, out, n)
-    contexts = {node: Context(7, node, {"partition-id": bank, "data-dir": str(bank_dir(data, bank))},
-                              RecordDict(), config) for node, bank in NODES.items()}
+    contexts = {node: _bank_context(data, tmp_path, node, bank, config) for node, bank in NODES.items()}
     audit = tmp_path / "audit"
     run = dp_app.dp_run(config)
     assert run.steps == 4 and run.per_block == 2
@@ -126,6 +128,9 @@ def test_a_whole_run_sums_masked_gradients_evaluates_each_block_and_publishes_th
     assert card["epsilon"] == pytest.approx(run.plan.epsilon(4, run.settings.anomaly.cardholder_dp.delta))
     assert card["epsilon"] <= 8.0 + 1e-6
     assert "SecAggPlusWorkflow" in card["execution"] and card["noise_source"] == "OS entropy, in each bank"
+    for bank in BANKS:  # each bank charged the run's whole plan to its own ledger, once
+        [entry] = PrivacyLedger(tmp_path / f"ledger-{bank}.json").entries()
+        assert entry.run.startswith("flwr-run-7:") and entry.epsilon == pytest.approx(card["epsilon"], rel=1e-9)
     metrics = version.metrics
     assert metrics["mode"] == dp_app.MODE and len(metrics["history"]) == 2
     assert set(metrics["per_bank"]) == {str(b) for b in BANKS}
@@ -200,9 +205,55 @@ def test_a_bank_gone_for_good_shrinks_the_run_to_t_banks_and_below_t_the_run_sto
     assert card["epsilon"] == pytest.approx(run.plan.epsilon(4, run.settings.anomaly.cardholder_dp.delta))
 
 
-def _bank_context(data: Path, out: Path, node: int, bank: int, config: dict, **node_config) -> Context:
-    return Context(7, node, {"partition-id": bank, "data-dir": str(bank_dir(data, bank)), **node_config},
-                   RecordDict(), config)
+class _ErrorReplies(_Loopback):
+    """As a SuperNode does, a ClientApp's exception becomes an error reply whose reason carries its text."""
+
+    def send_and_receive(self, messages, *, timeout=None):
+        replies = []
+        for msg in messages:
+            try:
+                replies += super().send_and_receive([msg], timeout=timeout)
+            except Exception as err:  # noqa: BLE001 - what the SuperNode catches
+                replies.append(Message(error=Error(ErrorCode.CLIENT_APP_RAISED_EXCEPTION, str(err)), reply_to=msg))
+        return replies
+
+
+def _bank_context(data: Path, out: Path, node: int, bank: int, config: dict, run_id: int = 7,
+                  **node_config) -> Context:
+    """Bank ``bank``'s context on ``node``, its privacy ledger under ``out``."""
+    return Context(run_id, node, {"partition-id": bank, "data-dir": str(bank_dir(data, bank)),
+                                  LEDGER_KEY: str(out / f"ledger-{bank}.json"), **node_config}, RecordDict(), config)
+
+
+def test_a_bank_refuses_the_run_that_would_pass_its_lifetime_budget(data, tmp_path, task_identity):  # noqa: F811
+    out = tmp_path / "server"
+    config = _run_config(data, out, training_cardholders(data, _run_config(data, out, 1)))
+    run = dp_app.dp_run(config)
+    delta = run.settings.anomaly.cardholder_dp.delta
+    one_run, two_runs = run.plan.epsilon(run.steps, delta), run.plan.epsilon(2 * run.steps, delta)
+    budget = {BUDGET_KEY: (one_run + two_runs) / 2}  # room for one run, not two (RDP: two compose to less than 2ε)
+
+    def federation(run_id: int):
+        contexts = {node: _bank_context(data, tmp_path, node, bank, config, run_id, **budget)
+                    for node, bank in NODES.items()}
+        audit = tmp_path / f"audit-{run_id}"
+        grid = AuditGrid(_ErrorReplies(dp_app.client, contexts), audit)
+        return grid, audit, Context(run_id, 0, {}, RecordDict(), config)
+
+    grid, _, server = federation(7)
+    assert dp_app.run_dp_federation(grid, server, run)["dp_rounds"] == 4
+    grid, audit, server = federation(8)
+    with pytest.raises(RuntimeError, match="nothing to publish: 0 of 4 DP rounds applied"):
+        dp_app.run_dp_federation(grid, server, run)
+    # every bank refused its first round of run 8 before releasing anything: no masked vector, the fixed text only
+    replies = read_audit(audit)
+    assert not masked_vectors([m for m in replies if m.has_content()])
+    refusals = [m for m in replies if m.has_error()]
+    assert refusals and {m.error.reason for m in refusals} == {REFUSAL}
+    for bank in BANKS:
+        ledger = PrivacyLedger(tmp_path / f"ledger-{bank}.json", budget[BUDGET_KEY])
+        assert [e.run.split(":")[0] for e in ledger.entries()] == ["flwr-run-7"]
+        assert ledger.spent()[0] == pytest.approx(one_run, rel=1e-9)
 
 
 def test_a_bank_refuses_a_test_noise_seed_a_foreign_plan_a_replayed_step_and_steps_past_its_budget(data, tmp_path):

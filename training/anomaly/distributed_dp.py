@@ -84,6 +84,7 @@ __all__ = [
     "decode_sum",
     "distributed_card",
     "distributed_epsilon",
+    "distributed_rdp",
     "load_trainable",
     "plan_distributed",
     "poisson_subsampled_rdp",
@@ -162,18 +163,22 @@ def poisson_subsampled_rdp(rdp: np.ndarray, q: float) -> np.ndarray:
     return np.minimum(out, base)
 
 
+def distributed_rdp(noise_multiplier: float, q: float, l1: float, l2: float) -> np.ndarray:
+    """RDP at :data:`ORDERS` of one round of Poisson-sampled Skellam noise of std ``z·l2`` (rounds add up)."""
+    from fedfraud.training.merchant_risk.dp import skellam_rdp
+
+    return poisson_subsampled_rdp(skellam_rdp(noise_multiplier * l2, l1, l2, ORDERS), q)
+
+
 def distributed_epsilon(noise_multiplier: float, steps: int, delta: float, q: float, l1: float, l2: float) -> float:
     """ε per cardholder at ``delta`` after ``steps`` rounds of Poisson-sampled Skellam noise of std ``z·l2``."""
     from dp_accounting.rdp.rdp_privacy_accountant import compute_epsilon
-
-    from fedfraud.training.merchant_risk.dp import skellam_rdp
 
     if steps == 0:
         return 0.0
     if noise_multiplier <= 0:
         return math.inf
-    rdp = poisson_subsampled_rdp(skellam_rdp(noise_multiplier * l2, l1, l2, ORDERS), q)
-    eps, _ = compute_epsilon(ORDERS, steps * rdp, delta)
+    eps, _ = compute_epsilon(ORDERS, steps * distributed_rdp(noise_multiplier, q, l1, l2), delta)
     return float(eps)
 
 
@@ -267,6 +272,10 @@ class DistributedPlan:
 
     def epsilon(self, steps: int, delta: float) -> float:
         return distributed_epsilon(self.noise_multiplier, steps, delta, self.sampling_rate, self.l1, self.l2)
+
+    def rdp(self, steps: int) -> np.ndarray:
+        """The RDP curve at :data:`ORDERS` of ``steps`` rounds under this plan (what a bank's ledger adds up)."""
+        return steps * distributed_rdp(self.noise_multiplier, self.sampling_rate, self.l1, self.l2)
 
 
 def _field_bits(banks: int) -> int:

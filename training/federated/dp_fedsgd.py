@@ -60,6 +60,7 @@ from flwr.server.client_proxy import ClientProxy
 from flwr.server.workflow import DefaultWorkflow, SecAggPlusWorkflow
 from flwr.serverapp import Grid
 
+from fedfraud.training.federated.ledger import LedgerEntry, PrivacyLedger
 from fedfraud.training.federated.sum_strategy import SumOnlyStrategy
 from fedfraud.training.anomaly.config import CardholderDPConfig
 from fedfraud.training.anomaly.data import PairSet
@@ -79,6 +80,8 @@ __all__ = ["NOISE_SEED_KEY", "PLAN_KEY", "REFUSAL", "STEPS_KEY", "STEP_KEY", "Ba
 
 logger = logging.getLogger(__name__)
 
+#: The ledger's name for this mechanism.
+_MECHANISM = "DP-FedSGD: Poisson-sampled cardholders, Skellam shares summed under SecAgg+"
 #: Node-config key that seeds a bank's sample and noise (tests only).
 NOISE_SEED_KEY = "dp-noise-seed"
 #: Fit-config key: the DP-FedSGD round, so a seeded bank draws a fresh sample and share every round.
@@ -128,7 +131,9 @@ BankEvaluation = Callable[[AnomalyModel], dict[str, float]]
 class DPBank:
     """What a bank's ClientApp holds across rounds: its model copy, its training cardholders and the public plan;
     ``evaluate`` scores its validation and test cardholders (None: the bank answers no evaluation); ``max_steps``
-    caps the steps it answers in one run (0: no cap), so it never releases more than the accountant charged.
+    caps the steps it answers in one run (0: no cap), so it never releases more than the accountant charged;
+    ``ledger`` (with ``max_steps``) is charged the run's whole plan at its first step, and refuses the run past the
+    bank's lifetime budget (:mod:`~fedfraud.training.federated.ledger`).
     """
 
     model: AnomalyModel
@@ -138,6 +143,20 @@ class DPBank:
     plan: DistributedPlan
     evaluate: BankEvaluation | None = None
     max_steps: int = 0
+    ledger: PrivacyLedger | None = None
+
+    def __post_init__(self) -> None:
+        if self.ledger is not None and self.max_steps <= 0:
+            raise ValueError("a ledger charges the run's whole plan: give max_steps")
+
+    def charge_run(self, run_id: int) -> None:
+        """Charge this run's whole plan to the bank's ledger (once per run; refused past the lifetime budget)."""
+        if self.ledger is None:
+            return
+        from fedfraud.training.anomaly.distributed_dp import ORDERS
+
+        self.ledger.charge(LedgerEntry.of(f"flwr-run-{run_id}:{plan_digest(self.plan)}", _MECHANISM, ORDERS,
+                                          self.plan.rdp(self.max_steps), self.cfg.delta))
 
 
 class _Client(NumPyClient):
@@ -168,6 +187,8 @@ class _Client(NumPyClient):
             raise ValueError(f"step {step} replays or precedes step {done['last']}")
         if self.bank.max_steps and int(done["count"]) >= self.bank.max_steps:  # type: ignore[call-overload]
             raise ValueError(f"the run's budget of {self.bank.max_steps} steps is spent")
+        if int(done["count"]) == 0:  # type: ignore[call-overload]
+            self.bank.charge_run(self.context.run_id)
         done["count"], done["last"] = int(done["count"]) + 1, step  # type: ignore[call-overload]
 
     def fit(self, parameters: list[np.ndarray], config: dict[str, Scalar]) -> tuple[list[np.ndarray], int, dict]:

@@ -20,7 +20,9 @@ banks' shares); with fewer than t the run stops and publishes the best block eve
 A bank refuses a round under a plan other than its own, a step it already answered, steps past the run's budget, a
 test-only noise seed in its node config, and more training cardholders than ``dp-cardholders``; every refusal
 answers one fixed text (:data:`~fedfraud.training.federated.dp_fedsgd.REFUSAL`). Each run's card states that
-run's ε: two runs over the same cardholders spend both (no ledger across runs).
+run's ε; two runs over the same cardholders spend both, so every bank charges each run's whole plan to its own
+ledger at the run's first round and refuses a run past its lifetime budget (node config ``dp-epsilon-budget``,
+:mod:`~fedfraud.training.federated.ledger`).
 
 Settings: the run config (``[tool.flwr.app.config]`` of ``apps/anomaly_dp`` and ``--run-config``) holds the
 anomaly run's flat keys (:class:`~fedfraud.training.anomaly.federated.task.RunSettings`) plus ``dp-cardholders``
@@ -72,6 +74,7 @@ from fedfraud.training.anomaly.model import AnomalyModel
 from fedfraud.training.anomaly.run import Checkpoint, RoundRecord, checkpoint_dir, log_round, publish_run
 from fedfraud.training.federated.dp_fedsgd import NOISE_SEED_KEY, DPBank, dp_client_app, run_dp_fedsgd
 from fedfraud.training.federated.grid import wait_for_nodes
+from fedfraud.training.federated.ledger import PrivacyLedger
 from fedfraud.training.registry import ModelRegistry
 
 __all__ = ["APP_DEFAULTS", "MODE", "DPRun", "client", "dp_run", "run_dp_federation", "server"]
@@ -278,7 +281,7 @@ def _bank_for(context: Context) -> DPBank:
         return {**local_test(current, data), "partition-id": float(partition)}
 
     bank = DPBank(_model(settings), sets, pool, settings.anomaly.cardholder_dp, run.plan, evaluate,
-                  max_steps=run.steps)
+                  max_steps=run.steps, ledger=PrivacyLedger.for_node(context.node_config))
     while len(_BANKS) >= _MAX_CACHED:
         _BANKS.pop(next(iter(_BANKS)))
     _BANKS[key] = bank
