@@ -1,4 +1,4 @@
-"""``fedfraud federation certs|up|features|ledger|down``: a Flower Deployment Engine federation of N banks on this machine."""
+"""``fedfraud federation certs|up|features|ledger|down``: a Flower Deployment Engine federation of N banks here."""
 
 from __future__ import annotations
 
