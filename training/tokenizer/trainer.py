@@ -96,7 +96,8 @@ def train_federated_flower(
     ``--no-privacy``) releases exact counts and says so in the privacy section.
     """
     from fedfraud.training.fraud.gnn.loopback import run_federated
-    from fedfraud.training.tokenizer.federated.client_app import app as client_app
+    from fedfraud.training.tokenizer.federated.client_app import client_app
+    from fedfraud.training.tokenizer.federated.policy import BankPolicy
     from fedfraud.training.tokenizer.federated.server_app import build_server_app, run_jobs
 
     documents = _documents(corpus_path)
@@ -106,7 +107,9 @@ def train_federated_flower(
     )
     results: list[dict[str, Any]] = []
     start = time.perf_counter()
-    run_federated(cfg.engine, client_app, run_jobs, build_server_app, settings, results.append, num_supernodes)
+    # every bank answers under its own policy; here the banks' settings are the run's (one operator, one config)
+    banks = client_app(BankPolicy.of(settings))
+    run_federated(cfg.engine, banks, run_jobs, build_server_app, settings, results.append, num_supernodes)
     if not results:
         raise RuntimeError("the Flower ServerApp did not produce a result (see the log above)")
     out = results[0]

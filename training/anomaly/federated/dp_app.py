@@ -252,7 +252,7 @@ def run_dp_federation(grid: Grid, context: Context, run: DPRun) -> dict[str, Any
     return result
 
 
-_BANKS: dict[tuple[int, int], DPBank] = {}
+_BANKS: dict[tuple[int, int, str], DPBank] = {}
 _MAX_CACHED = 8
 
 
@@ -260,7 +260,9 @@ def _bank_for(context: Context) -> DPBank:
     """This SuperNode's bank: its own folder's data, the frozen model and the public plan (kept while the process
     lives; Flower may start a process per message, and the data then comes from the bank's disk cache).
     """
-    key = (context.run_id, context.node_id)
+    # a run's configs never change; keyed on them too, so a node id reused under other configs is a new bank
+    configs = json.dumps([sorted(context.node_config.items()), sorted(context.run_config.items())], default=str)
+    key = (context.run_id, context.node_id, configs)
     if key in _BANKS:
         return _BANKS[key]
     if NOISE_SEED_KEY in context.node_config:

@@ -8,6 +8,7 @@ is Ray's start-up (about 20 s here) and its worker processes: tests, and studies
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -17,11 +18,14 @@ from flwr.app import Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.common.serde import message_from_proto, message_to_proto
 from flwr.serverapp import Grid
-from flwr.common.constant import SUPERLINK_NODE_ID
+from flwr.common import Error
+from flwr.common.constant import SUPERLINK_NODE_ID, ErrorCode
 from flwr.supercore.run import Run
 from flwr.supercore.task_identity import TaskIdentity
 
 __all__ = ["LoopbackGrid", "bank_contexts", "run_federated", "server_identity"]
+
+logger = logging.getLogger(__name__)
 
 
 @contextmanager
@@ -42,7 +46,9 @@ def bank_contexts(banks: int, run_id: int = 1) -> dict[int, Context]:
 
 
 class LoopbackGrid(Grid):
-    """Delivers each message to ``app`` with the destination node's context, serialized both ways."""
+    """Delivers each message to ``app`` with the destination node's context, serialized both ways; a ClientApp's
+    exception becomes an error reply, as a SuperNode sends it, so the server's code meets what it meets deployed.
+    """
 
     def __init__(self, app: ClientApp, contexts: dict[int, Context], run_id: int = 1) -> None:
         self.app, self.contexts, self._run = app, contexts, Run.create_empty(run_id)
@@ -68,7 +74,12 @@ class LoopbackGrid(Grid):
         for msg in messages:
             msg.metadata.__dict__["_message_id"] = uuid4().hex  # what the SuperLink assigns
             wire = message_from_proto(message_to_proto(msg))
-            reply = self.app(wire, self.contexts[msg.metadata.dst_node_id])
+            try:
+                reply = self.app(wire, self.contexts[msg.metadata.dst_node_id])
+            except Exception as ex:  # noqa: BLE001 - as a SuperNode does: the bank's failure is an error reply
+                logger.error("ClientApp raised an exception", exc_info=ex)
+                reason = str(type(ex)) + ":<'" + str(ex) + "'>"  # flwr's run_clientapp format
+                reply = Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=reason), reply_to=wire)
             self._replies[msg.metadata.message_id] = message_from_proto(message_to_proto(reply))
             ids.append(msg.metadata.message_id)
         return ids

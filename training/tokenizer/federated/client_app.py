@@ -10,6 +10,9 @@ no per-element validation as in a ``ConfigRecord`` list), as raw bytes
 (:func:`~fedfraud.training.tokenizer.federated.task.raw_array`). In histogram
 mode the words whose Gaussian-noised count crosses τ leave, as bytes, with
 those noisy counts (``fedfraud.training.tokenizer.histogram`` has the account).
+
+Every parameter of a release is the bank's own (:class:`~fedfraud.training.tokenizer.federated.policy.BankPolicy`):
+the corpus it reads, ε, the per-document bound, σ and τ. A query that names other values is refused.
 """
 
 from __future__ import annotations
@@ -28,29 +31,37 @@ from fedfraud.training.tokenizer.federated.task import (
     raw_array,
     remember_merges,
 )
-from fedfraud.training.tokenizer.histogram import HistogramMechanism, histogram_release, pack_words
+from fedfraud.training.tokenizer.federated.policy import BankPolicy
+from fedfraud.training.tokenizer.histogram import histogram_release, pack_words
 from fedfraud.training.tokenizer.noise import noise_rng
 
-__all__ = ["app"]
+__all__ = ["client_app"]
 
 log = logging.getLogger(__name__)
 
-app = ClientApp()
+def client_app(policy: BankPolicy) -> ClientApp:
+    """The banks' ClientApp, answering only queries under ``policy`` (the bank's corpus and release parameters)."""
+    app = ClientApp()
+
+    @app.query()
+    def query(msg: Message, context: Context) -> Message:
+        """Check the query against the bank's policy, apply the broadcast merges, release for the phase."""
+        cfg = msg.content["config"]
+        policy.check(cfg)
+        return _reply(msg, cfg, context, policy)
+
+    return app
 
 
-@app.query()
-def query(msg: Message, context: Context) -> Message:
-    """Apply the broadcast merges, then release noisy counts for the requested phase."""
-    cfg = msg.content["config"]
+def _reply(msg: Message, cfg: ConfigRecord, context: Context, policy: BankPolicy) -> Message:
+    """Apply the broadcast merges, then release noisy counts for the requested phase (parameters: the policy's)."""
     partition = int(context.node_config.get("partition-id", 0))
     if cfg["phase"] == "histogram":
-        return _histogram_reply(msg, cfg, partition)
-    eps = float(cfg["epsilon"])
-    bound = int(cfg["max-doc-bytes"]) if eps > 0 else None  # the sensitivity bound is part of the mechanism
+        return _histogram_reply(msg, policy, partition)
+    eps = policy.epsilon
+    bound = policy.max_doc_bytes if eps > 0 else None  # the sensitivity bound is part of the mechanism
     run = context.run_id
-    state, _ = client_state(
-        str(cfg["corpus-path"]), partition, bool(cfg.get("ner", False)), context.state, max_doc_bytes=bound, run=run
-    )
+    state, _ = client_state(policy.corpus_path, partition, policy.ner, context.state, max_doc_bytes=bound, run=run)
     base = int(cfg["merge-base"])
     sent = msg.content["broadcast"] if "broadcast" in msg.content else ArrayRecord()
     delta = array_of(sent["merges"]) if "merges" in sent else np.zeros((0, 3), np.int64)  # (n, 3): left, right, new id
@@ -64,10 +75,10 @@ def query(msg: Message, context: Context) -> Message:
     if state.applied < base + len(delta):  # a delta this process could not file (it lacked merges before base)
         state.apply(delta[state.applied - base :])
     params = ReleaseParams(
-        p=float(cfg["p"]),
+        p=policy.p,
         epsilon=eps if eps > 0 else None,
         sensitivity=float(bound or 1),
-        top_n=int(cfg["top-n"]) or None,
+        top_n=policy.top_n or None,
     )
     rng = noise_rng(partition, int(cfg["round"]), 0 if cfg["phase"] == "single" else 1)
     allowed = array_of(sent["allowed"]) if "allowed" in sent else np.zeros(0, np.int64)
@@ -84,22 +95,14 @@ def query(msg: Message, context: Context) -> Message:
     return Message(content, reply_to=msg)
 
 
-def _histogram_reply(msg: Message, cfg: ConfigRecord, partition: int) -> Message:
+def _histogram_reply(msg: Message, policy: BankPolicy, partition: int) -> Message:
     """Histogram mode's one release: the words whose noisy count is above τ, as bytes, with those noisy counts.
 
-    Nothing about the other words leaves: not their number, not their counts. Without noise (``epsilon`` 0,
-    ``--no-privacy``) the exact count of every word.
+    Nothing about the other words leaves: not their number, not their counts. Without noise (the bank's own
+    ``epsilon`` 0, ``--no-privacy``) the exact count of every word.
     """
-    mechanism = None
-    if float(cfg["epsilon"]) > 0:
-        mechanism = HistogramMechanism(
-            max_words=int(cfg["k"]), max_count=int(cfg["c"]), sigma=float(cfg["sigma"]), tau=float(cfg["tau"]),
-            epsilon=float(cfg["epsilon"]), delta_gaussian=float(cfg["delta-gaussian"]),
-            delta_selection=float(cfg["delta-selection"]),
-        )
-    counts, _ = client_word_histogram(
-        str(cfg["corpus-path"]), partition, bool(cfg.get("ner", False)), int(cfg["max-doc-bytes"]), mechanism
-    )
+    mechanism = policy.histogram
+    counts, _ = client_word_histogram(policy.corpus_path, partition, policy.ner, policy.max_doc_bytes, mechanism)
     rel = histogram_release(counts, mechanism, noise_rng(partition, 2))
     content = RecordDict({"release": ConfigRecord({"applied": 0})})
     if rel.words:

@@ -25,11 +25,11 @@ from flwr.serverapp import Grid, ServerApp
 
 from fedfraud.training.federated.grid import wait_for_nodes
 from fedfraud.training.tokenizer.bpe import FedBPEResult, FedBPEServer, Release, ReleaseParams
+from fedfraud.training.tokenizer.federated.policy import histogram_of
 from fedfraud.training.tokenizer.federated.task import array_of, raw_array
 from fedfraud.training.tokenizer.histogram import (
     HistogramMechanism,
     WordRelease,
-    calibrate,
     train_from_releases,
     unpack_words,
 )
@@ -149,7 +149,6 @@ def _exchange(
                         "phase": phase,
                         "round": server.rounds,
                         "merge-base": base,
-                        "corpus-path": str(settings["corpus-path"]),
                         "p": float(settings["p"]),
                         "epsilon": float(settings["epsilon"] or 0.0),
                         "max-doc-bytes": int(settings["max-doc-bytes"]),
@@ -182,9 +181,11 @@ def _exchange(
 
 
 def _histogram_query(settings: dict[str, Any], mechanism: HistogramMechanism | None) -> RecordDict:
-    """Histogram mode's one query: where the corpus is, the contribution bound and the calibrated σ and τ."""
+    """Histogram mode's one query: the contribution bound and the calibrated σ and τ (each bank checks them
+    against its own; no query names a corpus: :mod:`~fedfraud.training.tokenizer.federated.policy`).
+    """
     cfg: dict[str, Any] = {
-        "phase": "histogram", "round": 0, "corpus-path": str(settings["corpus-path"]),
+        "phase": "histogram", "round": 0,
         "epsilon": 0.0 if mechanism is None else mechanism.epsilon, "max-doc-bytes": int(settings["max-doc-bytes"]),
         "ner": bool(settings["ner"]),
     }
@@ -208,13 +209,7 @@ def run_histogram(grid: Grid, settings: dict[str, Any]) -> dict[str, Any]:
     σ and τ are calibrated here from the total (ε, δ) per document (``delta`` must be set: the trainer passes
     1 / (10 × documents) unless configured) and sent to the clients with the query.
     """
-    eps = float(settings["epsilon"] or 0.0)
-    mechanism = None
-    if eps > 0:
-        delta = float(settings.get("delta") or 0.0)
-        if not 0 < delta < 1:
-            raise ValueError("histogram mode needs the setting 'delta' (total δ per document) in (0, 1)")
-        mechanism = calibrate(eps, delta, int(settings["histogram-words"]), int(settings["histogram-count"]))
+    mechanism = histogram_of(settings) if float(settings["epsilon"] or 0.0) > 0 else None
     nodes = wait_for_nodes(grid, int(settings["num-supernodes"]))
     audit = _Audit(str(settings["audit-path"]), None)
     start = time.perf_counter()
