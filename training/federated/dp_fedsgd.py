@@ -60,6 +60,7 @@ from flwr.server.client_proxy import ClientProxy
 from flwr.server.workflow import DefaultWorkflow, SecAggPlusWorkflow
 from flwr.serverapp import Grid
 
+from fedfraud.training.federated import secagg_prg
 from fedfraud.training.federated.ledger import LedgerEntry, PrivacyLedger
 from fedfraud.training.federated.sum_strategy import SumOnlyStrategy
 from fedfraud.training.anomaly.config import CardholderDPConfig
@@ -73,6 +74,8 @@ from fedfraud.training.anomaly.distributed_dp import (
 )
 from fedfraud.training.anomaly.dpsgd import CardholderPool
 from fedfraud.training.anomaly.model import AnomalyModel
+
+secagg_prg.install()  # SecAgg+ masks keyed by the whole shared secret, on banks and server alike
 
 __all__ = ["NOISE_SEED_KEY", "PLAN_KEY", "REFUSAL", "STEPS_KEY", "STEP_KEY", "BankEvaluation",
            "BankRefused", "DPBank", "DPFedSGDStrategy", "SumStep", "dp_client_app", "plan_digest", "run_dp_fedsgd",

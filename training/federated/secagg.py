@@ -41,7 +41,10 @@ from flwr.server.strategy import FedAvg
 from flwr.server.workflow import DefaultWorkflow, SecAggPlusWorkflow
 from flwr.serverapp import Grid, ServerApp
 
+from fedfraud.training.federated import secagg_prg
 from fedfraud.training.anomaly.federated.task import RunSettings, bank_data, build_model, initial_model, local_train
+
+secagg_prg.install()  # SecAgg+ masks keyed by the whole shared secret, on banks and server alike
 
 __all__ = ["SecAggRun", "run_secagg"]
 

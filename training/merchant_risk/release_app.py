@@ -45,6 +45,7 @@ from flwr.server.client_proxy import ClientProxy
 from flwr.server.workflow import DefaultWorkflow, SecAggPlusWorkflow
 from flwr.serverapp import Grid, ServerApp
 
+from fedfraud.training.federated import secagg_prg
 from fedfraud.training.federated.sum_strategy import SumOnlyStrategy
 from fedfraud.training.federated.grid import wait_for_nodes
 from fedfraud.training.merchant_risk.config import MerchantNoiseConfig, MerchantRiskConfig
@@ -57,6 +58,8 @@ from fedfraud.training.merchant_risk.release import (
     load_release_vector,
     plan_release,
 )
+
+secagg_prg.install()  # SecAgg+ masks keyed by the whole shared secret, on banks and server alike
 
 __all__ = [
     "DEFAULT_SETTINGS",

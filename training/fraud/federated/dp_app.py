@@ -26,9 +26,12 @@ from flwr.client.mod import secaggplus_mod
 from flwr.clientapp import ClientApp
 from flwr.common import Scalar
 
+from fedfraud.training.federated import secagg_prg
 from fedfraud.training.federated.dp_fedsgd import NOISE_SEED_KEY, STEP_KEY
 from fedfraud.training.fraud.dp_boost import BoostPlan, BoostState, bank_release, check_splits, check_state
 from fedfraud.training.fraud.features import FraudFeatures
+
+secagg_prg.install()  # SecAgg+ masks keyed by the whole shared secret, on banks and server alike
 
 __all__ = ["RELEASES_KEY", "BankRelease", "ReleaseRefused", "dp_boost_client_app"]
 
