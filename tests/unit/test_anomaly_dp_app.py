@@ -14,8 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from flwr.app import Context, RecordDict
-from flwr.common import Error, Message, MessageType
-from flwr.common.constant import ErrorCode
+from flwr.common import MessageType
 
 from fedfraud.core.errors import ConfigError
 from fedfraud.feature_store.layout import bank_dir
@@ -31,7 +30,7 @@ from fedfraud.training.merchant_risk.release_app import AuditGrid, read_audit
 from fedfraud.training.registry import ModelRegistry
 from tests.integration.tiny_run import TINY_RUN
 from tests.unit.test_distributed_dp import task_identity  # noqa: F401 - fixture
-from tests.unit.test_merchant_release import _Loopback, masked_vectors
+from tests.unit.test_merchant_release import _ErrorReplies, _Loopback, masked_vectors
 
 ROOT = Path(__file__).resolve().parents[2]
 #: apps/anomaly_dp's values that differ from RunSettings' defaults (the mode, and what the bench chose on validation)
@@ -203,19 +202,6 @@ def test_a_bank_gone_for_good_shrinks_the_run_to_t_banks_and_below_t_the_run_sto
     card = version.privacy["client_dp"]
     assert card["dp_rounds_applied"] == applied and card.get("stopped_at_round", 0) == stopped
     assert card["epsilon"] == pytest.approx(run.plan.epsilon(4, run.settings.anomaly.cardholder_dp.delta))
-
-
-class _ErrorReplies(_Loopback):
-    """As a SuperNode does, a ClientApp's exception becomes an error reply whose reason carries its text."""
-
-    def send_and_receive(self, messages, *, timeout=None):
-        replies = []
-        for msg in messages:
-            try:
-                replies += super().send_and_receive([msg], timeout=timeout)
-            except Exception as err:  # noqa: BLE001 - what the SuperNode catches
-                replies.append(Message(error=Error(ErrorCode.CLIENT_APP_RAISED_EXCEPTION, str(err)), reply_to=msg))
-        return replies
 
 
 def _bank_context(data: Path, out: Path, node: int, bank: int, config: dict, run_id: int = 7,

@@ -18,14 +18,15 @@ import scipy.stats
 from dp_accounting import GaussianDpEvent, SelfComposedDpEvent
 from dp_accounting.rdp import RdpAccountant
 from flwr.app import Context, Message, RecordDict
-from flwr.common import bytes_to_ndarray
-from flwr.common.constant import SUPERLINK_NODE_ID
+from flwr.common import Error, bytes_to_ndarray
+from flwr.common.constant import SUPERLINK_NODE_ID, ErrorCode
 from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, Key
 from flwr.common.serde import message_from_proto, message_to_proto
 from flwr.serverapp import Grid
 from flwr.supercore.run import Run
 from flwr.supercore.task_identity import TaskIdentity
 
+from fedfraud.training.federated.ledger import BUDGET_KEY, PrivacyLedger
 from fedfraud.training.merchant_risk import release_app
 from fedfraud.training.merchant_risk.config import MerchantNoiseConfig, MerchantRiskConfig
 from fedfraud.training.merchant_risk.dp import (
@@ -244,6 +245,19 @@ class _Loopback(Grid):
         return replies
 
 
+class _ErrorReplies(_Loopback):
+    """As a SuperNode does, a ClientApp's exception becomes an error reply whose reason carries its text."""
+
+    def send_and_receive(self, messages, *, timeout=None):
+        replies = []
+        for msg in messages:
+            try:
+                replies += super().send_and_receive([msg], timeout=timeout)
+            except Exception as err:  # noqa: BLE001 - what the SuperNode catches
+                replies.append(Message(error=Error(ErrorCode.CLIENT_APP_RAISED_EXCEPTION, str(err)), reply_to=msg))
+        return replies
+
+
 def masked_vectors(replies: list[Message]) -> dict[int, np.ndarray]:
     """Each bank's masked vector, from the replies the server received (SecAgg+'s stage 2)."""
     out = {}
@@ -318,3 +332,38 @@ def test_secagg_release_in_process_is_exact_and_the_server_sees_only_masks(tmp_p
     assert result.card["epsilon_per_release"] == pytest.approx(plan.epsilon(1, noise.delta, RISK))
     residues = {node: np.mod(np.minimum(v, noise.count_cap) + shares[node], plan.modulus) for node, v in clear.items()}
     assert_server_saw_only_masks(release_app.read_audit(tmp_path / "audit"), clear, residues, plan.modulus)
+    for b in range(3):  # each bank charged the release to its own privacy ledger (its data folder's), once
+        [entry] = PrivacyLedger(tmp_path / f"bank_{b}" / "dp-ledger.json").entries()
+        assert entry.run == f"flwr-run-7:merchant-release-{DAY0}"
+        assert entry.epsilon == pytest.approx(result.card["epsilon_per_release"], rel=1e-6)
+
+
+def test_a_bank_refuses_the_release_past_its_lifetime_budget_and_sends_nothing(tmp_path, task_identity):
+    noise = MerchantNoiseConfig(noise_multiplier=2.0, count_cap=50)
+    plan = plan_release(RISK, noise, 3)
+    one, two = plan.epsilon(1, noise.delta, RISK), plan.epsilon(2, noise.delta, RISK)
+    vectors = _vectors(3, seed=4)
+
+    def release(run_id: int, day: int):
+        config = {"release-day": day, "num-banks": 3, "merchant-risk": RISK.model_dump_json(),
+                  "merchant-noise": noise.model_dump_json(), "out-dir": str(tmp_path / "out"),
+                  "audit-dir": str(tmp_path / f"audit-{run_id}"), "timeout-s": 60.0}
+        contexts = {}
+        for b, v in enumerate(vectors):
+            save_release_vector(tmp_path / f"bank_{b}", day, v, RISK)
+            node_config = {"data-dir": str(tmp_path / f"bank_{b}"), release_app.NOISE_SEED_KEY: b,
+                           BUDGET_KEY: (one + two) / 2}  # room for one release, not two
+            contexts[9000 + b] = Context(run_id, 9000 + b, node_config, RecordDict(), config)
+        return release_app.run_release(_ErrorReplies(release_app.client, contexts),
+                                       Context(run_id, 0, {}, RecordDict(), config))
+
+    assert release(7, DAY0).banks_summed == 3
+    with pytest.raises(RuntimeError, match="SecAgg\\+ halted"):
+        release(8, DAY0 + 1)
+    replies = release_app.read_audit(tmp_path / "audit-8")
+    refusals = [m for m in replies if m.has_error()]
+    assert refusals and {m.error.reason for m in refusals} == {release_app.REFUSAL}
+    assert not masked_vectors([m for m in replies if m.has_content()])  # nothing of day 2 left a bank
+    for b in range(3):
+        ledger = PrivacyLedger(tmp_path / f"bank_{b}" / "dp-ledger.json")
+        assert [e.run for e in ledger.entries()] == [f"flwr-run-7:merchant-release-{DAY0}"]

@@ -69,6 +69,7 @@ from fedfraud.training.anomaly.config import CardholderDPConfig
 from fedfraud.training.anomaly.data import PairSet
 from fedfraud.training.anomaly.dpsgd import CardholderPool, cardholder_epsilon, per_cardholder_gradients
 from fedfraud.training.anomaly.model import AnomalyModel
+from fedfraud.training.federated.ledger import ORDERS as LEDGER_ORDERS
 
 __all__ = [
     "ACCOUNTANT",
@@ -96,8 +97,9 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-#: Contiguous integer Rényi orders: Zhu & Wang's bound at order α reads the base RDP at every order 2..α.
-ORDERS: tuple[int, ...] = tuple(range(2, 257))
+#: Contiguous integer Rényi orders: Zhu & Wang's bound at order α reads the base RDP at every order 2..α (the
+#: banks' privacy ledger keeps every flow's curve at these orders).
+ORDERS: tuple[int, ...] = LEDGER_ORDERS
 #: Flower's SecAgg+ modulus is 2**32; the residues go in as ``x + M`` per bank (``clipping_range = M``), so
 #: ``2·banks·M`` must stay below it (and below int32 in Flower's quantizer).
 SECAGG_MODULUS = 1 << 32

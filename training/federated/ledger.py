@@ -32,10 +32,13 @@ import numpy as np
 
 from fedfraud.core.errors import ConfigError
 
-__all__ = ["BUDGET_KEY", "LEDGER_KEY", "LedgerEntry", "PrivacyBudgetExceeded", "PrivacyLedger"]
+__all__ = ["BUDGET_KEY", "LEDGER_KEY", "ORDERS", "LedgerEntry", "PrivacyBudgetExceeded", "PrivacyLedger"]
 
 logger = logging.getLogger(__name__)
 
+#: The Rényi orders every entry's curve is at (integer and contiguous, as Poisson amplification needs), so that the
+#: curves of every flow (DP-FedSGD runs, merchant-risk releases) add up.
+ORDERS: tuple[int, ...] = tuple(range(2, 257))
 #: Node-config key: the bank's lifetime ε per cardholder over every DP run (0: record only, no cap).
 BUDGET_KEY = "dp-epsilon-budget"
 #: Node-config key: the ledger file (default ``<data-dir>/dp-ledger.json``).

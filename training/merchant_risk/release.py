@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from fedfraud.training.merchant_risk.config import MerchantNoiseConfig, MerchantRiskConfig
-from fedfraud.training.merchant_risk.dp import release_epsilon, release_noise_std, skellam_share
+from fedfraud.training.merchant_risk.dp import release_epsilon, release_noise_std, skellam_rdp, skellam_share
 
 __all__ = [
     "SECAGG_MODULUS",
@@ -113,6 +113,12 @@ class ReleasePlan:
     def epsilon(self, releases: int, delta: float, risk: MerchantRiskConfig) -> float:
         """Per-cardholder ε at ``delta`` after ``releases`` daily releases of this plan (∞ without noise)."""
         return release_epsilon(self.noise_std, releases, delta, float(risk.sensitivity_l1()), risk.sensitivity_l2())
+
+    def rdp(self, risk: MerchantRiskConfig, orders: Sequence[int]) -> np.ndarray:
+        """One release's RDP per cardholder at ``orders`` (what a bank's privacy ledger adds up; ∞ without noise)."""
+        if self.noise_std <= 0:
+            return np.full(len(orders), np.inf)
+        return skellam_rdp(self.noise_std, float(risk.sensitivity_l1()), risk.sensitivity_l2(), orders)
 
 
 def plan_release(risk: MerchantRiskConfig, noise: MerchantNoiseConfig, banks: int) -> ReleasePlan:

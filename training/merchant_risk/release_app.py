@@ -46,6 +46,7 @@ from flwr.server.workflow import DefaultWorkflow, SecAggPlusWorkflow
 from flwr.serverapp import Grid, ServerApp
 
 from fedfraud.training.federated import secagg_prg
+from fedfraud.training.federated.ledger import ORDERS, LedgerEntry, PrivacyLedger
 from fedfraud.training.federated.sum_strategy import SumOnlyStrategy
 from fedfraud.training.federated.grid import wait_for_nodes
 from fedfraud.training.merchant_risk.config import MerchantNoiseConfig, MerchantRiskConfig
@@ -88,6 +89,9 @@ DEFAULT_SETTINGS: dict[str, Any] = {
 }
 #: Node-config key that seeds a bank's noise (tests only).
 NOISE_SEED_KEY = "merchant-noise-seed"
+#: The only text a bank's refusal sends back (the details stay in the bank's log).
+REFUSAL = "the bank refused this release; see the bank's log"
+_LEDGER_MECHANISM = "merchant-risk release: Skellam shares summed under SecAgg+"
 
 
 @dataclass(frozen=True)
@@ -145,6 +149,13 @@ class _Bank(NumPyClient):
         settings = ReleaseSettings.of(self.context.run_config)
         plan = settings.plan()
         data_dir = Path(str(self.context.node_config["data-dir"]))
+        try:  # charged to the bank's ledger before anything is computed or sent; past its budget, refused
+            PrivacyLedger.for_node(self.context.node_config).charge(LedgerEntry.of(
+                f"flwr-run-{self.context.run_id}:merchant-release-{settings.release_day}", _LEDGER_MECHANISM,
+                ORDERS, plan.rdp(settings.risk, ORDERS), settings.noise.delta))
+        except Exception:  # noqa: BLE001 - one fixed text leaves the bank; the details stay in its log
+            logger.exception("merchant_release_bank_refused day=%d", settings.release_day)
+            raise RuntimeError(REFUSAL) from None
         vector = load_release_vector(data_dir, settings.release_day, settings.risk)
         share = encode_share(vector, plan, _bank_rng(self.context.node_config, settings.release_day))
         logger.info("merchant_release_bank day=%d shape=%s field_bits=%d", settings.release_day, vector.shape,
