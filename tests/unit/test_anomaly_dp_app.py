@@ -24,6 +24,7 @@ from fedfraud.training.anomaly.federated import dp_app
 from fedfraud.training.anomaly.federated.task import RunSettings, bank_data, on_node
 from fedfraud.training.data.config import GeneratorConfig
 from fedfraud.training.data.synthetic import generate_dataset
+from fedfraud.training.federated import secagg_prg
 from fedfraud.training.federated.dp_fedsgd import REFUSAL
 from fedfraud.training.federated.ledger import BUDGET_KEY, LEDGER_KEY, PrivacyLedger
 from fedfraud.training.merchant_risk.release_app import AuditGrid, read_audit
@@ -185,8 +186,7 @@ def test_a_bank_gone_for_good_shrinks_the_run_to_t_banks_and_below_t_the_run_sto
     out = tmp_path / "server"
     n = training_cardholders(data, _run_config(data, out, 1))
     config = {**_run_config(data, out, n), "timeout-s": 2.0}
-    contexts = {node: Context(7, node, {"partition-id": bank, "data-dir": str(bank_dir(data, bank))},
-                              RecordDict(), config) for node, bank in NODES.items()}
+    contexts = {node: _bank_context(data, tmp_path, node, bank, config) for node, bank in NODES.items()}
     run = dp_app.dp_run(config)
     assert run.plan.survivors == 2 and run.per_block == 2
     audit = tmp_path / "audit"
@@ -256,8 +256,9 @@ def test_a_bank_refuses_a_test_noise_seed_a_foreign_plan_a_replayed_step_and_ste
     assert bank.max_steps == 4 and plan_digest(bank.plan) == plan_digest(dp_app.dp_run(config).plan)
     client = _Client(bank, context, None)
     weights = [p.detach().numpy().copy() for _, p in trainable(bank.model)]
-    good = {PLAN_KEY: plan_digest(bank.plan)}
-    for bad in ({STEP_KEY: 1, PLAN_KEY: "0" * 16}, {STEP_KEY: 0, **good}):
+    good = {PLAN_KEY: plan_digest(bank.plan), **secagg_prg.fit_config()}
+    other_prg = {**good, secagg_prg.CONFIG_KEY: "flower-randomstate"}  # a server on Flower's mask generator
+    for bad in ({STEP_KEY: 1, PLAN_KEY: "0" * 16}, {STEP_KEY: 0, **good}, {STEP_KEY: 1, **other_prg}):
         with pytest.raises(BankRefused) as err:
             client.fit(weights, bad)
         assert str(err.value) == REFUSAL
@@ -267,3 +268,10 @@ def test_a_bank_refuses_a_test_noise_seed_a_foreign_plan_a_replayed_step_and_ste
     for bad in ({STEP_KEY: 4, **good}, {STEP_KEY: 5, **good}):  # a replay; then past the 4-step budget
         with pytest.raises(BankRefused, match="the bank refused"):
             client.fit(weights, bad)
+    # the SuperNode restarts (its in-memory state is gone): the ledger on disk still refuses more of run 7
+    restarted = _Client(bank, _bank_context(data, tmp_path, 9202, 0, config), None)
+    for bad in ({STEP_KEY: 5, **good}, {STEP_KEY: 1, **good}):
+        with pytest.raises(BankRefused, match="the bank refused"):
+            restarted.fit(weights, bad)
+    [entry] = PrivacyLedger(tmp_path / "ledger-0.json").entries()
+    assert (entry.steps, entry.last_step) == (4, 4)

@@ -160,12 +160,13 @@ def test_one_cardholder_moves_a_banks_clean_sum_by_its_own_rounded_clipped_gradi
         assert np.abs(u - flat * plan.scale).max() <= 0.5 + 1e-6 * plan.scale  # its clipped gradient, rounded
 
 
-def test_server_refuses_a_round_with_fewer_than_t_banks(banks):
+def test_server_refuses_a_round_with_fewer_than_t_banks_or_more_than_the_field_holds(banks):
     plan = _plan(banks)
     server = ServerStep(_model(), plan, lr=0.01)
     before = [w.copy() for w in server.weights()]
-    with pytest.raises(RoundRefused):
-        server.apply(np.zeros(plan.dims, dtype=np.int64), plan.survivors - 1)
+    for summed in (plan.survivors - 1, plan.banks + 1):
+        with pytest.raises(RoundRefused):
+            server.apply(np.zeros(plan.dims, dtype=np.int64), summed)
     assert all(np.array_equal(a, b) for a, b in zip(before, server.weights(), strict=True))
 
 

@@ -14,10 +14,12 @@ from fedfraud.training.anomaly.config import CardholderDPConfig
 from fedfraud.training.anomaly.distributed_dp import ORDERS, plan_distributed
 from fedfraud.training.federated.ledger import (
     BUDGET_KEY,
+    DELTA_KEY,
     LEDGER_KEY,
     LedgerEntry,
     PrivacyBudgetExceeded,
     PrivacyLedger,
+    StepRefused,
 )
 
 DELTA = 1e-5
@@ -44,13 +46,38 @@ def test_two_runs_compose_as_one_run_of_both_and_a_run_is_charged_once(tmp_path)
     assert (eps1, delta1) == (pytest.approx(first.epsilon), DELTA)
     eps2, _ = ledger.charge(_gaussian_entry("flwr-run-2", 4.0, 50))
     assert eps2 == pytest.approx(_reference(4.0, 100), rel=1e-9) and eps2 < 2 * eps1  # RDP composes sub-additively
-    assert ledger.charge(_gaussian_entry("flwr-run-2", 4.0, 50)) == (pytest.approx(eps2), DELTA)  # charged once
+    with pytest.raises(StepRefused):  # a release is one step: the same run name again is refused, not re-released
+        ledger.charge(_gaussian_entry("flwr-run-2", 4.0, 50))
     assert [e.run for e in ledger.entries()] == ["flwr-run-1", "flwr-run-2"]
     assert ledger.spent() == (pytest.approx(eps2), DELTA)
     # a fresh reader of the file sees the same ledger, at the smallest δ of its runs
     again = PrivacyLedger(ledger.path)
     again.charge(_gaussian_entry("flwr-run-3", 4.0, 50, delta=1e-6))
     assert again.spent() == (pytest.approx(_reference(4.0, 150, 1e-6), rel=1e-9), 1e-6)
+
+
+def test_a_runs_steps_are_charged_once_and_counted_on_disk_across_restarts(tmp_path):
+    path = tmp_path / "dp-ledger.json"
+    run = _gaussian_entry("flwr-run-5", 4.0, 3)  # a plan of 3 steps, charged whole at the first
+    for step in (1, 2):
+        PrivacyLedger(path).answer(run, step, 3)  # a new object per step: as a SuperNode restarting between steps
+    with pytest.raises(StepRefused, match="replays or precedes"):
+        PrivacyLedger(path).answer(run, 2, 3)
+    PrivacyLedger(path).answer(run, 7, 3)  # a later step number (a round SecAgg+ halted in between) is fine
+    with pytest.raises(StepRefused, match="3 step"):
+        PrivacyLedger(path).answer(run, 8, 3)
+    [entry] = PrivacyLedger(path).entries()
+    assert (entry.steps, entry.last_step) == (3, 7) and entry.epsilon == pytest.approx(_reference(4.0, 3), rel=1e-9)
+
+
+def test_the_banks_own_delta_states_the_ledger_whatever_delta_the_runs_named(tmp_path):
+    path = tmp_path / "dp-ledger.json"
+    PrivacyLedger(path).charge(_gaussian_entry("flwr-run-1", 4.0, 50, delta=1e-3))  # a server's lax δ
+    assert PrivacyLedger(path).spent() == (pytest.approx(_reference(4.0, 50, 1e-3), rel=1e-9), 1e-3)
+    assert PrivacyLedger(path, delta=1e-8).spent() == (pytest.approx(_reference(4.0, 50, 1e-8), rel=1e-9), 1e-8)
+    strict = PrivacyLedger(path, budget_epsilon=_reference(4.0, 60, 1e-3), delta=1e-8)
+    with pytest.raises(PrivacyBudgetExceeded):  # within the budget at δ 1e-3, past it at the bank's δ
+        strict.charge(_gaussian_entry("flwr-run-2", 4.0, 5, delta=1e-3))
 
 
 def test_a_run_past_the_budget_is_refused_and_the_ledger_is_unchanged(tmp_path):
@@ -72,13 +99,17 @@ def test_a_plans_curve_is_the_accountant_the_card_states():
     assert entry.epsilon == pytest.approx(plan.epsilon(40, DELTA), rel=1e-9) and entry.epsilon <= 3.0 + 1e-6
 
 
-def test_node_config_names_the_file_and_the_budget(tmp_path):
-    ledger = PrivacyLedger.for_node({"data-dir": str(tmp_path), BUDGET_KEY: "8"})
-    assert ledger.path == tmp_path / "dp-ledger.json" and ledger.budget_epsilon == 8.0
+def test_node_config_names_the_file_the_budget_and_the_delta(tmp_path):
+    ledger = PrivacyLedger.for_node({"data-dir": str(tmp_path), BUDGET_KEY: "8", DELTA_KEY: 1e-7})
+    assert ledger.path == tmp_path / "dp-ledger.json" and ledger.budget_epsilon == 8.0 and ledger.delta == 1e-7
     assert PrivacyLedger.for_node({LEDGER_KEY: str(tmp_path / "x.json")}).path == tmp_path / "x.json"
-    for bad in ("many", "-1", "inf"):
-        with pytest.raises(ConfigError, match=BUDGET_KEY):
-            PrivacyLedger.for_node({BUDGET_KEY: bad})
+    with pytest.raises(ConfigError, match="absolute path"):  # relative to whichever folder the process runs in
+        PrivacyLedger.for_node({LEDGER_KEY: "x.json"})
+    with pytest.raises(ConfigError, match="needs node config dp-ledger or data-dir"):
+        PrivacyLedger.for_node({})
+    for key, bad in ((BUDGET_KEY, "many"), (BUDGET_KEY, "-1"), (BUDGET_KEY, "inf"), (DELTA_KEY, "1.5")):
+        with pytest.raises(ConfigError, match=key):
+            PrivacyLedger.for_node({"data-dir": str(tmp_path), key: bad})
     with pytest.raises(ValueError, match="one non-negative value per order"):
         LedgerEntry.of("r", "m", ORDERS, np.ones(3), DELTA)
 

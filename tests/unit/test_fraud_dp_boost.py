@@ -19,6 +19,7 @@ from flwr.common.constant import SUPERLINK_NODE_ID
 from flwr.supercore.task_identity import TaskIdentity
 
 from fedfraud.training.anomaly.distributed_dp import ORDERS, decode_sum
+from fedfraud.training.federated import secagg_prg
 from fedfraud.training.federated.dp_fedsgd import NOISE_SEED_KEY, run_dp_fedsgd
 from fedfraud.training.fraud.config import FraudConfig, FraudDPConfig
 from fedfraud.training.fraud.dp_boost import (
@@ -315,31 +316,34 @@ def test_a_bank_refuses_a_malformed_state_and_a_replayed_release(banks):
     context = Context(7, 9001, {NOISE_SEED_KEY: 3}, RecordDict(), {})
     bank = _Bank(banks[0], plan, context, None)
     first = BoostServer(plan, seed=1).weights()
-    residues, weight, metrics = bank.fit(first, {})
+    prg = secagg_prg.fit_config()  # what the server's DPFedSGDStrategy sends with every release
+    with pytest.raises(ReleaseRefused, match="^release not in the plan$"):
+        bank.fit(first, {})  # a server that does not name fedfraud's SecAgg+ mask generator
+    residues, weight, metrics = bank.fit(first, prg)
     assert weight == 1 and metrics == {} and residues[0].shape == (plan.candidates.dims,)
     with pytest.raises(ReleaseRefused, match="^release not in the plan$"):
-        bank.fit(first, {})  # the same release again: refused, the budget is spent
+        bank.fit(first, prg)  # the same release again: refused, the budget is spent
     assert context.state.config_records[RELEASES_KEY] == ConfigRecord({"candidates": 1, "tree": 0, "threshold": 0})
     # a tree with a leaf array too short for its depth: refused before the data is read, with a fixed message
     bad = BoostState([np.array([1.0, 50.0])] * 3, [], RandomTree(np.array([0, 0, 0]), np.array([1.0, 2.0, 3.0]),
                                                                   np.zeros(2)))
     for arrays in (bad.to_arrays(), [np.array([1, 2, 3], dtype=np.uint8)]):
         with pytest.raises(ReleaseRefused, match="^malformed state from the server$"):
-            bank.fit(arrays, {})
+            bank.fit(arrays, prg)
     # trees: the first one, then the same tree again (refused); a bank that missed tree 1 may release tree 2
     server = BoostServer(plan, seed=1)
     server.apply(np.mod(sum(bank_release(banks[b], plan, BoostState.from_arrays(server.weights()),
                                          np.random.default_rng(b))[0] for b in banks), plan.trees.modulus), 3)
     tree0 = server.weights()
-    bank.fit(tree0, {})
+    bank.fit(tree0, prg)
     with pytest.raises(ReleaseRefused, match="^release not in the plan$"):
-        bank.fit(tree0, {})
+        bank.fit(tree0, prg)
     for _ in range(2):  # trees 0 and 1 filled without this bank
         state = BoostState.from_arrays(server.weights())
         server.apply(np.mod(sum(bank_release(banks[b], plan, state, np.random.default_rng(b))[0]
                                 for b in (1, 2)), plan.trees.modulus), 2 if plan.trees.survivors <= 2 else 3)
     assert len(server.state.trees) == 2
-    bank.fit(server.weights(), {})
+    bank.fit(server.weights(), prg)
     assert context.state.config_records[RELEASES_KEY]["tree"] == 2
 
 

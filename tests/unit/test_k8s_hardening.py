@@ -492,3 +492,21 @@ def test_the_supernode_dials_the_fleet_port_and_nothing_else() -> None:
     assert not _reaches(supernode, superlink_address, _ports()["control"])
     assert not _reaches(supernode, INTERNET, fleet) and not _reaches(supernode, INTERNET, 443)
     assert not _reaches(Pod("bank-0", {"app": "intruder"}), supernode, 9094)  # nothing dials into a bank
+
+
+def test_the_supernode_keeps_its_privacy_ledger_on_a_writable_persistent_volume_of_its_own() -> None:
+    """A read-only or scratch ledger would refuse every DP run, or start a fresh budget with every new pod."""
+    import shlex
+
+    from fedfraud.training.federated.ledger import BUDGET_KEY, LEDGER_KEY, PrivacyLedger
+
+    ns, pod = next((ns, pod) for where, ns, pod in PODS if where.endswith("Deployment/flower-supernode-bank-0"))
+    (container,) = pod["spec"]["containers"]
+    node_config = dict(item.split("=", 1) for item in shlex.split(_flag(_args(container), "--node-config")))
+    ledger = PrivacyLedger.for_node(node_config)
+    assert float(node_config[BUDGET_KEY]) > 0 and ledger.budget_epsilon > 0 and LEDGER_KEY in node_config
+    mounts = [m for m in container["volumeMounts"] if ledger.path.is_relative_to(m["mountPath"])]
+    assert len(mounts) == 1 and not mounts[0].get("readOnly", False)
+    (volume,) = [v for v in pod["spec"]["volumes"] if v["name"] == mounts[0]["name"]]
+    claim = _one("PersistentVolumeClaim", volume["persistentVolumeClaim"]["claimName"])
+    assert claim["metadata"]["namespace"] == ns

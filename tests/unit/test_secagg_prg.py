@@ -9,9 +9,8 @@ import os
 
 import numpy as np
 import pytest
-from flwr.common.secure_aggregation.secaggplus_utils import pseudo_rand_gen as flower_prg
-
 from fedfraud.training.federated import secagg_prg
+from fedfraud.training.federated.secagg_prg import flower_pseudo_rand_gen as flower_prg
 
 SHAPES = [(3, 4), (), (1000,)]
 

@@ -100,3 +100,18 @@ def test_a_bank_without_noise_is_the_banks_own_choice(corpus):
     reply = _ask(exact, _single_query(exact))
     values = array_of(reply.content["counts"]["values"])
     assert not reply.has_error() and (values == values.round()).all()  # exact counts
+
+
+def test_a_bank_releases_at_most_its_policys_count_in_a_run(corpus):
+    """Each release draws fresh noise: a server asking again would average it away. Histogram mode releases once."""
+    settings = _settings(corpus, "histogram")
+    policy = BankPolicy.of(settings)
+    assert policy.max_releases == 1 and BankPolicy.of(_settings(corpus, "batched")).max_releases == 2 * 100_000
+    query = dict(_histogram_query(settings, policy.histogram)["config"])
+    with server_identity(5):
+        grid = LoopbackGrid(client_app(policy), bank_contexts(2, 5), 5)
+        replies = [next(iter(grid.send_and_receive([Message(RecordDict({"config": ConfigRecord(query)}),
+                                                            dst_node_id=1, message_type="query")])))
+                   for _ in range(2)]
+    assert not replies[0].has_error() and "words" in replies[0].content
+    assert replies[1].has_error() and REFUSAL in replies[1].error.reason and not replies[1].has_content()

@@ -425,10 +425,12 @@ class ServerStep:
         """Apply the decoded sum of ``banks_summed`` banks' residues; returns the mean gradient it applied.
 
         Raises:
-            RoundRefused: fewer than t banks in the sum (SecAgg+ already halts such a round; this is the second lock).
+            RoundRefused: fewer than t banks in the sum (SecAgg+ already halts such a round; this is the second lock),
+                or more than the plan's banks (the field is sized for them: a larger sum may have wrapped).
         """
-        if banks_summed < self.plan.survivors:
-            raise RoundRefused(f"{banks_summed} banks summed, the plan needs t = {self.plan.survivors}")
+        if not self.plan.survivors <= banks_summed <= self.plan.banks:
+            raise RoundRefused(f"{banks_summed} banks summed, the plan needs t = {self.plan.survivors} to "
+                               f"{self.plan.banks}")
         mean = decode_sum(summed, self.plan).astype(np.float64) / self.plan.divisor
         offset = 0
         self.optimizer.zero_grad()

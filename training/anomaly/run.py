@@ -109,7 +109,9 @@ def log_round(record: RoundRecord, total: int, mode: str) -> None:
     """One ``key=value`` line for the round (means over banks) plus one per bank at DEBUG."""
     s = record.summary
     parts = [f"mode={mode}", f"round={record.round}/{total}", f"train_loss={record.train_loss:.4f}"]
-    keys = ("val_loss", "loss", "accuracy", "precision", "recall", "f1", "roc_auc", "fraud_roc_auc", "fraud_pr_auc")
+    keys = ("val_loss", "loss", "accuracy", "precision", "recall", "f1", "roc_auc")
+    if record.round == total:  # the fraud check on test cardholders: once, so the log invites no choice by round
+        keys += ("fraud_roc_auc", "fraud_pr_auc")
     for key in keys:
         if f"{key}_mean" in s:
             parts.append(f"test_{key}={s[f'{key}_mean']:.4f}±{s[f'{key}_std']:.4f}")
@@ -121,7 +123,8 @@ def log_round(record: RoundRecord, total: int, mode: str) -> None:
             mode,
             record.round,
             bank,
-            " ".join(f"{k}={v:.4f}" for k, v in sorted(metrics.items())),
+            " ".join(f"{k}={v:.4f}" for k, v in sorted(metrics.items())
+                     if record.round == total or not k.startswith("fraud_")),
         )
 
 
@@ -421,5 +424,12 @@ def publish_run(
 
 
 def selected_record(history: list[RoundRecord], selected_round: int | None) -> RoundRecord:
-    """The record of the published round (the last one when none was selected or it is not in the history)."""
-    return next((r for r in history if r.round == selected_round), history[-1])
+    """The record of the published round (the last one when none was selected); a round not in the history is an
+    error, not the last round's figures under another round's weights.
+    """
+    if selected_round is None:
+        return history[-1]
+    found = next((r for r in history if r.round == selected_round), None)
+    if found is None:
+        raise ValueError(f"selected round {selected_round} is not in the history ({[r.round for r in history]})")
+    return found

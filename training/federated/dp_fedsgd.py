@@ -35,6 +35,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -61,6 +62,7 @@ from flwr.server.workflow import DefaultWorkflow, SecAggPlusWorkflow
 from flwr.serverapp import Grid
 
 from fedfraud.training.federated import secagg_prg
+from fedfraud.training.federated.ledger import ORDERS as LEDGER_ORDERS
 from fedfraud.training.federated.ledger import LedgerEntry, PrivacyLedger
 from fedfraud.training.federated.sum_strategy import SumOnlyStrategy
 from fedfraud.training.anomaly.config import CardholderDPConfig
@@ -147,19 +149,22 @@ class DPBank:
     evaluate: BankEvaluation | None = None
     max_steps: int = 0
     ledger: PrivacyLedger | None = None
+    _entries: dict[int, LedgerEntry] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         if self.ledger is not None and self.max_steps <= 0:
             raise ValueError("a ledger charges the run's whole plan: give max_steps")
 
-    def charge_run(self, run_id: int) -> None:
-        """Charge this run's whole plan to the bank's ledger (once per run; refused past the lifetime budget)."""
+    def answer_step(self, run_id: int, step: int) -> None:
+        """Let the bank's ledger allow this step: the run's whole plan charged at its first step (refused past the
+        lifetime budget), then no replayed step and none past ``max_steps``, counted on disk across restarts.
+        """
         if self.ledger is None:
             return
-        from fedfraud.training.anomaly.distributed_dp import ORDERS
-
-        self.ledger.charge(LedgerEntry.of(f"flwr-run-{run_id}:{plan_digest(self.plan)}", _MECHANISM, ORDERS,
-                                          self.plan.rdp(self.max_steps), self.cfg.delta))
+        if run_id not in self._entries:
+            self._entries[run_id] = LedgerEntry.of(f"flwr-run-{run_id}:{plan_digest(self.plan)}", _MECHANISM,
+                                                   LEDGER_ORDERS, self.plan.rdp(self.max_steps), self.cfg.delta)
+        self.ledger.answer(self._entries[run_id], step, self.max_steps)
 
 
 class _Client(NumPyClient):
@@ -190,13 +195,13 @@ class _Client(NumPyClient):
             raise ValueError(f"step {step} replays or precedes step {done['last']}")
         if self.bank.max_steps and int(done["count"]) >= self.bank.max_steps:  # type: ignore[call-overload]
             raise ValueError(f"the run's budget of {self.bank.max_steps} steps is spent")
-        if int(done["count"]) == 0:  # type: ignore[call-overload]
-            self.bank.charge_run(self.context.run_id)
+        self.bank.answer_step(self.context.run_id, step)  # on disk: holds across a restart of this SuperNode
         done["count"], done["last"] = int(done["count"]) + 1, step  # type: ignore[call-overload]
 
     def fit(self, parameters: list[np.ndarray], config: dict[str, Scalar]) -> tuple[list[np.ndarray], int, dict]:
         step = int(config.get(STEP_KEY, 0))
         try:
+            secagg_prg.require(config)
             self._charge(step, config)
             load_trainable(self.bank.model, parameters)
             self.bank.model.train()
@@ -273,16 +278,18 @@ class DPFedSGDStrategy(SumOnlyStrategy):
         wait = 0 if self._waited_out else math.ceil(self.wait_s)
         if not client_manager.wait_for(plan.banks, timeout=wait) and not self._waited_out:
             self._waited_out = True
-        available = client_manager.num_available()
-        if available < plan.survivors:
+        # one snapshot (no second lookup that could block or shrink), at most the plan's banks: the field holds no more
+        connected = list(client_manager.all().values())
+        if len(connected) < plan.survivors:
             self.stopped_at = server_round
             logger.error("dp_fedsgd_stopped round=%d banks=%d of %d t=%d: too few banks connected to sum; the run "
-                         "stops here", server_round, available, plan.banks, plan.survivors)
+                         "stops here", server_round, len(connected), plan.banks, plan.survivors)
             return []
-        if available < plan.banks:
-            logger.warning("dp_fedsgd_round round=%d sums the %d of %d banks connected (t=%d)", server_round,
-                           available, plan.banks, plan.survivors)
-        return client_manager.sample(num_clients=available, min_num_clients=plan.survivors)
+        if len(connected) < plan.banks:
+            logger.warning("dp_fedsgd_round round=%d sums the %d of %d banks connected (t=%d): the full noise now "
+                           "holds against a server colluding with at most %d bank(s)", server_round, len(connected),
+                           plan.banks, plan.survivors, len(connected) - plan.survivors)
+        return random.sample(connected, min(len(connected), plan.banks))
 
     def initialize_parameters(self, client_manager: ClientManager) -> Parameters | None:
         return ndarrays_to_parameters(self.server.weights())
@@ -294,7 +301,8 @@ class DPFedSGDStrategy(SumOnlyStrategy):
             return []
         if self.on_round is not None:
             self.on_round(server_round)
-        config: dict[str, Scalar] = {STEP_KEY: server_round, PLAN_KEY: plan_digest(self.server.plan)}
+        config: dict[str, Scalar] = {STEP_KEY: server_round, PLAN_KEY: plan_digest(self.server.plan),
+                                     **secagg_prg.fit_config()}
         return [(c, FitIns(parameters, config)) for c in clients]
 
     def aggregate_fit(self, server_round: int, results: list[tuple[ClientProxy, FitRes]],
@@ -302,6 +310,11 @@ class DPFedSGDStrategy(SumOnlyStrategy):
         if self.observer is not None:
             self.observer(server_round, results)
         m = len(results)
+        if m > self.server.plan.banks:  # the field is sized for the plan's banks: a larger sum may have wrapped
+            logger.error("dp_fedsgd_round_refused round=%d banks=%d above the plan's %d", server_round, m,
+                         self.server.plan.banks)
+            self.refused.append(server_round)
+            return None, {}
         if m < self.server.plan.survivors:
             logger.error("dp_fedsgd_round_refused round=%d banks=%d t=%d", server_round, m, self.server.plan.survivors)
             self.refused.append(server_round)
@@ -319,8 +332,8 @@ class DPFedSGDStrategy(SumOnlyStrategy):
                            ) -> list[tuple[ClientProxy, EvaluateIns]]:
         if self.evaluate_every <= 0 or server_round % self.evaluate_every or self.stopped_at:
             return []
-        available = client_manager.num_available()  # the banks the round just summed were connected: no wait
-        clients = client_manager.sample(num_clients=available, min_num_clients=1) if available else []
+        connected = list(client_manager.all().values())  # no wait: the banks the round just summed were connected
+        clients = random.sample(connected, min(len(connected), self.server.plan.banks))
         config: dict[str, Scalar] = {STEP_KEY: server_round}
         return [(c, EvaluateIns(parameters, config)) for c in clients]
 

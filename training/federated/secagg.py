@@ -57,15 +57,18 @@ FitObserver = Callable[[int, list[tuple[ClientProxy, FitRes]]], None]
 class _Bank(NumPyClient):
     """One bank: FedProx local training on its own transitions; weights out as numpy arrays."""
 
-    def __init__(self, settings: RunSettings, partition: int) -> None:
+    def __init__(self, settings: RunSettings, partition: int, secagg: bool) -> None:
         self.settings = settings
         self.partition = partition
+        self.secagg = secagg
         self.model = build_model(settings)
         self.keys = list(self.model.state_dict())
 
     def fit(self, parameters: list[np.ndarray], config: dict[str, Scalar]) -> tuple[list[np.ndarray], int, dict]:
         import torch
 
+        if self.secagg:
+            secagg_prg.require(config)  # the server expands masks with the same generator, or no answer
         state = {k: torch.from_numpy(np.asarray(v).copy()) for k, v in zip(self.keys, parameters, strict=True)}
         self.model.load_state_dict(state)
         bank = bank_data(self.settings, self.partition)
@@ -77,7 +80,7 @@ class _Bank(NumPyClient):
 
 def _client_app(settings: RunSettings, secagg: bool) -> ClientApp:
     def client_fn(context: Context) -> Any:
-        return _Bank(settings, int(context.node_config.get("partition-id", 0))).to_client()
+        return _Bank(settings, int(context.node_config.get("partition-id", 0)), secagg).to_client()
 
     return ClientApp(client_fn=client_fn, mods=[secaggplus_mod] if secagg else [])
 
@@ -146,7 +149,8 @@ def run_secagg(settings: RunSettings, secagg: bool = True, observer: FitObserver
             min_fit_clients=banks,
             min_available_clients=banks,
             initial_parameters=ndarrays_to_parameters(initial),
-            on_fit_config_fn=lambda rnd: {**config, "server-round": rnd},
+            on_fit_config_fn=lambda rnd: {**config, "server-round": rnd,
+                                          **(secagg_prg.fit_config() if secagg else {})},
         )
         legacy = LegacyContext(context, config=ServerConfig(num_rounds=settings.federated.rounds), strategy=strategy)
         fit = (

@@ -9,8 +9,10 @@ cryptographic generator: a server that holds a bank's masked vector can search t
 :func:`install` replaces that function, in the two Flower modules that call it (``secaggplus_mod`` on the banks,
 ``SecAggPlusWorkflow`` on the server), by :func:`pseudo_rand_gen` here: a keystream of AES-256-CTR under
 SHA-256 of the whole secret, read as uniform integers mod ``num_range`` (a power of two, as Flower requires). Every
-module of fedfraud that runs SecAgg+ installs it at import, so banks and server expand masks alike; a party running
-Flower's own generator would unmask to a wrong sum, which the tests' exact sums would show.
+module of fedfraud that runs SecAgg+ installs it at import, so banks and server expand masks alike. A party on
+Flower's own generator would unmask to a wrong sum, silently; so the server names this generator in every fit
+config (:func:`fit_config`, which also checks it is installed on the server) and a bank answers only a config that
+names it while its own process has it installed (:func:`require`).
 """
 
 from __future__ import annotations
@@ -18,14 +20,27 @@ from __future__ import annotations
 import hashlib
 import importlib
 import math
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
-__all__ = ["install", "installed", "pseudo_rand_gen"]
+__all__ = ["CONFIG_KEY", "VERSION", "PRGMismatch", "fit_config", "flower_pseudo_rand_gen", "install", "installed",
+           "pseudo_rand_gen", "require"]
 
 _DOMAIN = b"fedfraud secagg+ mask v1"
+#: Fit-config key naming the mask generator, and this generator's name.
+CONFIG_KEY = "secagg-prg"
+VERSION = "aes256ctr-sha256-v1"
+
+
+#: Flower's own generator, as imported before :func:`install` (tests compare against it).
+flower_pseudo_rand_gen = importlib.import_module("flwr.common.secure_aggregation.secaggplus_utils").pseudo_rand_gen
+
+
+class PRGMismatch(RuntimeError):
+    """A party would expand SecAgg+ masks with another generator than the others: the sum would be wrong."""
 
 
 def pseudo_rand_gen(seed: bytes, num_range: int, dimensions_list: list[tuple[int, ...]]) -> list[np.ndarray]:
@@ -53,6 +68,21 @@ def install() -> None:
         module.pseudo_rand_gen = pseudo_rand_gen
 
 
+def fit_config() -> dict[str, str]:
+    """What the server adds to every SecAgg+ fit config; it refuses to start a round without the generator."""
+    if not installed():
+        raise PRGMismatch("this server's SecAgg+ does not use fedfraud's mask generator (secagg_prg.install)")
+    return {CONFIG_KEY: VERSION}
+
+
+def require(config: Mapping[str, Any]) -> None:
+    """A bank's check before it answers a SecAgg+ round: the server names this generator, and this process uses it."""
+    if config.get(CONFIG_KEY) != VERSION:
+        raise PRGMismatch(f"the server's SecAgg+ mask generator is {config.get(CONFIG_KEY)!r}, this bank's {VERSION}")
+    if not installed():
+        raise PRGMismatch("this bank's SecAgg+ does not use fedfraud's mask generator (secagg_prg.install)")
+
+
 def installed() -> bool:
     """Whether both of Flower's SecAgg+ modules use this generator."""
     return all(module.pseudo_rand_gen is pseudo_rand_gen for module in _flower_modules())
@@ -61,4 +91,5 @@ def installed() -> bool:
 def _flower_modules() -> list[Any]:
     """The two modules that call the generator (by module path: the packages export a function of one's name)."""
     return [importlib.import_module("flwr.client.mod.secure_aggregation.secaggplus_mod"),
-            importlib.import_module("flwr.server.workflow.secure_aggregation.secaggplus_workflow")]
+            importlib.import_module("flwr.server.workflow.secure_aggregation.secaggplus_workflow"),
+            importlib.import_module("flwr.common.secure_aggregation.secaggplus_utils")]

@@ -150,6 +150,7 @@ class _Bank(NumPyClient):
         plan = settings.plan()
         data_dir = Path(str(self.context.node_config["data-dir"]))
         try:  # charged to the bank's ledger before anything is computed or sent; past its budget, refused
+            secagg_prg.require(config)
             PrivacyLedger.for_node(self.context.node_config).charge(LedgerEntry.of(
                 f"flwr-run-{self.context.run_id}:merchant-release-{settings.release_day}", _LEDGER_MECHANISM,
                 ORDERS, plan.rdp(settings.risk, ORDERS), settings.noise.delta))
@@ -242,7 +243,7 @@ class _ReleaseStrategy(SumOnlyStrategy):
     def configure_fit(self, server_round: int, parameters: Parameters, client_manager: ClientManager
                       ) -> list[tuple[ClientProxy, FitIns]]:
         clients = client_manager.sample(num_clients=self.plan.banks, min_num_clients=self.plan.banks)
-        return [(c, FitIns(parameters, {})) for c in clients]
+        return [(c, FitIns(parameters, dict(secagg_prg.fit_config()))) for c in clients]
 
     def aggregate_fit(self, server_round: int, results: list[tuple[ClientProxy, FitRes]],
                       failures: list[Any]) -> tuple[Parameters | None, dict[str, Scalar]]:

@@ -81,7 +81,8 @@ _RUN_DEFAULTS: dict[str, Any] = {
     "registry-dir": "",
 }
 #: Keys the server adds to train/evaluate messages (not settings): round numbers, FedProx μ, DP clipping norm.
-_MESSAGE_KEYS = ("proximal-mu", "server-round", "global-round", "clipping_norm")
+_MESSAGE_KEYS = ("proximal-mu", "server-round", "fraud-eval", "global-round", "clipping_norm")  # fraud-eval: an older
+# server's key, accepted and ignored (every evaluation scores the frauds now)
 #: Settings a resumed run must share with its checkpoint (they shape the model or its data).
 MODEL_KEYS: tuple[str, ...] = (
     "pooling",

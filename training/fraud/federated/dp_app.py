@@ -84,6 +84,11 @@ class _Bank(NumPyClient):
     def fit(self, parameters: list[np.ndarray], config: dict[str, Scalar]) -> tuple[list[np.ndarray], int, dict]:
         step = int(config.get(STEP_KEY, 0))
         try:
+            secagg_prg.require(config)
+        except secagg_prg.PRGMismatch:
+            logger.exception("dp_boost_bank_refused step=%d", step)
+            raise ReleaseRefused("release not in the plan") from None
+        try:
             state = BoostState.from_arrays(parameters)
         except Exception:  # noqa: BLE001 - any decoding failure is the same refusal, whatever the bytes were
             raise ReleaseRefused("malformed state from the server") from None

@@ -57,6 +57,7 @@ def _reply(msg: Message, cfg: ConfigRecord, context: Context, policy: BankPolicy
     """Apply the broadcast merges, then release noisy counts for the requested phase (parameters: the policy's)."""
     partition = int(context.node_config.get("partition-id", 0))
     if cfg["phase"] == "histogram":
+        policy.count_release(context.state)
         return _histogram_reply(msg, policy, partition)
     eps = policy.epsilon
     bound = policy.max_doc_bytes if eps > 0 else None  # the sensitivity bound is part of the mechanism
@@ -82,6 +83,7 @@ def _reply(msg: Message, cfg: ConfigRecord, context: Context, policy: BankPolicy
     )
     rng = noise_rng(partition, int(cfg["round"]), 0 if cfg["phase"] == "single" else 1)
     allowed = array_of(sent["allowed"]) if "allowed" in sent else np.zeros(0, np.int64)
+    policy.count_release(context.state)
     rel = state.release(str(cfg["phase"]), params, rng, allowed)  # type: ignore[arg-type]
     reply["applied"] = state.applied
     reply["nvl"] = rel.nvl

@@ -4,8 +4,11 @@ A query names the phase, the round and the merges to apply. It also repeats the 
 per-document bound, p, top-n, and in histogram mode k, c, σ, τ and the δ split), so that a bank can check them.
 The bank answers only when they equal its own :class:`BankPolicy`, built from the bank's settings by the same
 calibration the server uses. So a server cannot switch the noise off (ε = 0 is exact counts), weaken it, or widen a
-document's contribution. The corpus is the bank's own file: no query names a path, so a server cannot point a bank
-at another file. A refusal answers one fixed text (:data:`REFUSAL`); the details stay in the bank's log.
+document's contribution, and a bank makes at most ``max_releases`` releases in a run (one in histogram mode): each
+draws fresh noise, so a server asking again would average it away. The corpus is the bank's own file: no query
+names a path, so a server cannot point a bank at another file. A refusal answers one fixed text
+(:data:`REFUSAL`); the details stay in the bank's log. Still the server's: the round number, the merges it
+broadcasts and the pair domain (all public; the noise covers every key of the domain either way).
 """
 
 from __future__ import annotations
@@ -16,9 +19,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from flwr.app import ConfigRecord, RecordDict
+
 from fedfraud.training.tokenizer.histogram import HistogramMechanism, calibrate
 
 __all__ = ["REFUSAL", "BankPolicy", "QueryRefused"]
+
+#: The node state record counting this run's releases.
+_RELEASES_KEY = "tokenizer-releases"
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +51,19 @@ class BankPolicy:
     top_n: int
     ner: bool
     histogram: HistogramMechanism | None = None
+    max_releases: int = 1
+
+    def count_release(self, state: RecordDict) -> None:
+        """Count one release of this run in the node's state; refuse one past ``max_releases`` (each release draws
+        fresh noise, so a server asking again would average it away).
+        """
+        if _RELEASES_KEY not in state.config_records:
+            state[_RELEASES_KEY] = ConfigRecord({"count": 0})
+        record = state.config_records[_RELEASES_KEY]
+        done = int(record["count"])  # type: ignore[call-overload]
+        if done >= self.max_releases:
+            _refuse(f"release {done + 1} asked, this bank makes at most {self.max_releases} in a run")
+        record["count"] = done + 1
 
     @classmethod
     def of(cls, settings: Mapping[str, Any]) -> BankPolicy:
@@ -51,8 +72,10 @@ class BankPolicy:
         histogram = None
         if str(settings.get("mode", "")) == "histogram" and eps > 0:
             histogram = histogram_of(settings)
+        # histogram mode releases once; the other modes twice a round (single tokens, pairs) up to max-rounds
+        releases = 1 if str(settings.get("mode", "")) == "histogram" else 2 * int(settings["max-rounds"])
         return cls(str(settings["corpus-path"]), eps, int(settings["max-doc-bytes"]), float(settings["p"]),
-                   int(settings["top-n"] or 0), bool(settings["ner"]), histogram)
+                   int(settings["top-n"] or 0), bool(settings["ner"]), histogram, releases)
 
     def expected(self, phase: str) -> dict[str, Any]:
         """The release parameters a query of ``phase`` must name."""

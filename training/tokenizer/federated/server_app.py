@@ -177,6 +177,8 @@ def _exchange(
             rel = _release_of(reply.content)
             audit.record(node, phase, rel)
             releases.append(rel)
+    if nodes and not releases:  # every bank refused or failed: no table to merge on, not a silent empty tokenizer
+        raise RuntimeError(f"no bank answered the {phase} query (see the banks' logs)")
     return releases
 
 
@@ -225,6 +227,8 @@ def run_histogram(grid: Grid, settings: dict[str, Any]) -> dict[str, Any]:
             releases.append(rel)
     finally:
         audit.close()
+    if nodes and not releases:
+        raise RuntimeError("no bank answered the histogram query (see the banks' logs)")
     log.info("histogram round: %d releases, %d words", len(releases), sum(len(r.words) for r in releases))
     result = train_from_releases(
         releases, mechanism, int(settings["vocab-size"]) - int(settings["special-tokens"]),
