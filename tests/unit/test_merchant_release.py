@@ -344,23 +344,26 @@ def test_a_bank_refuses_the_release_past_its_lifetime_budget_and_sends_nothing(t
     one, two = plan.epsilon(1, noise.delta, RISK), plan.epsilon(2, noise.delta, RISK)
     vectors = _vectors(3, seed=4)
 
-    def release(run_id: int, day: int):
+    def release(run_id: int, day: int, budget: float = (one + two) / 2):  # room for one release, not two
+        audit = tmp_path / f"audit-{run_id}-{day}"
         config = {"release-day": day, "num-banks": 3, "merchant-risk": RISK.model_dump_json(),
                   "merchant-noise": noise.model_dump_json(), "out-dir": str(tmp_path / "out"),
-                  "audit-dir": str(tmp_path / f"audit-{run_id}"), "timeout-s": 60.0}
+                  "audit-dir": str(audit), "timeout-s": 60.0}
         contexts = {}
         for b, v in enumerate(vectors):
             save_release_vector(tmp_path / f"bank_{b}", day, v, RISK)
             node_config = {"data-dir": str(tmp_path / f"bank_{b}"), release_app.NOISE_SEED_KEY: b,
-                           BUDGET_KEY: (one + two) / 2}  # room for one release, not two
+                           BUDGET_KEY: budget}
             contexts[9000 + b] = Context(run_id, 9000 + b, node_config, RecordDict(), config)
         return release_app.run_release(_ErrorReplies(release_app.client, contexts),
-                                       Context(run_id, 0, {}, RecordDict(), config))
+                                       Context(run_id, 0, {}, RecordDict(), config)), audit
 
-    assert release(7, DAY0).banks_summed == 3
+    assert release(7, DAY0)[0].banks_summed == 3
+    with pytest.raises(RuntimeError, match="SecAgg\\+ halted"):  # the same run and day again, even with budget
+        release(7, DAY0, budget=100 * two)
     with pytest.raises(RuntimeError, match="SecAgg\\+ halted"):
         release(8, DAY0 + 1)
-    replies = release_app.read_audit(tmp_path / "audit-8")
+    replies = release_app.read_audit(tmp_path / f"audit-8-{DAY0 + 1}")
     refusals = [m for m in replies if m.has_error()]
     assert refusals and {m.error.reason for m in refusals} == {release_app.REFUSAL}
     assert not masked_vectors([m for m in replies if m.has_content()])  # nothing of day 2 left a bank
