@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -128,3 +129,26 @@ def test_the_cli_prints_a_banks_ledger_and_a_missing_one_is_one_line(tmp_path, c
     assert main(["federation", "ledger", "--data-dir", str(tmp_path), "--bank", "0"]) == 2
     assert capsys.readouterr().err.strip().splitlines() == [
         f"error: no privacy ledger at {tmp_path / 'bank_0' / 'dp-ledger.json'}: this bank has answered no DP run there"]
+
+
+def _charge_many(path: str, prefix: str, n: int) -> None:
+    ledger = PrivacyLedger(Path(path))
+    for i in range(n):
+        ledger.charge(_gaussian_entry(f"{prefix}-{i}", 40.0, 1))
+
+
+def test_two_processes_charging_one_ledger_lose_no_entry(tmp_path):
+    """Flower may run a bank's ClientApp in a process per message: the lock serializes read-modify-write."""
+    import multiprocessing
+
+    path = tmp_path / "dp-ledger.json"
+    context = multiprocessing.get_context("fork")
+    workers = [context.Process(target=_charge_many, args=(str(path), name, 15)) for name in ("a", "b")]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(60)
+        assert w.exitcode == 0
+    runs = [e.run for e in PrivacyLedger(path).entries()]
+    assert sorted(runs) == sorted(f"{p}-{i}" for p in "ab" for i in range(15))
+    assert PrivacyLedger(path).spent()[0] == pytest.approx(_reference(40.0, 30), rel=1e-9)
