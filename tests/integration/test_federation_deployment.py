@@ -31,6 +31,7 @@ from fedfraud.training.fraud.features import FraudFeatures
 from fedfraud.training.fraud.federated.task import NODE_FEATURES_FILE
 from tests.integration.test_federated_anomaly import SMALL as SIMULATION_SMALL
 from fedfraud.training.federated.deployment import Federation, flwr_env, generate_federation_files, run_app
+from fedfraud.training.federated.ledger import PrivacyLedger
 from fedfraud.training.registry import ModelRegistry
 from tests.unit.test_anomaly_dp_app import training_cardholders
 
@@ -112,6 +113,9 @@ def test_anomaly_dp_app_runs_under_secagg_across_processes(federation, tmp_path)
     card = ModelRegistry(out).get("anomaly", result["version"].split(":")[1]).privacy["client_dp"]
     assert card["noise"] == "distributed" and card["cardholders"] == n and card["epsilon"] <= 8.0 + 1e-6
     assert card["steps"] == card["dp_rounds_applied"] == 4 and "SecAggPlusWorkflow" in card["execution"]
+    for bank in BANKS:  # each SuperNode charged the run once to its own ledger, in its data folder, and counted 4 steps
+        [entry] = PrivacyLedger(bank_dir(federation.data_dir, bank) / "dp-ledger.json").entries()
+        assert (entry.steps, entry.last_step) == (4, 4) and entry.epsilon == pytest.approx(card["epsilon"], rel=1e-9)
 
 
 @pytest.mark.long
